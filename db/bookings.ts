@@ -1,0 +1,136 @@
+import { sql, type Transaction } from 'kysely';
+import { ComputeError } from '../domain/errors.ts';
+import type { Database, HostResource } from './schema.ts';
+
+type Trx = Transaction<Database>;
+
+/** Advisory-lock namespace for per-device booking locks (the first key of the two-key form). */
+const deviceLockSpace = 0x6263_0001;
+
+export interface TimeWindow {
+  start: Date;
+  end: Date;
+}
+
+/** One device booked for one allocation over a window. */
+export interface DeviceBooking extends TimeWindow {
+  deviceId: string;
+  allocationId: string;
+}
+
+/** One scalar host resource booked for one allocation on its node. */
+export interface ScalarBooking extends TimeWindow {
+  allocationId: string;
+  nodeId: string;
+  resource: HostResource;
+  amount: number;
+}
+
+/** Thrown when the database refuses a booking: the atom or the scalar amount is already taken. */
+export class BookingConflict extends ComputeError {
+  constructor(message: string, details?: Record<string, unknown>) {
+    super('CAPACITY_UNAVAILABLE', message, details);
+  }
+}
+
+/**
+ * Takes the per-device transaction locks for `deviceIds` in one fixed order (the traffic light of
+ * DESIGN.md principle 1), so concurrent writers of the same atoms queue instead of deadlocking on
+ * the EXCLUDE constraint. With `wait: false` it only tries, never blocks, and answers whether it got
+ * every lock; a caller that already holds locks must not wait for more (that would break the order).
+ */
+export async function lockDevices(trx: Trx, deviceIds: readonly string[], options: { wait?: boolean } = {}) {
+  if (deviceIds.length === 0) return true;
+  const fn = options.wait === false ? sql.raw('pg_try_advisory_xact_lock') : sql.raw('pg_advisory_xact_lock');
+  const { rows } = await sql<{ got: boolean | null }>`
+    SELECT ${fn}(${deviceLockSpace}, k)::text <> 'false' AS got
+    FROM (SELECT DISTINCT hashtext(id) AS k FROM unnest(${deviceIds}::text[]) AS id ORDER BY k) AS keys`.execute(
+    trx,
+  );
+  return rows.every((row) => row.got !== false);
+}
+
+/** Device ids among `deviceIds` that already have a booking overlapping `window`. */
+export async function findBookedDevices(trx: Trx, deviceIds: readonly string[], window: TimeWindow) {
+  if (deviceIds.length === 0) return new Set<string>();
+  const { rows } = await sql<{ device_id: string }>`
+    SELECT DISTINCT device_id FROM device_bookings
+    WHERE device_id = ANY(${deviceIds}::text[])
+      AND during && tstzrange(${window.start}, ${window.end}, '[)')`.execute(trx);
+  return new Set(rows.map((row) => row.device_id));
+}
+
+function isPgError(error: unknown, code: string): error is { code: string; message: string } {
+  return typeof error === 'object' && error !== null && (error as { code?: unknown }).code === code;
+}
+
+/**
+ * Inserts device bookings after taking their locks in order. The EXCLUDE constraint is the proof:
+ * an overlap raises BookingConflict and, since the statement failed, the transaction must end.
+ */
+export async function insertDeviceBookings(trx: Trx, bookings: readonly DeviceBooking[]): Promise<void> {
+  if (bookings.length === 0) return;
+  await lockDevices(
+    trx,
+    bookings.map((b) => b.deviceId),
+  );
+  try {
+    await sql`
+      INSERT INTO device_bookings (device_id, allocation_id, during)
+      SELECT d, a, tstzrange(s, e, '[)')
+      FROM unnest(${bookings.map((b) => b.deviceId)}::text[], ${bookings.map((b) => b.allocationId)}::text[],
+                  ${bookings.map((b) => b.start.toISOString())}::timestamptz[],
+                  ${bookings.map((b) => b.end.toISOString())}::timestamptz[]) AS t(d, a, s, e)`.execute(trx);
+  } catch (error) {
+    if (isPgError(error, '23P01')) {
+      throw new BookingConflict('a device is already booked for an overlapping window', {
+        deviceIds: bookings.map((b) => b.deviceId),
+      });
+    }
+    throw error;
+  }
+}
+
+/**
+ * Inserts scalar bookings in (node, resource) order; the guard trigger locks each node's resource
+ * row and refuses a sum beyond allocatable with BookingConflict.
+ */
+export async function insertScalarBookings(trx: Trx, bookings: readonly ScalarBooking[]): Promise<void> {
+  const ordered = [...bookings]
+    .filter((b) => b.amount > 0)
+    .sort((a, b) => (a.nodeId + a.resource).localeCompare(b.nodeId + b.resource));
+  for (const booking of ordered) {
+    try {
+      await sql`
+        INSERT INTO scalar_bookings (allocation_id, node_id, resource, amount, during)
+        VALUES (${booking.allocationId}, ${booking.nodeId}, ${booking.resource}, ${booking.amount},
+                tstzrange(${booking.start}, ${booking.end}, '[)'))`.execute(trx);
+    } catch (error) {
+      if (isPgError(error, 'BC001') || isPgError(error, '23503')) {
+        throw new BookingConflict(
+          `node ${booking.nodeId} cannot give ${booking.amount} ${booking.resource}`,
+          {
+            nodeId: booking.nodeId,
+            resource: booking.resource,
+          },
+        );
+      }
+      throw error;
+    }
+  }
+}
+
+/**
+ * Ends an allocation's bookings at compute_now(): a current booking is truncated, future ones are
+ * deleted. Idempotent: a second call finds nothing left to change.
+ */
+export async function truncateAllocationBookings(trx: Trx, allocationId: string): Promise<void> {
+  for (const table of [sql.raw('device_bookings'), sql.raw('scalar_bookings')]) {
+    await sql`DELETE FROM ${table} WHERE allocation_id = ${allocationId} AND lower(during) >= compute_now()`.execute(
+      trx,
+    );
+    await sql`
+      UPDATE ${table} SET during = tstzrange(lower(during), compute_now(), '[)')
+      WHERE allocation_id = ${allocationId} AND upper(during) > compute_now()`.execute(trx);
+  }
+}

@@ -1,0 +1,428 @@
+import type { ColumnType, Generated, Insertable, Selectable, Updateable } from 'kysely';
+
+/** Timestamps read as Date, written as Date or an SQL expression. */
+type Timestamp = ColumnType<Date, Date | string, Date | string>;
+type TimestampDefault = ColumnType<Date, Date | string | undefined, Date | string>;
+/** A PostgreSQL range (`tstzrange`) in its text form, e.g. `["2026-01-01 00:00:00+00","…")`. */
+type Range = string;
+/** numeric comes back from pg as a string to keep precision. */
+type Numeric = ColumnType<string, number | string, number | string>;
+type Json<T = unknown> = ColumnType<T, string, string>;
+
+export interface ComputeClockTable {
+  singleton: Generated<boolean>;
+  frozen_at: Timestamp | null;
+  offset_by: Generated<string>;
+}
+
+export interface SitesTable {
+  id: string;
+  name: string;
+  region: string;
+  kind: Generated<'shared' | 'dedicated' | 'custom'>;
+  owner_tenant_id: string | null;
+  created_at: TimestampDefault;
+}
+
+export type PoolSharingMode = 'exclusive' | 'mig' | 'time-slice' | 'mps';
+export type PoolClass = 'metal-host' | 'metal-dedicated' | 'vps-host' | 'provider';
+
+export interface PoolsTable {
+  id: string;
+  site_id: string;
+  owner_tenant_id: string;
+  name: string;
+  gpu_model: string;
+  class: Generated<PoolClass>;
+  sharing_mode: Generated<PoolSharingMode>;
+  policy: Json<Record<string, unknown>>;
+  archived_at: Timestamp | null;
+  created_at: TimestampDefault;
+}
+
+export interface PoolOffersTable {
+  pool_id: string;
+  tenant_id: string;
+  priority: Generated<number>;
+  on_budget_exceeded: Generated<'allow' | 'stop-new' | 'drain'>;
+  created_at: TimestampDefault;
+}
+
+export interface QuotasTable {
+  tenant_id: string;
+  pool_id: string;
+  resource: string;
+  limit_amount: Numeric;
+  used: ColumnType<string, number | string | undefined, number | string>;
+}
+
+export interface QuotaChargesTable {
+  reservation_id: string;
+  tenant_id: string;
+  pool_id: string;
+  resource: string;
+  amount: Numeric;
+  charged_at: TimestampDefault;
+  refunded_at: Timestamp | null;
+}
+
+export interface ProjectsTable {
+  id: string;
+  tenant_id: string;
+  name: string;
+  created_at: TimestampDefault;
+}
+
+export type ProvisionState =
+  | 'adopting'
+  | 'enrolling'
+  | 'inspecting'
+  | 'available'
+  | 'ready'
+  | 'deploying'
+  | 'deployed'
+  | 'retiring'
+  | 'retired';
+export type Connectivity = 'connected' | 'unreachable' | 'unknown';
+export type NodeRole = 'node' | 'node-tenant' | 'site' | 'ramdisk';
+
+export interface NodesTable {
+  id: string;
+  site_id: string;
+  pool_id: string | null;
+  name: string;
+  role: Generated<NodeRole>;
+  provision_state: Generated<ProvisionState>;
+  cordoned: Generated<boolean>;
+  cordon_reason: string | null;
+  draining: Generated<boolean>;
+  maintenance: Generated<boolean>;
+  maintenance_reason: string | null;
+  power_state: Generated<'on' | 'off' | 'unknown'>;
+  connectivity: Generated<Connectivity>;
+  epoch: ColumnType<string, number | string | undefined, number | string>;
+  session_gateway: string | null;
+  last_heartbeat_at: Timestamp | null;
+  agent_version: string | null;
+  capabilities: ColumnType<string[], string[] | undefined, string[]>;
+  journal_id: string | null;
+  spec: Json<Record<string, unknown>>;
+  spec_generation: ColumnType<string, number | string | undefined, number | string>;
+  observed_generation: ColumnType<string | null, number | string | null | undefined, number | string | null>;
+  next_command_seq: ColumnType<string, number | string | undefined, number | string>;
+  hardware_key: string | null;
+  installed_release_id: string | null;
+  created_at: TimestampDefault;
+  updated_at: TimestampDefault;
+}
+
+export interface NodeLabelsTable {
+  node_id: string;
+  key: string;
+  value: string;
+  source: 'system' | 'inventory' | 'operator';
+}
+
+export interface NodeConditionsTable {
+  node_id: string;
+  type: string;
+  reason: string;
+  message: Generated<string>;
+  effect: 'NoSchedule' | null;
+  since: TimestampDefault;
+  updated_at: TimestampDefault;
+}
+
+export type DeviceClass = 'gpu' | 'gpu.mig' | 'gpu.slot' | 'nic.vf' | 'disk' | 'node';
+
+export interface DeviceAttributes {
+  model?: string;
+  memoryMiB?: number;
+  nvlinkDomain?: string;
+  numaNode?: number;
+  [key: string]: unknown;
+}
+
+export interface DevicesTable {
+  id: string;
+  node_id: string;
+  class: DeviceClass;
+  stable_id: string;
+  parent_id: string | null;
+  bookable: Generated<boolean>;
+  health: Generated<'healthy' | 'unhealthy' | 'unknown'>;
+  attributes: Json<DeviceAttributes>;
+  removed_at: Timestamp | null;
+  created_at: TimestampDefault;
+}
+
+export type HostResource = 'vcpu' | 'memoryGiB' | 'hugepages2Mi' | 'hugepages1Gi';
+
+export interface HostResourcesTable {
+  node_id: string;
+  resource: HostResource;
+  capacity: Numeric;
+  allocatable: Numeric;
+}
+
+export interface InventorySnapshotsTable {
+  id: Generated<string>;
+  node_id: string;
+  section: string;
+  hash: string;
+  data: Json;
+  received_at: TimestampDefault;
+}
+
+export const reservationStates = [
+  'draft',
+  'denied',
+  'awaiting-confirmation',
+  'pending',
+  'placed',
+  'binding',
+  'active',
+  'releasing',
+  'released',
+  'failed',
+  'cancelled',
+  'expired',
+] as const;
+export type ReservationState = (typeof reservationStates)[number];
+
+export interface ReservationsTable {
+  id: string;
+  tenant_id: string;
+  pool_id: string;
+  owner_identity_id: string;
+  idempotency_key: string;
+  request: Json<Record<string, unknown>>;
+  request_hash: string;
+  state: ReservationState;
+  requested_start: Timestamp | null;
+  duration_ms: ColumnType<string, number | string, number | string>;
+  during: Range | null;
+  gang_size: Generated<number>;
+  binding_kind: Generated<'hold' | 'kubernetes' | 'node' | 'instance'>;
+  spot: Generated<boolean>;
+  preempt_notice_until: Timestamp | null;
+  lease_seconds: number | null;
+  lease_expires_at: Timestamp | null;
+  project_id: string | null;
+  host_share: Json<Record<string, number>> | null;
+  conditions: ColumnType<unknown[], string | undefined, string>;
+  bind_attempts: Generated<number>;
+  pending_since: Timestamp | null;
+  confirmation_id: string | null;
+  confirmation_expires_at: Timestamp | null;
+  admission_context: Json<Record<string, unknown>> | null;
+  end_reason: string | null;
+  lifecycle_started_at: Timestamp | null;
+  version: Generated<number>;
+  created_at: TimestampDefault;
+  updated_at: TimestampDefault;
+}
+
+export type AllocationState = 'planned' | 'binding' | 'bound' | 'releasing' | 'released' | 'failed';
+
+export interface AllocationsTable {
+  id: string;
+  reservation_id: string | null;
+  instance_id: string | null;
+  node_id: string;
+  gang_index: Generated<number>;
+  state: AllocationState;
+  during: Range;
+  resources: Json<Record<string, number>>;
+  binding: Json<Record<string, unknown>> | null;
+  attested: Generated<boolean>;
+  bound_report: Buffer | null;
+  bound_sig_kid: string | null;
+  bound_sig: Buffer | null;
+  bound_at: Timestamp | null;
+  released_at: Timestamp | null;
+  created_at: TimestampDefault;
+  updated_at: TimestampDefault;
+}
+
+export interface DeviceBookingsTable {
+  device_id: string;
+  allocation_id: string;
+  during: Range;
+}
+
+export interface ScalarBookingsTable {
+  allocation_id: string;
+  node_id: string;
+  resource: HostResource;
+  amount: Numeric;
+  during: Range;
+}
+
+export interface ExtendHoldsTable {
+  reservation_id: string;
+  hold: string;
+  taken_at: TimestampDefault;
+}
+
+export interface UsageWindowsTable {
+  allocation_id: string;
+  hour_start: Timestamp;
+  meter: string;
+  tenant_id: string;
+  reservation_id: string | null;
+  quantity: Numeric;
+  idempotency_key: string;
+  recorded_at: TimestampDefault;
+  sent_at: Timestamp | null;
+}
+
+export interface InstancesTable {
+  id: string;
+  tenant_id: string;
+  pool_id: string;
+  flavor: string;
+  desired_state: 'running' | 'stopped' | 'deleted';
+  state: string;
+  spec: Json;
+  version: Generated<number>;
+  created_at: TimestampDefault;
+  updated_at: TimestampDefault;
+}
+
+export interface AuthzProjectionTable {
+  resource_type: string;
+  resource_id: string;
+  tenant_id: string;
+  parent_type: string | null;
+  parent_id: string | null;
+  owner_identity_id: string | null;
+  attributes: Json<Record<string, unknown>>;
+  pending: Json<Record<string, unknown>> | null;
+  updated_at: TimestampDefault;
+}
+
+export interface AuditEventsTable {
+  id: Generated<string>;
+  at: TimestampDefault;
+  tenant_id: string | null;
+  actor_identity_id: string | null;
+  action: string;
+  resource_type: string;
+  resource_id: string;
+  outcome: Generated<string>;
+  request_id: string | null;
+  context: Json<Record<string, unknown>>;
+}
+
+export interface OutboxEventsTable {
+  seq: Generated<string>;
+  id: string;
+  type: string;
+  subject: string;
+  tenant_id: string | null;
+  data: Json<Record<string, unknown>>;
+  created_at: TimestampDefault;
+}
+
+export type CommandLane = 'control' | 'provision' | 'bulk';
+export type CommandState =
+  | 'queued'
+  | 'delivered'
+  | 'running'
+  | 'succeeded'
+  | 'failed'
+  | 'expired'
+  | 'cancelled';
+
+export interface NodeCommandsTable {
+  id: string;
+  node_id: string;
+  seq: ColumnType<string, number | string, number | string>;
+  kind: string;
+  lane: CommandLane;
+  payload: Json<Record<string, unknown>>;
+  not_before: Timestamp | null;
+  not_after: Timestamp | null;
+  min_generation: ColumnType<string | null, number | string | null | undefined, number | string | null>;
+  state: Generated<CommandState>;
+  journal_id: string | null;
+  result: Json<Record<string, unknown>> | null;
+  error: string | null;
+  created_at: TimestampDefault;
+  delivered_at: Timestamp | null;
+  completed_at: Timestamp | null;
+}
+
+export interface JoinTokensTable {
+  id: string;
+  pool_id: string;
+  secret_hash: string;
+  expires_at: Timestamp;
+  max_uses: Generated<number>;
+  uses: Generated<number>;
+  revoked_at: Timestamp | null;
+  created_by: string | null;
+  created_at: TimestampDefault;
+}
+
+export interface CertificateAuthoritiesTable {
+  name: string;
+  trust_domain: string;
+  certificate_pem: string;
+  private_key_pem: string;
+  created_at: TimestampDefault;
+}
+
+export interface NodeCertificatesTable {
+  serial: string;
+  node_id: string;
+  role: NodeRole;
+  spiffe_id: string;
+  key_id: string;
+  public_key_pem: string;
+  certificate_pem: string;
+  not_before: Timestamp;
+  not_after: Timestamp;
+  revoked_at: Timestamp | null;
+  created_at: TimestampDefault;
+}
+
+/** The compute schema (public). IAM's tables live in their own schema and their own interface. */
+export interface Database {
+  compute_clock: ComputeClockTable;
+  sites: SitesTable;
+  pools: PoolsTable;
+  pool_offers: PoolOffersTable;
+  quotas: QuotasTable;
+  quota_charges: QuotaChargesTable;
+  projects: ProjectsTable;
+  nodes: NodesTable;
+  node_labels: NodeLabelsTable;
+  node_conditions: NodeConditionsTable;
+  devices: DevicesTable;
+  host_resources: HostResourcesTable;
+  inventory_snapshots: InventorySnapshotsTable;
+  reservations: ReservationsTable;
+  allocations: AllocationsTable;
+  device_bookings: DeviceBookingsTable;
+  scalar_bookings: ScalarBookingsTable;
+  extend_holds: ExtendHoldsTable;
+  usage_windows: UsageWindowsTable;
+  instances: InstancesTable;
+  authz_projection: AuthzProjectionTable;
+  audit_events: AuditEventsTable;
+  outbox_events: OutboxEventsTable;
+  node_commands: NodeCommandsTable;
+  join_tokens: JoinTokensTable;
+  certificate_authorities: CertificateAuthoritiesTable;
+  node_certificates: NodeCertificatesTable;
+}
+
+export type Reservation = Selectable<ReservationsTable>;
+export type NewReservation = Insertable<ReservationsTable>;
+export type ReservationUpdate = Updateable<ReservationsTable>;
+export type Node = Selectable<NodesTable>;
+export type Device = Selectable<DevicesTable>;
+export type Allocation = Selectable<AllocationsTable>;
+export type Pool = Selectable<PoolsTable>;

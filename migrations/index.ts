@@ -1,0 +1,19 @@
+import type { Migration, MigrationProvider } from 'kysely';
+import * as clock from './2026-11-29T00-clock.ts';
+import * as fleet from './2026-11-29T01-fleet.ts';
+import * as bookings from './2026-11-29T02-bookings.ts';
+import * as records from './2026-11-29T03-records.ts';
+import * as trustAndLifecycle from './2026-11-29T04-trust-and-lifecycle.ts';
+
+/** Every migration in order; names are frozen once released. */
+export const migrations: Record<string, Migration> = {
+  '2026-11-29T00-clock': clock,
+  '2026-11-29T01-fleet': fleet,
+  '2026-11-29T02-bookings': bookings,
+  '2026-11-29T03-records': records,
+  '2026-11-29T04-trust-and-lifecycle': trustAndLifecycle,
+};
+
+export const migrationProvider: MigrationProvider = {
+  getMigrations: async () => migrations,
+};

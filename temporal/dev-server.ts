@@ -1,0 +1,169 @@
+import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
+import { createWriteStream, existsSync, mkdirSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { Connection } from '@temporalio/client';
+import { freePort, stopChild } from '../db/local-postgres.ts';
+import type { Logger } from '../server/logger.ts';
+import { searchAttributeFlags } from './search-attributes.ts';
+
+/** The newest Temporal CLI release whose module `go install` accepts (later ones use `replace`). */
+export const temporalCliModule = 'github.com/temporalio/cli/cmd/temporal@v1.5.1';
+
+export interface TemporalDevServer {
+  address: string;
+  uiUrl: string | null;
+  stop(): Promise<void>;
+}
+
+/** The tools cache, outside the repository so every checkout shares one build. */
+export function defaultToolsDir(): string {
+  return path.join(
+    process.env.XDG_CACHE_HOME ?? path.join(os.homedir(), '.cache'),
+    'better-compute',
+    'tools',
+  );
+}
+
+function onPath(binary: string): string | undefined {
+  for (const dir of (process.env.PATH ?? '').split(path.delimiter)) {
+    const candidate = path.join(dir, binary);
+    if (dir && existsSync(candidate)) return candidate;
+  }
+  return undefined;
+}
+
+/**
+ * Finds the Temporal CLI on PATH or in the tools cache; when absent and Go is available, builds it
+ * there with `go install`, logging progress. Throws one sentence saying what to install otherwise.
+ */
+export async function ensureTemporalCli(toolsDir: string, log: Logger): Promise<string> {
+  const cached = path.join(toolsDir, 'bin', 'temporal');
+  const found = onPath('temporal') ?? (existsSync(cached) ? cached : undefined);
+  if (found) return found;
+  const go = onPath('go') ?? (existsSync('/usr/local/go/bin/go') ? '/usr/local/go/bin/go' : undefined);
+  if (!go) {
+    throw new Error(
+      'the Temporal CLI is not installed and Go is not available to build it: install Go 1.23 or later (or the `temporal` CLI on PATH), or set TEMPORAL_ADDRESS to an existing Temporal server',
+    );
+  }
+  mkdirSync(path.join(toolsDir, 'bin'), { recursive: true });
+  log.info(
+    { module: temporalCliModule, into: cached },
+    'building the Temporal CLI with go install (first run only; a few minutes)',
+  );
+  await new Promise<void>((resolve, reject) => {
+    const child = spawn(go, ['install', '-v', temporalCliModule], {
+      env: { ...process.env, GOBIN: path.join(toolsDir, 'bin'), GOFLAGS: '-mod=mod' },
+      stdio: ['ignore', 'ignore', 'pipe'],
+    });
+    let packages = 0;
+    let lastReport = Date.now();
+    const tail: string[] = [];
+    child.stderr?.setEncoding('utf8').on('data', (chunk: string) => {
+      for (const line of chunk.split('\n').filter(Boolean)) {
+        packages += 1;
+        tail.push(line);
+        if (tail.length > 20) tail.shift();
+        if (Date.now() - lastReport > 10_000) {
+          lastReport = Date.now();
+          log.info({ packagesBuilt: packages, current: line }, 'still building the Temporal CLI');
+        }
+      }
+    });
+    child.once('error', reject);
+    child.once('exit', (code) =>
+      code === 0
+        ? resolve()
+        : reject(new Error(`go install ${temporalCliModule} failed:\n${tail.join('\n')}`)),
+    );
+  });
+  log.info({ path: cached }, 'the Temporal CLI is built');
+  return cached;
+}
+
+/** Waits until a Temporal frontend at `address` answers. */
+export async function waitForTemporal(
+  address: string,
+  timeoutMs: number,
+  child?: ChildProcess,
+): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  let lastError: unknown;
+  while (Date.now() < deadline) {
+    if (child && child.exitCode !== null) break;
+    try {
+      const connection = await Connection.connect({ address, connectTimeout: 1_000 });
+      try {
+        await connection.workflowService.getSystemInfo({});
+        return;
+      } finally {
+        await connection.close();
+      }
+    } catch (error) {
+      lastError = error;
+      await new Promise((r) => setTimeout(r, 250));
+    }
+  }
+  throw new Error(
+    `Temporal at ${address} is not reachable (${lastError instanceof Error ? lastError.message : 'the server exited'}): start it or check TEMPORAL_ADDRESS`,
+  );
+}
+
+/**
+ * Starts `temporal server start-dev` (SQLite in `dataDir`, the Web UI unless `headless`) on free
+ * loopback ports, registers the search attributes, and waits until its frontend answers.
+ */
+export async function startTemporalDevServer(options: {
+  dataDir: string;
+  toolsDir: string;
+  log: Logger;
+  headless?: boolean;
+  /** Keep workflows in SQLite under dataDir across restarts (the dev stack); tests run in memory. */
+  persist?: boolean;
+  port?: number;
+  uiPort?: number;
+}): Promise<TemporalDevServer> {
+  const cli = await ensureTemporalCli(options.toolsDir, options.log);
+  mkdirSync(options.dataDir, { recursive: true });
+  const port = options.port ?? (await freePort());
+  const uiPort = options.headless ? undefined : (options.uiPort ?? (await freePort()));
+  const args = [
+    'server',
+    'start-dev',
+    '--ip',
+    '127.0.0.1',
+    '--port',
+    String(port),
+    ...(options.persist === false ? [] : ['--db-filename', path.join(options.dataDir, 'temporal.db')]),
+    '--log-level',
+    'warn',
+    ...searchAttributeFlags.flatMap((flag) => ['--search-attribute', flag]),
+    ...(uiPort ? ['--ui-port', String(uiPort), '--ui-ip', '127.0.0.1'] : ['--headless']),
+  ];
+  const logFile = path.join(options.dataDir, 'temporal.log');
+  const child = spawn(cli, args, { stdio: ['ignore', 'pipe', 'pipe'], detached: false });
+  const out = createWriteStream(logFile, { flags: 'a' });
+  child.stdout?.pipe(out);
+  child.stderr?.pipe(out);
+  const address = `127.0.0.1:${port}`;
+  try {
+    await waitForTemporal(address, 90_000, child);
+  } catch (error) {
+    await stopChild(child, 'SIGKILL', 1_000);
+    throw new Error(`${(error as Error).message}; see ${logFile}`);
+  }
+  options.log.info(
+    { address, uiUrl: uiPort ? `http://127.0.0.1:${uiPort}` : null },
+    'Temporal dev server is up',
+  );
+  return {
+    address,
+    uiUrl: uiPort ? `http://127.0.0.1:${uiPort}` : null,
+    stop: () => stopChild(child, 'SIGTERM', 10_000),
+  };
+}
+
+export function temporalCliVersion(cli: string): string {
+  return execFileSync(cli, ['--version'], { encoding: 'utf8' }).trim();
+}

@@ -1,0 +1,81 @@
+import path from 'node:path';
+import pg from 'pg';
+import type { TestProject } from 'vitest/node';
+import { startLocalPostgres } from '../db/local-postgres.ts';
+import { migrateToLatest } from '../db/migrate.ts';
+import { createDb } from '../db/pool.ts';
+import { createLogger } from '../server/logger.ts';
+import { defaultToolsDir, startTemporalDevServer, waitForTemporal } from '../temporal/dev-server.ts';
+
+declare module 'vitest' {
+  export interface ProvidedContext {
+    /** A server URL (any database) with rights to create databases. */
+    postgresAdminUrl: string;
+    /** The migrated template each test file clones. */
+    templateDatabase: string;
+    temporalAddress: string;
+  }
+}
+
+/**
+ * Starts what the suite needs, the same way the dev stack does: a private PostgreSQL (unless
+ * DATABASE_URL names one) with a migrated template database, and the Temporal dev server (unless
+ * TEMPORAL_ADDRESS names one).
+ */
+export default async function setup(project: TestProject) {
+  const log = createLogger({ level: process.env.LOG_LEVEL ?? 'warn', name: 'test-setup' });
+  const stops: Array<() => Promise<void>> = [];
+  const dataRoot = path.resolve(process.env.BETTER_COMPUTE_DATA_DIR ?? '.data');
+
+  let adminUrl = process.env.DATABASE_URL;
+  if (!adminUrl) {
+    const server = await startLocalPostgres({
+      dataDir: path.join(dataRoot, 'test-postgres'),
+      database: 'postgres',
+      log,
+      ephemeral: true,
+    });
+    stops.push(server.stop);
+    adminUrl = server.url;
+  }
+
+  const templateDatabase = `bc_template_${process.pid}`;
+  const admin = new pg.Client({ connectionString: adminUrl });
+  await admin.connect();
+  const stale = await admin.query<{ datname: string }>(
+    "SELECT datname FROM pg_database WHERE datname LIKE 'bc\\_test\\_%' OR datname LIKE 'bc\\_template\\_%'",
+  );
+  for (const { datname } of stale.rows)
+    await admin.query(`DROP DATABASE IF EXISTS "${datname}" WITH (FORCE)`);
+  await admin.query(`CREATE DATABASE "${templateDatabase}"`);
+  const templateUrl = new URL(adminUrl);
+  templateUrl.pathname = `/${templateDatabase}`;
+  const template = createDb(templateUrl.toString(), { max: 1 });
+  await migrateToLatest(template.db);
+  await template.close();
+
+  let temporalAddress = process.env.TEMPORAL_ADDRESS;
+  if (temporalAddress) {
+    await waitForTemporal(temporalAddress, 10_000);
+  } else {
+    const temporal = await startTemporalDevServer({
+      dataDir: path.join(dataRoot, 'test-temporal'),
+      toolsDir: process.env.BETTER_COMPUTE_TOOLS_DIR ?? defaultToolsDir(),
+      log,
+      headless: true,
+      persist: false,
+    });
+    stops.push(temporal.stop);
+    temporalAddress = temporal.address;
+  }
+
+  project.provide('postgresAdminUrl', adminUrl);
+  project.provide('templateDatabase', templateDatabase);
+  project.provide('temporalAddress', temporalAddress);
+
+  return async () => {
+    await admin.query(`DROP DATABASE IF EXISTS "${templateDatabase}" WITH (FORCE)`).catch(() => {});
+    await admin.end();
+    for (const stop of stops.reverse()) await stop();
+  };
+}

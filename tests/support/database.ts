@@ -1,0 +1,43 @@
+import { randomBytes } from 'node:crypto';
+import pg from 'pg';
+import { inject } from 'vitest';
+import { createDb, type DbHandle } from '../../db/pool.ts';
+
+export interface TestDatabase extends DbHandle {
+  url: string;
+  name: string;
+  /** Closes the pool and drops the database. */
+  drop(): Promise<void>;
+}
+
+/**
+ * A fresh, migrated database for one test file: a clone of the suite's template (fast, real
+ * PostgreSQL, never a mock).
+ */
+export async function createTestDatabase(options: { max?: number } = {}): Promise<TestDatabase> {
+  const adminUrl = inject('postgresAdminUrl');
+  const template = inject('templateDatabase');
+  const name = `bc_test_${randomBytes(6).toString('hex')}`;
+  const admin = new pg.Client({ connectionString: adminUrl });
+  await admin.connect();
+  try {
+    await admin.query(`CREATE DATABASE "${name}" TEMPLATE "${template}"`);
+  } finally {
+    await admin.end();
+  }
+  const url = new URL(adminUrl);
+  url.pathname = `/${name}`;
+  const handle = createDb(url.toString(), { max: options.max ?? 20 });
+  return {
+    ...handle,
+    url: url.toString(),
+    name,
+    drop: async () => {
+      await handle.close();
+      const dropper = new pg.Client({ connectionString: adminUrl });
+      await dropper.connect();
+      await dropper.query(`DROP DATABASE IF EXISTS "${name}" WITH (FORCE)`).catch(() => {});
+      await dropper.end();
+    },
+  };
+}
