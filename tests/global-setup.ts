@@ -1,3 +1,4 @@
+import { rmSync } from 'node:fs';
 import path from 'node:path';
 import pg from 'pg';
 import type { TestProject } from 'vitest/node';
@@ -30,23 +31,22 @@ export default async function setup(project: TestProject) {
   let adminUrl = process.env.DATABASE_URL;
   if (!adminUrl) {
     const server = await startLocalPostgres({
-      dataDir: path.join(dataRoot, 'test-postgres'),
+      // One cluster per run, so several runs (and the dev stack) never share a data directory.
+      dataDir: path.join(dataRoot, `test-postgres-${process.pid}`),
       database: 'postgres',
       log,
       ephemeral: true,
     });
-    stops.push(server.stop);
+    stops.push(async () => {
+      await server.stop();
+      rmSync(server.dataDir, { recursive: true, force: true });
+    });
     adminUrl = server.url;
   }
 
   const templateDatabase = `bc_template_${process.pid}`;
   const admin = new pg.Client({ connectionString: adminUrl });
   await admin.connect();
-  const stale = await admin.query<{ datname: string }>(
-    "SELECT datname FROM pg_database WHERE datname LIKE 'bc\\_test\\_%' OR datname LIKE 'bc\\_template\\_%'",
-  );
-  for (const { datname } of stale.rows)
-    await admin.query(`DROP DATABASE IF EXISTS "${datname}" WITH (FORCE)`);
   await admin.query(`CREATE DATABASE "${templateDatabase}"`);
   const templateUrl = new URL(adminUrl);
   templateUrl.pathname = `/${templateDatabase}`;
@@ -59,13 +59,16 @@ export default async function setup(project: TestProject) {
     await waitForTemporal(temporalAddress, 10_000);
   } else {
     const temporal = await startTemporalDevServer({
-      dataDir: path.join(dataRoot, 'test-temporal'),
+      dataDir: path.join(dataRoot, `test-temporal-${process.pid}`),
       toolsDir: process.env.BETTER_COMPUTE_TOOLS_DIR ?? defaultToolsDir(),
       log,
       headless: true,
       persist: false,
     });
-    stops.push(temporal.stop);
+    stops.push(async () => {
+      await temporal.stop();
+      rmSync(path.join(dataRoot, `test-temporal-${process.pid}`), { recursive: true, force: true });
+    });
     temporalAddress = temporal.address;
   }
 

@@ -1,0 +1,37 @@
+import { createHash } from 'node:crypto';
+import { ComputeError } from '../domain/errors.ts';
+import type { IamPort, Principal } from '../iam/port.ts';
+
+/**
+ * Authenticates bearer tokens through IAM with a 30-second cache (keyed by the token's hash, never
+ * the token), so a burst of calls costs one lookup. A revoked token stops working within 30 s.
+ */
+export function createAuthenticator(iam: IamPort, options: { ttlMs?: number; maxEntries?: number } = {}) {
+  const ttlMs = options.ttlMs ?? 30_000;
+  const maxEntries = options.maxEntries ?? 10_000;
+  const cache = new Map<string, { principal: Principal; expiresAt: number }>();
+  return async function authenticate(token: string | undefined): Promise<Principal> {
+    if (!token) {
+      throw new ComputeError(
+        'UNAUTHENTICATED',
+        'no credential: send an API token as `Authorization: Bearer <token>` (the CLI reads --token or BETTER_COMPUTE_TOKEN)',
+      );
+    }
+    const key = createHash('sha256').update(token).digest('base64url');
+    const hit = cache.get(key);
+    const now = Date.now();
+    if (hit && hit.expiresAt > now) return hit.principal;
+    const principal = await iam.authenticate({ token });
+    if (cache.size >= maxEntries) cache.delete(cache.keys().next().value!);
+    cache.set(key, { principal, expiresAt: now + ttlMs });
+    return principal;
+  };
+}
+
+export type Authenticator = ReturnType<typeof createAuthenticator>;
+
+/** The bearer token of an Authorization header, if any. */
+export function bearerToken(header: string | null | undefined): string | undefined {
+  const match = /^Bearer\s+(\S+)$/i.exec(header ?? '');
+  return match?.[1];
+}

@@ -1,0 +1,49 @@
+import type { z } from 'zod';
+import type { Principal } from '../iam/port.ts';
+import type { Deps } from '../server/deps.ts';
+import type { Logger } from '../server/logger.ts';
+
+/** Everything a method handler may use for one call. */
+export interface MethodContext {
+  deps: Deps;
+  principal: Principal;
+  requestId: string;
+  log: Logger;
+  /** Aborted when the caller goes away (bounded waits honour it). */
+  signal: AbortSignal;
+}
+
+/**
+ * One API method: its zod schemas are the single source of the server type, the typed client,
+ * the CLI's validation and the OpenAPI document.
+ */
+export interface MethodDefinition<I extends z.ZodType = z.ZodType, O extends z.ZodType = z.ZodType> {
+  summary: string;
+  /** The IAM action the method is decided on, for documentation (the handler decides). */
+  action: string | null;
+  input: I;
+  output: O;
+  handler(ctx: MethodContext, input: z.output<I>): Promise<z.input<O>>;
+}
+
+export function defineMethod<I extends z.ZodType, O extends z.ZodType>(
+  definition: MethodDefinition<I, O>,
+): MethodDefinition<I, O> {
+  return definition;
+}
+
+/** A group of methods: `POST /api/compute/{group}/{method}`. */
+export type MethodGroup = Record<string, MethodDefinition>;
+export type MethodRegistry = Record<string, MethodGroup>;
+
+/** The caller's credential as the server-side API takes it. */
+export type Credential = { headers: Headers | Record<string, string | undefined> } | { token: string };
+
+/** `compute.api.{group}.{method}(credential, input)`, typed from the registry. */
+export type ServerApi<R extends MethodRegistry> = {
+  [G in keyof R]: {
+    [M in keyof R[G]]: R[G][M] extends MethodDefinition<infer I, infer O>
+      ? (credential: Credential, input: z.input<I>) => Promise<z.output<O>>
+      : never;
+  };
+};

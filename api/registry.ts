@@ -1,0 +1,12 @@
+import type { MethodRegistry } from './method.ts';
+import { systemMethods } from './system.ts';
+
+/**
+ * Every API group, in one registry: the Hono routes, `compute.api`, the typed client and the
+ * OpenAPI document are all derived from it. Add a group by importing its file here.
+ */
+export const methods = {
+  system: systemMethods,
+} satisfies MethodRegistry;
+
+export type Methods = typeof methods;

@@ -1,0 +1,19 @@
+import { createApiApp, createServerApi } from '../api/app.ts';
+import { createAuthenticator } from '../api/authenticate.ts';
+import { methods } from '../api/registry.ts';
+import type { Deps } from './deps.ts';
+
+/**
+ * The embeddable control plane: `compute.api.{group}.{method}(credential, input)` in process, and
+ * `compute.app`, the Hono app serving the same methods over HTTP.
+ */
+export function createCompute(deps: Deps) {
+  const authenticate = createAuthenticator(deps.iam);
+  return {
+    api: createServerApi(deps, methods, authenticate),
+    app: createApiApp(deps, methods, { authenticate }),
+    methods,
+  };
+}
+
+export type Compute = ReturnType<typeof createCompute>;

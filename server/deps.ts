@@ -1,0 +1,38 @@
+import type { Client } from '@temporalio/client';
+import type { Db } from '../db/pool.ts';
+import type { IamPort } from '../iam/port.ts';
+import type { Config } from './config.ts';
+import type { Logger } from './logger.ts';
+
+/** Wake-ups the API sends to a reservation's lifecycle workflow after its own transaction commits. */
+export type LifecycleSignal =
+  | { type: 'release' }
+  | { type: 'cancel' }
+  | { type: 'extended' }
+  | { type: 'capacityFreed'; poolId: string }
+  | { type: 'confirmation'; decision: 'approved' | 'denied' };
+
+/**
+ * The seam between admission (api) and the lifecycle workflows (Temporal). Admission calls
+ * `start` after its second transaction commits; starting twice is harmless, and a start that never
+ * happens (a crash) is swept up by the schedule, so admission never waits on Temporal.
+ */
+export interface ReservationLifecycle {
+  start(reservation: { id: string; tenantId: string; poolId: string; state: string }): Promise<void>;
+  signal(reservationId: string, signal: LifecycleSignal): Promise<void>;
+  /** Wakes every pending reservation of a pool at once (a release freed capacity). */
+  wakePool(poolId: string): Promise<void>;
+}
+
+/**
+ * The typed bag of dependencies passed explicitly to every factory (no singletons).
+ * `temporal` and `lifecycle` are absent in processes that never start or signal workflows.
+ */
+export interface Deps {
+  config: Config;
+  db: Db;
+  log: Logger;
+  iam: IamPort;
+  temporal?: Client;
+  lifecycle?: ReservationLifecycle;
+}
