@@ -1,0 +1,17 @@
+import { Command } from 'commander';
+import { registerServerCommands } from './commands/server.ts';
+
+/**
+ * `better-compute`: one program for operators and tenants. Each command lives in its own file
+ * under cli/commands/ and registers itself here.
+ */
+export function buildProgram(): Command {
+  const program = new Command('better-compute')
+    .description('Better Compute: GPU and CPU capacity, reserved, bound and released safely.')
+    .showHelpAfterError('(run with --help for usage)')
+    .enablePositionalOptions();
+  registerServerCommands(program);
+  return program;
+}
+
+await buildProgram().parseAsync(process.argv);
