@@ -4,6 +4,8 @@ import * as fleet from './2026-11-29T01-fleet.ts';
 import * as bookings from './2026-11-29T02-bookings.ts';
 import * as records from './2026-11-29T03-records.ts';
 import * as trustAndLifecycle from './2026-11-29T04-trust-and-lifecycle.ts';
+import * as iam from './2026-11-29T10-iam.ts';
+import * as placementIndexes from './2026-11-29T11-placement-indexes.ts';
 
 /** Every migration in order; names are frozen once released. */
 export const migrations: Record<string, Migration> = {
@@ -12,6 +14,8 @@ export const migrations: Record<string, Migration> = {
   '2026-11-29T02-bookings': bookings,
   '2026-11-29T03-records': records,
   '2026-11-29T04-trust-and-lifecycle': trustAndLifecycle,
+  '2026-11-29T10-iam': iam,
+  '2026-11-29T11-placement-indexes': placementIndexes,
 };
 
 export const migrationProvider: MigrationProvider = {
