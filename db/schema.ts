@@ -218,6 +218,8 @@ export interface ReservationsTable {
   admission_context: Json<Record<string, unknown>> | null;
   end_reason: string | null;
   lifecycle_started_at: Timestamp | null;
+  /** The deadline of the current binding attempt (migration T30). */
+  bind_deadline: ColumnType<Date | null, Date | string | null | undefined, Date | string | null>;
   version: Generated<number>;
   created_at: TimestampDefault;
   updated_at: TimestampDefault;

@@ -6,6 +6,7 @@ import * as records from './2026-11-29T03-records.ts';
 import * as trustAndLifecycle from './2026-11-29T04-trust-and-lifecycle.ts';
 import * as iam from './2026-11-29T10-iam.ts';
 import * as placementIndexes from './2026-11-29T11-placement-indexes.ts';
+import * as lifecycle from './2026-11-29T30-lifecycle.ts';
 
 /** Every migration in order; names are frozen once released. */
 export const migrations: Record<string, Migration> = {
@@ -16,6 +17,7 @@ export const migrations: Record<string, Migration> = {
   '2026-11-29T04-trust-and-lifecycle': trustAndLifecycle,
   '2026-11-29T10-iam': iam,
   '2026-11-29T11-placement-indexes': placementIndexes,
+  '2026-11-29T30-lifecycle': lifecycle,
 };
 
 export const migrationProvider: MigrationProvider = {
