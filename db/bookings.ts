@@ -70,22 +70,23 @@ function isPgError(error: unknown, code: string): error is { code: string; messa
  */
 export async function insertDeviceBookings(trx: Trx, bookings: readonly DeviceBooking[]): Promise<void> {
   if (bookings.length === 0) return;
-  await lockDevices(
-    trx,
-    bookings.map((b) => b.deviceId),
-  );
+  const deviceIds = bookings.map((b) => b.deviceId);
   try {
+    // One round trip: the locks CTE runs first (an InitPlan of the WHERE clause), in key order.
     await sql`
+      WITH locks AS (
+        SELECT pg_advisory_xact_lock(${deviceLockSpace}, k)
+        FROM (SELECT DISTINCT hashtext(id) AS k FROM unnest(${deviceIds}::text[]) AS id ORDER BY k) AS keys
+      )
       INSERT INTO device_bookings (device_id, allocation_id, during)
       SELECT d, a, tstzrange(s, e, '[)')
-      FROM unnest(${bookings.map((b) => b.deviceId)}::text[], ${bookings.map((b) => b.allocationId)}::text[],
+      FROM unnest(${deviceIds}::text[], ${bookings.map((b) => b.allocationId)}::text[],
                   ${bookings.map((b) => b.start.toISOString())}::timestamptz[],
-                  ${bookings.map((b) => b.end.toISOString())}::timestamptz[]) AS t(d, a, s, e)`.execute(trx);
+                  ${bookings.map((b) => b.end.toISOString())}::timestamptz[]) AS t(d, a, s, e)
+      WHERE (SELECT count(*) FROM locks) >= 0`.execute(trx);
   } catch (error) {
     if (isPgError(error, '23P01')) {
-      throw new BookingConflict('a device is already booked for an overlapping window', {
-        deviceIds: bookings.map((b) => b.deviceId),
-      });
+      throw new BookingConflict('a device is already booked for an overlapping window', { deviceIds });
     }
     throw error;
   }
