@@ -4,7 +4,7 @@
  * the server's zod schemas. It imports no server code at runtime, only types.
  */
 import type { Compute } from '../server/compute.ts';
-import { ComputeClientError, ComputeConnectionError } from './errors.ts';
+import { ComputeConnectionError } from './errors.ts';
 import { type ComputeEvent, type StreamOptions, streamEvents } from './events.ts';
 import { createTransport, readEnvelope, type TransportOptions } from './transport.ts';
 import type { ClientMethods, RegistryOf } from './types.ts';

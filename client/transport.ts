@@ -168,11 +168,11 @@ export function createTransport(options: TransportOptions) {
     throw outcome.error;
   }
 
-  return async function call(group: string, method: string, input: unknown, call: CallOptions = {}) {
-    let result = await once(group, method, input, call);
+  return async function call(group: string, method: string, input: unknown, callOptions: CallOptions = {}) {
+    let result = await once(group, method, input, callOptions);
     if (!result.ok && retry && result.error.code === 'RATE_LIMITED') {
-      await sleep(Math.min(retryDelayMs(result.error, result.retryAfter), maxDelayMs), call.signal);
-      result = await once(group, method, input, call);
+      await sleep(Math.min(retryDelayMs(result.error, result.retryAfter), maxDelayMs), callOptions.signal);
+      result = await once(group, method, input, callOptions);
     }
     if (!result.ok) throw result.error;
     return result.data;
