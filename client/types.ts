@@ -17,8 +17,8 @@ export type RegistryOf<T> = T extends { methods: infer R extends MethodRegistry 
     : never;
 
 /** A method whose input has no required field may be called without one. */
-// biome-ignore lint/complexity/noBannedTypes: `{} extends T` is the test for "T has no required key".
 type ClientMethod<I extends z.ZodType, O extends z.ZodType> =
+  // biome-ignore lint/complexity/noBannedTypes: `{} extends T` is the test for "T has no required key".
   {} extends z.input<I>
     ? (input?: z.input<I>, options?: CallOptions) => Promise<z.output<O>>
     : (input: z.input<I>, options?: CallOptions) => Promise<z.output<O>>;
