@@ -1,4 +1,4 @@
-import { type Kysely, Migrator } from 'kysely';
+import { type Kysely, type MigrationProvider, Migrator } from 'kysely';
 import { ComputeError } from '../domain/errors.ts';
 import { migrationProvider } from '../migrations/index.ts';
 
@@ -10,8 +10,11 @@ export interface MigrationOutcome {
  * Applies every pending migration in one transaction (PostgreSQL has transactional DDL), so a
  * migration that fails leaves the database exactly as it was.
  */
-export async function migrateToLatest(db: Kysely<any>): Promise<MigrationOutcome> {
-  const migrator = new Migrator({ db, provider: migrationProvider });
+export async function migrateToLatest(
+  db: Kysely<any>,
+  provider: MigrationProvider = migrationProvider,
+): Promise<MigrationOutcome> {
+  const migrator = new Migrator({ db, provider });
   const { error, results } = await migrator.migrateToLatest();
   if (error) {
     const failed = results?.find((r) => r.status === 'Error')?.migrationName ?? 'unknown';

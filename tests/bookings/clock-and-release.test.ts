@@ -1,0 +1,61 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { insertDeviceBookings, truncateAllocationBookings } from '../../db/bookings.ts';
+import { advanceComputeClock, freezeComputeClock, readComputeNow } from '../../db/clock.ts';
+import { insertPool, insertSite, type RegisteredNode, registerReadyNodes } from '../../db/fleet.ts';
+import { insertBareAllocation } from '../support/allocations.ts';
+import { createTestDatabase, type TestDatabase } from '../support/database.ts';
+
+const hour = 3_600_000;
+let t: TestDatabase;
+let poolId: string;
+let node: RegisteredNode;
+
+beforeAll(async () => {
+  t = await createTestDatabase();
+  const siteId = await insertSite(t.db, { name: 'clock-site', region: 'eu-central-1' });
+  poolId = await insertPool(t.db, { siteId, ownerTenantId: 'tnt_root', name: 'h100', gpuModel: 'h100' });
+  [node] = (await registerReadyNodes(t.db, { siteId, poolId, count: 1 })) as [RegisteredNode];
+});
+
+afterAll(async () => {
+  await t?.drop();
+});
+
+describe('the one clock', () => {
+  it('moves when tests move it, and release truncates at compute_now()', async () => {
+    const frozen = new Date('2031-03-01T12:00:00Z');
+    await freezeComputeClock(t.db, frozen);
+    expect((await readComputeNow(t.db)).toISOString()).toBe(frozen.toISOString());
+
+    const current = { start: new Date(frozen.getTime() - hour), end: new Date(frozen.getTime() + 3 * hour) };
+    const future = {
+      start: new Date(frozen.getTime() + 5 * hour),
+      end: new Date(frozen.getTime() + 6 * hour),
+    };
+    const allocationId = await t.db.transaction().execute(async (trx) => {
+      const id = await insertBareAllocation(trx, { poolId, nodeId: node.id, ...current });
+      await insertDeviceBookings(trx, [
+        { deviceId: node.deviceIds[0]!, allocationId: id, ...current },
+        { deviceId: node.deviceIds[1]!, allocationId: id, ...future },
+      ]);
+      return id;
+    });
+
+    await advanceComputeClock(t.db, hour);
+    const releasedAt = new Date(frozen.getTime());
+    expect((await readComputeNow(t.db)).toISOString()).toBe(releasedAt.toISOString()); // frozen wins over offset
+    await freezeComputeClock(t.db, new Date(frozen.getTime() + hour));
+    await t.db.transaction().execute((trx) => truncateAllocationBookings(trx, allocationId));
+    await t.db.transaction().execute((trx) => truncateAllocationBookings(trx, allocationId)); // idempotent
+
+    const rows = await t.db
+      .selectFrom('device_bookings')
+      .select(['device_id', (eb) => eb.fn<string>('upper', ['during']).as('ends')])
+      .where('allocation_id', '=', allocationId)
+      .execute();
+    expect(rows).toHaveLength(1);
+    expect(rows[0]!.device_id).toBe(node.deviceIds[0]);
+    expect(new Date(rows[0]!.ends).toISOString()).toBe(new Date(frozen.getTime() + hour).toISOString());
+    await freezeComputeClock(t.db, null);
+  });
+});
