@@ -10,7 +10,9 @@ export type LifecycleSignal =
   | { type: 'cancel' }
   | { type: 'extended' }
   | { type: 'capacityFreed'; poolId: string }
-  | { type: 'confirmation'; decision: 'approved' | 'denied' };
+  | { type: 'confirmation'; decision: 'approved' | 'denied' }
+  /** The gateway stored a node's report about one allocation (workflows/reservation `allocationReport`). */
+  | { type: 'allocationReport'; allocationId: string; kind: 'bound' | 'failed' | 'released' };
 
 /**
  * The seam between admission (api) and the lifecycle workflows (Temporal). Admission calls
