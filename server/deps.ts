@@ -8,7 +8,8 @@ import type { Logger } from './logger.ts';
 export type LifecycleSignal =
   | { type: 'release' }
   | { type: 'cancel' }
-  | { type: 'extended' }
+  /** An extend committed; `end` (epoch ms) lets the workflow confirm it holds the new end. */
+  | { type: 'extended'; end?: number }
   | { type: 'capacityFreed'; poolId: string }
   | { type: 'confirmation'; decision: 'approved' | 'denied' }
   /** The gateway stored a node's report about one allocation (workflows/reservation `allocationReport`). */
@@ -24,6 +25,11 @@ export interface ReservationLifecycle {
   signal(reservationId: string, signal: LifecycleSignal): Promise<void>;
   /** Wakes every pending reservation of a pool at once (a release freed capacity). */
   wakePool(poolId: string): Promise<void>;
+  /**
+   * Moves the lease to now + leaseSeconds through the workflow's `renew` update and answers the new
+   * deadline; INVALID_STATE in a terminal state or without a lease (the update's validator).
+   */
+  renew?(reservationId: string): Promise<{ leaseExpiresAt: Date }>;
 }
 
 /**
