@@ -5,6 +5,7 @@ import { newId } from '../domain/ids.ts';
 import type { Principal } from '../iam/port.ts';
 import type { Deps } from '../server/deps.ts';
 import { type Authenticator, bearerToken, createAuthenticator } from './authenticate.ts';
+import { mountDoors } from './doors.ts';
 import { errorEnvelope, toComputeError } from './envelope.ts';
 import type { Credential, MethodDefinition, MethodRegistry, ServerApi } from './method.ts';
 import { parseInput } from './validation.ts';
@@ -103,6 +104,7 @@ export function createApiApp(
   });
 
   app.get('/healthz', (c) => c.json({ data: { ok: true } }));
+  mountDoors(app, { deps, registry, authenticate });
 
   app.post('/api/compute/:group/:method', async (c) => {
     const method = registry[c.req.param('group')]?.[c.req.param('method')];

@@ -1,3 +1,4 @@
+import { eventMethods } from './events.ts';
 import type { MethodRegistry } from './method.ts';
 import { systemMethods } from './system.ts';
 
@@ -7,6 +8,7 @@ import { systemMethods } from './system.ts';
  */
 export const methods = {
   system: systemMethods,
+  events: eventMethods,
 } satisfies MethodRegistry;
 
 export type Methods = typeof methods;

@@ -7,6 +7,7 @@ import * as trustAndLifecycle from './2026-11-29T04-trust-and-lifecycle.ts';
 import * as iam from './2026-11-29T10-iam.ts';
 import * as placementIndexes from './2026-11-29T11-placement-indexes.ts';
 import * as lifecycle from './2026-11-29T30-lifecycle.ts';
+import * as eventsAndWebhooks from './2026-11-29T40-events-and-webhooks.ts';
 
 /** Every migration in order; names are frozen once released. */
 export const migrations: Record<string, Migration> = {
@@ -18,6 +19,7 @@ export const migrations: Record<string, Migration> = {
   '2026-11-29T10-iam': iam,
   '2026-11-29T11-placement-indexes': placementIndexes,
   '2026-11-29T30-lifecycle': lifecycle,
+  '2026-11-29T40-events-and-webhooks': eventsAndWebhooks,
 };
 
 export const migrationProvider: MigrationProvider = {

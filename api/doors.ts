@@ -1,0 +1,23 @@
+import type { Hono } from 'hono';
+import type { Deps } from '../server/deps.ts';
+import type { ApiEnv } from './app.ts';
+import type { Authenticator } from './authenticate.ts';
+import { mountEventStream } from './events-stream.ts';
+import type { MethodRegistry } from './method.ts';
+import { buildOpenApiDocument } from './openapi.ts';
+
+/**
+ * The routes beside `POST /api/compute/{group}/{method}`: the OpenAPI document (public, generated
+ * once from the registry) and the server-sent event stream (bearer auth).
+ */
+export function mountDoors(
+  app: Hono<ApiEnv>,
+  context: { deps: Deps; registry: MethodRegistry; authenticate: Authenticator },
+) {
+  let document: ReturnType<typeof buildOpenApiDocument> | undefined;
+  app.get('/api/compute/openapi.json', (c) => {
+    document ??= buildOpenApiDocument(context.registry);
+    return c.json(document);
+  });
+  mountEventStream(app, context);
+}

@@ -1,0 +1,102 @@
+import type { Hono } from 'hono';
+import { streamSSE } from 'hono/streaming';
+import { ComputeError } from '../domain/errors.ts';
+import { cursorAfterSeq, type OutboxCursor, outboxHead, readOutbox } from '../events/outbox.ts';
+import type { Deps } from '../server/deps.ts';
+import type { ApiEnv } from './app.ts';
+import { type Authenticator, bearerToken } from './authenticate.ts';
+import { authorizeEventRead } from './events-access.ts';
+
+export interface EventStreamOptions {
+  /** How often a stream with nothing new reads the outbox again. */
+  pollMs?: number;
+  /** How often an idle stream sends a comment, so proxies keep it open. */
+  keepAliveMs?: number;
+}
+
+function abortable(ms: number, signal: AbortSignal): Promise<void> {
+  return new Promise((resolve) => {
+    if (signal.aborted) return resolve();
+    const timer = setTimeout(done, ms);
+    function done() {
+      clearTimeout(timer);
+      signal.removeEventListener('abort', done);
+      resolve();
+    }
+    signal.addEventListener('abort', done, { once: true });
+  });
+}
+
+/**
+ * `GET /api/compute/events/stream[?subject=…&type=…&tenantId=…]`: server-sent events, one frame
+ * per outbox event (`id` the seq, `event` the type, `data` the event as JSON). With
+ * `Last-Event-ID` (or `?after=`) it resumes just after that event, so a reconnect loses and repeats
+ * nothing; without it the stream starts at the current end. The first frame, `ready`, carries the
+ * position it starts from as its id.
+ */
+export function mountEventStream(
+  app: Hono<ApiEnv>,
+  context: { deps: Deps; authenticate: Authenticator },
+  options: EventStreamOptions = {},
+) {
+  const { deps, authenticate } = context;
+  const pollMs = options.pollMs ?? 250;
+  const keepAliveMs = options.keepAliveMs ?? 15_000;
+
+  app.get('/api/compute/events/stream', async (c) => {
+    const principal = await authenticate(bearerToken(c.req.header('authorization')));
+    const requestId = c.get('requestId');
+    const tenantParam = c.req.query('tenantId') || undefined;
+    const subject = c.req.query('subject') || undefined;
+    const types = c.req.queries('type') ?? [];
+    const resumeFrom = c.req.header('last-event-id') ?? c.req.query('after');
+    if (resumeFrom !== undefined && !/^\d{1,18}$/.test(resumeFrom)) {
+      throw new ComputeError(
+        'INVALID_INPUT',
+        `Last-Event-ID must be the seq of an event, got '${resumeFrom}'`,
+      );
+    }
+    const tenantId = await authorizeEventRead(deps, principal, tenantParam, requestId);
+    let cursor: OutboxCursor =
+      resumeFrom === undefined
+        ? await outboxHead(deps.db)
+        : await cursorAfterSeq(deps.db, Number(resumeFrom));
+    const log = deps.log.child({ requestId, stream: 'events' });
+    const signal = c.req.raw.signal;
+
+    c.header('cache-control', 'no-cache');
+    c.header('x-accel-buffering', 'no');
+    return streamSSE(
+      c,
+      async (stream) => {
+        const closed = new AbortController();
+        stream.onAbort(() => closed.abort());
+        signal.addEventListener('abort', () => closed.abort(), { once: true });
+        await stream.writeSSE({
+          event: 'ready',
+          id: String(cursor.seq),
+          data: JSON.stringify({ seq: cursor.seq }),
+        });
+        let idleSince = Date.now();
+        while (!closed.signal.aborted) {
+          const page = await readOutbox(deps.db, cursor, { tenantId, subject, types }, 200);
+          for (const event of page.events) {
+            await stream.writeSSE({ id: String(event.seq), event: event.type, data: JSON.stringify(event) });
+          }
+          cursor = page.cursor;
+          if (page.events.length > 0) {
+            idleSince = Date.now();
+            if (page.events.length === 200) continue;
+          } else if (Date.now() - idleSince >= keepAliveMs) {
+            await stream.write(': keep-alive\n\n');
+            idleSince = Date.now();
+          }
+          await abortable(pollMs, closed.signal);
+        }
+      },
+      async (error) => {
+        log.warn({ err: error }, 'event stream ended with an error');
+      },
+    );
+  });
+}
