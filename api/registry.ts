@@ -1,3 +1,5 @@
+import { confirmationMethods } from './admin/confirmations.ts';
+import { adminMethods } from './admin/index.ts';
 import { eventMethods } from './events.ts';
 import type { MethodRegistry } from './method.ts';
 import { systemMethods } from './system.ts';
@@ -9,6 +11,8 @@ import { systemMethods } from './system.ts';
 export const methods = {
   system: systemMethods,
   events: eventMethods,
+  admin: adminMethods,
+  confirmations: confirmationMethods,
 } satisfies MethodRegistry;
 
 export type Methods = typeof methods;
