@@ -1,0 +1,301 @@
+import { sql } from 'kysely';
+import {
+  allocationDevices,
+  lockReservationAtVersion,
+  markLifecycleStarted,
+  readReservationSnapshot,
+  updateReservation,
+} from '../db/lifecycle.ts';
+import { recordReservationEvent } from '../db/lifecycle-events.ts';
+import { changeNodeDeviceAssignments, type DeviceAssignment } from '../db/lifecycle-nodespec.ts';
+import { endCurrentAllocations, refundReservationQuota } from '../db/lifecycle-release.ts';
+import type { Db } from '../db/pool.ts';
+import { ComputeError } from '../domain/errors.ts';
+import type {
+  Condition,
+  EndState,
+  LifecycleTimers,
+  ReservationSnapshot,
+} from '../domain/reservation-lifecycle.ts';
+import type { Logger } from '../server/logger.ts';
+import { asActivity } from './failure.ts';
+
+export interface ReservationActivityDeps {
+  db: Db;
+  log: Logger;
+}
+
+/** What a guarded step answers: whether it changed anything, and the state it left. */
+export interface StepResult {
+  applied: boolean;
+  state: string | null;
+}
+
+const endEvents: Record<EndState, string> = {
+  released: 'reservation.released',
+  cancelled: 'reservation.cancelled',
+  failed: 'reservation.failed',
+  expired: 'reservation.expired',
+  denied: 'reservation.denied',
+};
+
+/**
+ * The lifecycle's steps. Each is one PostgreSQL transaction, guarded by the reservation's state
+ * and version (a step whose version moved on changes nothing and answers `applied: false`), so
+ * Temporal's at-least-once retries are safe. Every change writes its outbox event in the same
+ * transaction.
+ */
+export function createReservationActivities({ db, log }: ReservationActivityDeps) {
+  return {
+    /**
+     * Reads the truth (level-triggered: every wake-up starts here) and marks the lifecycle started.
+     * Null when the reservation does not exist.
+     */
+    async observeReservation(input: {
+      reservationId: string;
+      timers?: Partial<LifecycleTimers>;
+    }): Promise<ReservationSnapshot | null> {
+      return db.transaction().execute(async (trx) => {
+        await markLifecycleStarted(trx, input.reservationId);
+        return readReservationSnapshot(trx, input.reservationId, input.timers);
+      });
+    },
+
+    /**
+     * At the start: `placed` → `binding`, each allocation gains its NodeSpec `devices` assignment
+     * (a new generation of its node's spec) and the bind deadline is recorded.
+     */
+    async beginBinding(input: {
+      reservationId: string;
+      expectedVersion: number;
+      bindDeadline: number;
+    }): Promise<StepResult> {
+      return asActivity(() =>
+        db.transaction().execute(async (trx) => {
+          const row = await lockReservationAtVersion(trx, input.reservationId, input.expectedVersion);
+          if (row?.state !== 'placed') return { applied: false, state: row?.state ?? null };
+          const allocations = await trx
+            .selectFrom('allocations')
+            .where('reservation_id', '=', row.id)
+            .where('released_at', 'is', null)
+            .select(['id', 'node_id', 'state', sql<Date>`upper(during)`.as('until')])
+            .orderBy('id')
+            .execute();
+          const devices = await allocationDevices(
+            trx,
+            allocations.map((a) => a.id),
+          );
+          await trx
+            .updateTable('allocations')
+            .set({ state: 'binding', updated_at: sql<Date>`compute_now()` })
+            .where('reservation_id', '=', row.id)
+            .where('released_at', 'is', null)
+            .where('state', '=', 'planned')
+            .execute();
+          const byNode = new Map<string, DeviceAssignment[]>();
+          for (const a of allocations) {
+            const mine = devices.filter((d) => d.allocation_id === a.id);
+            const assignment: DeviceAssignment = {
+              allocationId: a.id,
+              deviceIds: mine.map((d) => d.device_id),
+              stableIds: mine.map((d) => d.stable_id),
+              until: new Date(a.until).getTime(),
+              binding: row.binding_kind === 'kubernetes' ? 'kubernetes' : 'hold',
+            };
+            byNode.set(a.node_id, [...(byNode.get(a.node_id) ?? []), assignment]);
+          }
+          for (const nodeId of [...byNode.keys()].sort()) {
+            await changeNodeDeviceAssignments(trx, nodeId, { upsert: byNode.get(nodeId)! });
+          }
+          await updateReservation(trx, row.id, {
+            state: 'binding',
+            bindDeadline: new Date(input.bindDeadline),
+          });
+          await recordReservationEvent(trx, row, 'reservation.binding', 'binding', {
+            nodeIds: [...byNode.keys()].sort(),
+            bindDeadline: input.bindDeadline,
+            attempt: row.bind_attempts + 1,
+          });
+          log.info({ reservationId: row.id, nodes: byNode.size }, 'binding');
+          return { applied: true, state: 'binding' };
+        }),
+      );
+    },
+
+    /** Every allocation reported bound: `binding` → `active` (billing runs from each `bound_at`). */
+    async activateReservation(input: {
+      reservationId: string;
+      expectedVersion: number;
+    }): Promise<StepResult> {
+      return asActivity(() =>
+        db.transaction().execute(async (trx) => {
+          const row = await lockReservationAtVersion(trx, input.reservationId, input.expectedVersion);
+          if (row?.state !== 'binding') return { applied: false, state: row?.state ?? null };
+          const allocations = await trx
+            .selectFrom('allocations')
+            .where('reservation_id', '=', row.id)
+            .where('released_at', 'is', null)
+            .select(['id', 'node_id', 'state', 'binding'])
+            .forUpdate()
+            .execute();
+          if (allocations.length === 0 || allocations.some((a) => a.state !== 'bound')) {
+            return { applied: false, state: row.state };
+          }
+          const conditions = ((row.conditions ?? []) as Condition[]).filter((c) => c.type !== 'BindTimeout');
+          await updateReservation(trx, row.id, { state: 'active', conditions, bindDeadline: null });
+          await recordReservationEvent(trx, row, 'reservation.active', 'active', {
+            allocations: allocations.map((a) => ({
+              allocationId: a.id,
+              nodeId: a.node_id,
+              binding: a.binding,
+            })),
+          });
+          return { applied: true, state: 'active' };
+        }),
+      );
+    },
+
+    /**
+     * A binding attempt failed (no report in time, or the node refused): the bookings are released,
+     * the NodeSpec assignments withdrawn, the failure counted in a `BindTimeout` condition, and the
+     * reservation goes back to `pending` to be placed again at once.
+     */
+    async rebindReservation(input: {
+      reservationId: string;
+      expectedVersion: number;
+      reason: string;
+      message: string;
+    }): Promise<StepResult> {
+      return asActivity(() =>
+        db.transaction().execute(async (trx) => {
+          const row = await lockReservationAtVersion(trx, input.reservationId, input.expectedVersion);
+          if (row?.state !== 'binding') return { applied: false, state: row?.state ?? null };
+          const ended = await endCurrentAllocations(trx, row.id, 'failed');
+          const conditions = [
+            ...((row.conditions ?? []) as Condition[]).filter((c) => c.type !== 'BindTimeout'),
+            { type: 'BindTimeout', reason: input.reason, message: input.message },
+          ];
+          await updateReservation(trx, row.id, {
+            state: 'pending',
+            conditions,
+            bindAttempts: row.bind_attempts + 1,
+            bindDeadline: null,
+          });
+          await trx
+            .updateTable('reservations')
+            .set({ pending_since: sql<Date>`compute_now()` })
+            .where('id', '=', row.id)
+            .execute();
+          await recordReservationEvent(trx, row, 'reservation.pending', 'pending', {
+            reason: input.reason,
+            message: input.message,
+            releasedAllocations: ended.map((a) => a.id),
+          });
+          log.warn(
+            { reservationId: row.id, reason: input.reason, attempt: row.bind_attempts + 1 },
+            'binding failed',
+          );
+          return { applied: true, state: 'pending' };
+        }),
+      );
+    },
+
+    /**
+     * Ends a reservation: `released` (with reason `release`, `expired` or `lease-lapsed`),
+     * `cancelled`, `failed` (with its condition), `expired` or `denied`. Bookings are truncated at
+     * compute_now(), quota refunded once, NodeSpec assignments withdrawn, the event written.
+     */
+    async endReservation(input: {
+      reservationId: string;
+      expectedVersion: number;
+      state: EndState;
+      reason: string;
+      condition?: Condition;
+    }): Promise<StepResult> {
+      return asActivity(() =>
+        db.transaction().execute(async (trx) => {
+          const row = await lockReservationAtVersion(trx, input.reservationId, input.expectedVersion);
+          if (!row || ['denied', 'released', 'failed', 'cancelled', 'expired'].includes(row.state)) {
+            return { applied: false, state: row?.state ?? null };
+          }
+          await endCurrentAllocations(trx, row.id, 'released');
+          await refundReservationQuota(trx, row.id);
+          const conditions = input.condition
+            ? [
+                ...((row.conditions ?? []) as Condition[]).filter((c) => c.type !== input.condition!.type),
+                input.condition,
+              ]
+            : undefined;
+          await updateReservation(trx, row.id, {
+            state: input.state,
+            endReason: input.reason,
+            endWindowNow: input.state === 'released',
+            bindDeadline: null,
+            ...(conditions ? { conditions } : {}),
+          });
+          await recordReservationEvent(trx, row, endEvents[input.state], input.state, {
+            reason: input.reason,
+            ...(input.condition ? { condition: input.condition } : {}),
+          });
+          log.info({ reservationId: row.id, state: input.state, reason: input.reason }, 'reservation ended');
+          return { applied: true, state: input.state };
+        }),
+      );
+    },
+
+    /** Sets the reservation's conditions (e.g. `Degraded`/`BindingLost` while a bound node lost devices). */
+    async setReservationConditions(input: {
+      reservationId: string;
+      expectedVersion: number;
+      conditions: Condition[];
+    }): Promise<StepResult> {
+      return asActivity(() =>
+        db.transaction().execute(async (trx) => {
+          const row = await lockReservationAtVersion(trx, input.reservationId, input.expectedVersion);
+          if (!row) return { applied: false, state: null };
+          await updateReservation(trx, row.id, { conditions: input.conditions });
+          return { applied: true, state: row.state };
+        }),
+      );
+    },
+
+    /**
+     * Moves the lease to compute_now() + leaseSeconds without touching the window. INVALID_STATE in
+     * a terminal state, outside placed/binding/active, or for a reservation without a lease.
+     */
+    async renewLease(input: { reservationId: string }): Promise<{ leaseExpiresAt: number }> {
+      return asActivity(() =>
+        db.transaction().execute(async (trx) => {
+          const row = await trx
+            .selectFrom('reservations')
+            .where('id', '=', input.reservationId)
+            .select(['id', 'state', 'lease_seconds'])
+            .forUpdate()
+            .executeTakeFirst();
+          if (!row) throw new ComputeError('NOT_FOUND', 'no such reservation');
+          if (row.lease_seconds === null) {
+            throw new ComputeError('INVALID_STATE', 'the reservation was created without leaseSeconds');
+          }
+          if (!['placed', 'binding', 'active'].includes(row.state)) {
+            throw new ComputeError(
+              'INVALID_STATE',
+              `a lease renews in placed, binding or active; it is ${row.state}`,
+              {
+                state: row.state,
+              },
+            );
+          }
+          await updateReservation(trx, row.id, { leaseFromNow: true });
+          const renewed = await trx
+            .selectFrom('reservations')
+            .where('id', '=', row.id)
+            .select('lease_expires_at')
+            .executeTakeFirstOrThrow();
+          return { leaseExpiresAt: new Date(renewed.lease_expires_at!).getTime() };
+        }),
+      );
+    },
+  };
+}
+
+export type ReservationActivities = ReturnType<typeof createReservationActivities>;

@@ -1,0 +1,58 @@
+import type { Client } from '@temporalio/client';
+import { sql } from 'kysely';
+import type { Db } from '../db/pool.ts';
+import type { Logger } from '../server/logger.ts';
+import { type LifecycleOptions, startReservationLifecycle } from '../temporal/lifecycle.ts';
+import { reservationWorkflowType } from '../workflows/reservation/messages.ts';
+
+export interface SweeperActivityDeps {
+  db: Db;
+  log: Logger;
+  temporal: Client;
+  lifecycle: LifecycleOptions;
+}
+
+const liveStates = ['awaiting-confirmation', 'pending', 'placed', 'binding', 'active', 'releasing'];
+
+/**
+ * The orphan sweep: no non-terminal reservation may exist without its workflow (DESIGN.md
+ * principle 3). It reads, in one read-only transaction, the live reservations older than `graceMs`,
+ * lists the running lifecycles from Temporal's visibility, and signal-with-starts every
+ * reservation that has none (harmless when visibility lags and one does run).
+ */
+export function createSweeperActivities({ db, log, temporal, lifecycle }: SweeperActivityDeps) {
+  return {
+    async sweepOrphanReservations(input: { graceMs: number; limit: number }): Promise<{ started: string[] }> {
+      const candidates = await db
+        .selectFrom('reservations')
+        .where('state', 'in', liveStates as never[])
+        .where(sql<boolean>`created_at < compute_now() - make_interval(secs => ${input.graceMs / 1000})`)
+        .select(['id', 'tenant_id', 'pool_id', 'state', 'lifecycle_started_at'])
+        .orderBy('created_at')
+        .limit(input.limit)
+        .execute();
+      if (candidates.length === 0) return { started: [] };
+      const running = new Set<string>();
+      for await (const execution of temporal.workflow.list({
+        query: `WorkflowType = '${reservationWorkflowType}' AND ExecutionStatus = 'Running'`,
+      })) {
+        running.add(execution.workflowId);
+      }
+      const orphans = candidates.filter((r) => r.lifecycle_started_at === null || !running.has(r.id));
+      const started: string[] = [];
+      for (const r of orphans) {
+        await startReservationLifecycle(
+          temporal,
+          lifecycle,
+          { id: r.id, tenantId: r.tenant_id, poolId: r.pool_id, state: r.state },
+          'sweeper',
+        );
+        started.push(r.id);
+      }
+      if (started.length > 0) log.warn({ started }, 'started lifecycles of orphaned reservations');
+      return { started };
+    },
+  };
+}
+
+export type SweeperActivities = ReturnType<typeof createSweeperActivities>;

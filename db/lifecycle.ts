@@ -1,0 +1,207 @@
+import { sql, type Transaction } from 'kysely';
+import {
+  type AllocationView,
+  type Condition,
+  defaultTimers,
+  type LifecycleState,
+  type LifecycleTimers,
+  type ReservationSnapshot,
+} from '../domain/reservation-lifecycle.ts';
+import type { Db } from './pool.ts';
+import type { Database } from './schema.ts';
+
+type Trx = Transaction<Database>;
+
+const ms = (value: Date | string | null | undefined): number | null =>
+  value === null || value === undefined ? null : new Date(value).getTime();
+
+const timerKeys = Object.keys(defaultTimers) as Array<keyof LifecycleTimers>;
+
+/**
+ * The timers of a pool: `policy.timers` (milliseconds, any subset) over the defaults, with the
+ * pool's `maxPending` (a duration in ms) as the pending limit, then the workflow's own overrides.
+ */
+export function effectiveTimers(
+  policy: Record<string, unknown>,
+  overrides: Partial<LifecycleTimers> = {},
+): LifecycleTimers {
+  const timers = { ...defaultTimers };
+  const fromPolicy = (policy.timers ?? {}) as Record<string, unknown>;
+  if (typeof policy.maxPendingMs === 'number') timers.maxPendingMs = policy.maxPendingMs;
+  for (const key of timerKeys) {
+    const value = fromPolicy[key];
+    if (typeof value === 'number' && value > 0) timers[key] = value;
+    const override = overrides[key];
+    if (typeof override === 'number' && override > 0) timers[key] = override;
+  }
+  return timers;
+}
+
+/**
+ * Reads one reservation as the lifecycle sees it, in `db` or a transaction: its row, the current
+ * placement's allocations (those the control plane has not released), whether its pool is still
+ * there for the tenant, and compute_now(). Null when there is no such reservation.
+ */
+export async function readReservationSnapshot(
+  db: Db | Trx,
+  reservationId: string,
+  overrides: Partial<LifecycleTimers> = {},
+): Promise<ReservationSnapshot | null> {
+  const row = await db
+    .selectFrom('reservations as r')
+    .innerJoin('pools as p', 'p.id', 'r.pool_id')
+    .where('r.id', '=', reservationId)
+    .select([
+      'r.id',
+      'r.tenant_id',
+      'r.pool_id',
+      'r.state',
+      'r.version',
+      'r.lease_seconds',
+      'r.lease_expires_at',
+      'r.bind_attempts',
+      'r.bind_deadline',
+      'r.pending_since',
+      'r.confirmation_expires_at',
+      'r.end_reason',
+      'r.conditions',
+      'r.gang_size',
+      'r.binding_kind',
+      'r.request',
+      'p.policy',
+      'p.gpu_model',
+      'p.archived_at',
+      'p.owner_tenant_id',
+      sql<Date | null>`lower(r.during)`.as('start'),
+      sql<Date | null>`upper(r.during)`.as('end'),
+      sql<Date>`compute_now()`.as('now'),
+      sql<boolean>`p.archived_at IS NULL AND (p.owner_tenant_id = r.tenant_id OR EXISTS (
+        SELECT 1 FROM pool_offers o WHERE o.pool_id = r.pool_id AND o.tenant_id = r.tenant_id))`.as(
+        'pool_available',
+      ),
+    ])
+    .executeTakeFirst();
+  if (!row) return null;
+  const allocations = await db
+    .selectFrom('allocations')
+    .where('reservation_id', '=', reservationId)
+    .where('released_at', 'is', null)
+    .select(['id', 'node_id', 'state', 'bound_at'])
+    .orderBy('gang_index')
+    .orderBy('id')
+    .execute();
+  const policy = (typeof row.policy === 'string' ? JSON.parse(row.policy) : row.policy) as Record<
+    string,
+    unknown
+  >;
+  const request = (typeof row.request === 'string' ? JSON.parse(row.request) : row.request) as {
+    devices?: Array<{ class?: string; count?: number }>;
+    duration?: string | number;
+  };
+  const devices =
+    (request.devices ?? []).map((d) => `${d.count ?? 1}×${d.class ?? 'gpu'}`).join('+') || 'devices';
+  return {
+    id: row.id,
+    tenantId: row.tenant_id,
+    poolId: row.pool_id,
+    state: row.state as LifecycleState,
+    version: row.version,
+    now: ms(row.now)!,
+    start: ms(row.start),
+    end: ms(row.end),
+    leaseSeconds: row.lease_seconds,
+    leaseExpiresAt: ms(row.lease_expires_at),
+    bindAttempts: row.bind_attempts,
+    bindDeadline: ms(row.bind_deadline),
+    pendingSince: ms(row.pending_since),
+    confirmationExpiresAt: ms(row.confirmation_expires_at),
+    endReason: row.end_reason,
+    conditions: (row.conditions ?? []) as Condition[],
+    allocations: allocations.map(
+      (a): AllocationView => ({ id: a.id, nodeId: a.node_id, state: a.state, boundAt: ms(a.bound_at) }),
+    ),
+    poolAvailable: row.pool_available,
+    timers: effectiveTimers(policy, overrides),
+    summary: `${row.tenant_id}: ${devices} ${row.gpu_model} (${row.binding_kind}${
+      row.gang_size > 1 ? `, gang of ${row.gang_size}` : ''
+    }) in ${row.pool_id}`,
+  };
+}
+
+/**
+ * Locks the reservation row and answers it only when its version is still `expectedVersion`: the
+ * guard that makes every lifecycle activity idempotent (a retry after a commit finds a newer version
+ * and changes nothing).
+ */
+export async function lockReservationAtVersion(trx: Trx, reservationId: string, expectedVersion: number) {
+  const row = await trx
+    .selectFrom('reservations')
+    .where('id', '=', reservationId)
+    .selectAll()
+    .forUpdate()
+    .executeTakeFirst();
+  if (!row || row.version !== expectedVersion) return null;
+  return row;
+}
+
+/** Records that a lifecycle workflow has looked at the reservation (the sweeper's first filter). */
+export async function markLifecycleStarted(db: Db | Trx, reservationId: string): Promise<void> {
+  await db
+    .updateTable('reservations')
+    .set({ lifecycle_started_at: sql<Date>`compute_now()` })
+    .where('id', '=', reservationId)
+    .where('lifecycle_started_at', 'is', null)
+    .execute();
+}
+
+/** Bumps the version and `updated_at` with the given changes; the caller holds the row lock. */
+export async function updateReservation(
+  trx: Trx,
+  reservationId: string,
+  changes: {
+    state?: LifecycleState;
+    conditions?: Condition[];
+    bindAttempts?: number;
+    bindDeadline?: Date | null;
+    endReason?: string;
+    /** Ends the window at compute_now() when it reaches later. */
+    endWindowNow?: boolean;
+    leaseFromNow?: boolean;
+  },
+): Promise<{ version: number }> {
+  let update = trx
+    .updateTable('reservations')
+    .set({ version: sql<number>`version + 1`, updated_at: sql<Date>`compute_now()` });
+  if (changes.state) update = update.set({ state: changes.state });
+  if (changes.conditions) update = update.set({ conditions: JSON.stringify(changes.conditions) });
+  if (changes.bindAttempts !== undefined) update = update.set({ bind_attempts: changes.bindAttempts });
+  if (changes.bindDeadline !== undefined) update = update.set({ bind_deadline: changes.bindDeadline });
+  if (changes.endReason) update = update.set({ end_reason: changes.endReason });
+  if (changes.endWindowNow) {
+    update = update.set({
+      during: sql<string>`CASE WHEN during IS NULL OR upper(during) <= compute_now() THEN during
+        WHEN lower(during) >= compute_now() THEN during
+        ELSE tstzrange(lower(during), compute_now(), '[)') END`,
+    });
+  }
+  if (changes.leaseFromNow) {
+    update = update.set({
+      lease_expires_at: sql<Date>`compute_now() + make_interval(secs => lease_seconds)`,
+    });
+  }
+  const row = await update.where('id', '=', reservationId).returning('version').executeTakeFirstOrThrow();
+  return { version: row.version };
+}
+
+/** The device ids (and their stable ids) booked by each allocation, for NodeSpec assignments. */
+export async function allocationDevices(trx: Trx | Db, allocationIds: readonly string[]) {
+  if (allocationIds.length === 0) return [];
+  return trx
+    .selectFrom('device_bookings as b')
+    .innerJoin('devices as d', 'd.id', 'b.device_id')
+    .where('b.allocation_id', 'in', allocationIds)
+    .select(['b.allocation_id', 'd.id as device_id', 'd.stable_id', 'd.class', 'd.node_id'])
+    .orderBy('b.allocation_id')
+    .orderBy('d.stable_id')
+    .execute();
+}

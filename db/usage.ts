@@ -1,0 +1,148 @@
+import { sql, type Transaction } from 'kysely';
+import type { UsageRecord } from '../iam/port.ts';
+import type { Db } from './pool.ts';
+import type { Database } from './schema.ts';
+
+type Trx = Transaction<Database>;
+
+/** GPUs' worth of one booked atom: a MIG instance is 1/7 of a GPU, a time-slice slot 1/4. */
+const gpuWorth: Record<string, number> = { gpu: 1, 'gpu.mig': 1 / 7, 'gpu.slot': 1 / 4 };
+
+export interface UsageWindow {
+  allocationId: string;
+  hourStart: Date;
+  meter: string;
+  quantity: number;
+  idempotencyKey: string;
+}
+
+/**
+ * The closed usage windows of one allocation billed from `from` to `to` (exclusive): one per
+ * window of `windowMs` the span touches, the last one only when `final` (the allocation has stopped
+ * billing) or when it has ended before `now`. Quantity is GPU-hours. Pure.
+ */
+export function closedWindows(input: {
+  allocationId: string;
+  meter: string;
+  gpus: number;
+  from: number;
+  to: number;
+  now: number;
+  final: boolean;
+  windowMs: number;
+}): UsageWindow[] {
+  const out: UsageWindow[] = [];
+  if (input.gpus <= 0 || input.to <= input.from) return out;
+  for (let w = Math.floor(input.from / input.windowMs) * input.windowMs; w < input.to; w += input.windowMs) {
+    const windowEnd = w + input.windowMs;
+    if (windowEnd > input.now && !input.final) break;
+    const overlap = Math.min(windowEnd, input.to) - Math.max(w, input.from);
+    if (overlap <= 0) continue;
+    const hourStart = new Date(w);
+    out.push({
+      allocationId: input.allocationId,
+      hourStart,
+      meter: input.meter,
+      quantity: Math.round((overlap / 3_600_000) * input.gpus * 1e6) / 1e6,
+      idempotencyKey: `usage/${input.allocationId}/${hourStart.toISOString()}/${input.meter}`,
+    });
+  }
+  return out;
+}
+
+/**
+ * Writes the closed usage windows of every bound allocation of a reservation (billing runs from
+ * `bound_at`, never before the window's start, and stops at the release or the booking's end).
+ * A window once written is final: a retry inserts nothing twice. Answers how many it wrote.
+ */
+export async function meterReservationUsage(
+  trx: Trx,
+  reservationId: string,
+  windowMs: number,
+): Promise<number> {
+  const { rows } = await sql<{
+    allocation_id: string;
+    tenant_id: string;
+    gpu_model: string;
+    bill_from: Date;
+    bill_to: Date;
+    now: Date;
+    final: boolean;
+    classes: string[] | null;
+  }>`
+    SELECT a.id AS allocation_id, r.tenant_id, p.gpu_model,
+      greatest(a.bound_at, lower(a.during)) AS bill_from,
+      least(coalesce(a.released_at, 'infinity'), upper(a.during), compute_now()) AS bill_to,
+      compute_now() AS now,
+      (a.released_at IS NOT NULL OR upper(a.during) <= compute_now()
+        OR r.state IN ('released', 'failed', 'cancelled', 'expired')) AS final,
+      (SELECT array_agg(d.class) FROM device_bookings b JOIN devices d ON d.id = b.device_id
+        WHERE b.allocation_id = a.id) AS classes
+    FROM allocations a
+    JOIN reservations r ON r.id = a.reservation_id
+    JOIN pools p ON p.id = r.pool_id
+    WHERE a.reservation_id = ${reservationId} AND a.bound_at IS NOT NULL`.execute(trx);
+  let written = 0;
+  for (const row of rows) {
+    const gpus = (row.classes ?? []).reduce((sum, c) => sum + (gpuWorth[c] ?? 0), 0);
+    const windows = closedWindows({
+      allocationId: row.allocation_id,
+      meter: `gpu.${row.gpu_model.toLowerCase()}.hours`,
+      gpus,
+      from: new Date(row.bill_from).getTime(),
+      to: new Date(row.bill_to).getTime(),
+      now: new Date(row.now).getTime(),
+      final: row.final,
+      windowMs,
+    });
+    if (windows.length === 0) continue;
+    const result = await trx
+      .insertInto('usage_windows')
+      .values(
+        windows.map((w) => ({
+          allocation_id: w.allocationId,
+          hour_start: w.hourStart,
+          meter: w.meter,
+          tenant_id: row.tenant_id,
+          reservation_id: reservationId,
+          quantity: w.quantity,
+          idempotency_key: w.idempotencyKey,
+        })),
+      )
+      .onConflict((oc) => oc.columns(['allocation_id', 'hour_start', 'meter']).doNothing())
+      .executeTakeFirst();
+    written += Number(result.numInsertedOrUpdatedRows ?? 0);
+  }
+  return written;
+}
+
+/** The reservation's usage windows not yet acknowledged by billing, as IAM usage records. */
+export async function unsentUsage(db: Db, reservationId: string, windowMs: number): Promise<UsageRecord[]> {
+  const rows = await db
+    .selectFrom('usage_windows')
+    .where('reservation_id', '=', reservationId)
+    .where('sent_at', 'is', null)
+    .selectAll()
+    .orderBy('hour_start')
+    .execute();
+  return rows.map((row) => ({
+    idempotencyKey: row.idempotency_key,
+    tenantId: row.tenant_id,
+    meter: row.meter,
+    quantity: Number(row.quantity),
+    windowStart: new Date(row.hour_start),
+    windowEnd: new Date(new Date(row.hour_start).getTime() + windowMs),
+    subject: `reservation/${reservationId}/allocation/${row.allocation_id}`,
+  }));
+}
+
+/** Marks windows acknowledged by billing; idempotent. */
+export async function markUsageSent(db: Db, idempotencyKeys: readonly string[]): Promise<void> {
+  if (idempotencyKeys.length === 0) return;
+  await db
+    .updateTable('usage_windows')
+    .set({ sent_at: sql<Date>`compute_now()` })
+    .where('idempotency_key', 'in', idempotencyKeys)
+    .where('sent_at', 'is', null)
+    .execute();
+}

@@ -1,0 +1,190 @@
+import { type Client, WorkflowUpdateFailedError } from '@temporalio/client';
+import { ApplicationFailure, WorkflowNotFoundError } from '@temporalio/common';
+import { ComputeError, isErrorCode } from '../domain/errors.ts';
+import type { LifecycleTimers } from '../domain/reservation-lifecycle.ts';
+import type { LifecycleSignal, ReservationLifecycle } from '../server/deps.ts';
+import {
+  allocationReportSignal,
+  cancelUpdate,
+  capacityFreedSignal,
+  confirmationUpdate,
+  extendedUpdate,
+  releaseUpdate,
+  renewUpdate,
+  reservationWorkflowType,
+  wakeSignal,
+} from '../workflows/reservation/messages.ts';
+import { searchAttributes } from './search-attributes.ts';
+
+export interface LifecycleOptions {
+  taskQueue: string;
+  /** Timer overrides every started workflow carries (tests use seconds). */
+  timers?: Partial<LifecycleTimers>;
+  historyLimit?: number;
+}
+
+export interface LifecycleStartInput {
+  id: string;
+  tenantId: string;
+  poolId: string;
+  state: string;
+}
+
+/**
+ * Starts a reservation's lifecycle, or wakes it when it is already running (signal-with-start on
+ * the reservation id): calling it twice, or for a reservation whose workflow the sweeper already
+ * started, is harmless. A run for a terminal reservation looks once, settles billing and ends.
+ */
+export async function startReservationLifecycle(
+  client: Client,
+  options: LifecycleOptions,
+  reservation: LifecycleStartInput,
+  reason = 'start',
+): Promise<void> {
+  await client.workflow.signalWithStart(reservationWorkflowType, {
+    workflowId: reservation.id,
+    taskQueue: options.taskQueue,
+    args: [
+      {
+        reservationId: reservation.id,
+        ...(options.timers ? { timers: options.timers } : {}),
+        ...(options.historyLimit ? { historyLimit: options.historyLimit } : {}),
+      },
+    ],
+    signal: wakeSignal,
+    signalArgs: [{ reason }],
+    typedSearchAttributes: [
+      { key: searchAttributes.tenant, value: reservation.tenantId },
+      { key: searchAttributes.pool, value: reservation.poolId },
+      { key: searchAttributes.state, value: reservation.state },
+    ],
+    memo: { reservationId: reservation.id, tenantId: reservation.tenantId, poolId: reservation.poolId },
+  });
+}
+
+/** Turns a failed update into the ComputeError its ApplicationFailure names. */
+function translate(error: unknown): unknown {
+  if (error instanceof WorkflowUpdateFailedError && error.cause instanceof ApplicationFailure) {
+    const failure = error.cause;
+    const code = isErrorCode(failure.type) ? failure.type : 'INTERNAL';
+    const details = failure.details?.[0];
+    return new ComputeError(
+      code,
+      failure.message,
+      details && typeof details === 'object' ? (details as Record<string, unknown>) : undefined,
+    );
+  }
+  return error;
+}
+
+/**
+ * The ReservationLifecycle admission and the gateway call, backed by Temporal: `start` (tolerant of
+ * a workflow that already runs), `signal` (updates where the caller waits on the outcome, with the
+ * workflow's validators answering INVALID_STATE or INVALID_INPUT; signals for wake-ups), `renew`
+ * (answers the new lease deadline) and `wakePool`.
+ */
+export function createTemporalLifecycle(
+  client: Client,
+  options: LifecycleOptions,
+): ReservationLifecycle & { renew(reservationId: string): Promise<{ leaseExpiresAt: Date }> } {
+  const handle = (id: string) => client.workflow.getHandle(id);
+
+  /** Runs an update; when no workflow runs for the reservation, starts one first and tries again. */
+  async function update<R>(reservationId: string, run: () => Promise<R>): Promise<R> {
+    try {
+      return await run();
+    } catch (error) {
+      if (!(error instanceof WorkflowNotFoundError)) throw translate(error);
+    }
+    let known: { tenantId: string; poolId: string; status: string };
+    try {
+      const described = await handle(reservationId).describe();
+      known = {
+        tenantId: String(described.typedSearchAttributes.get(searchAttributes.tenant) ?? ''),
+        poolId: String(described.typedSearchAttributes.get(searchAttributes.pool) ?? ''),
+        status: described.status.name,
+      };
+    } catch (error) {
+      if (error instanceof WorkflowNotFoundError) {
+        throw new ComputeError('NOT_FOUND', 'no lifecycle for this reservation', { reservationId });
+      }
+      throw error;
+    }
+    // A lifecycle completes only once its reservation is terminal.
+    if (known.status === 'COMPLETED') {
+      throw new ComputeError('INVALID_STATE', 'the reservation has ended', { reservationId });
+    }
+    await startReservationLifecycle(
+      client,
+      options,
+      { id: reservationId, ...known, state: 'unknown' },
+      'update',
+    );
+    try {
+      return await run();
+    } catch (error) {
+      throw translate(error);
+    }
+  }
+
+  return {
+    async start(reservation) {
+      await startReservationLifecycle(client, options, reservation);
+    },
+
+    async signal(reservationId: string, signal: LifecycleSignal) {
+      switch (signal.type) {
+        case 'release':
+          await update(reservationId, () => handle(reservationId).executeUpdate(releaseUpdate));
+          return;
+        case 'cancel':
+          await update(reservationId, () => handle(reservationId).executeUpdate(cancelUpdate));
+          return;
+        case 'confirmation':
+          await update(reservationId, () =>
+            handle(reservationId).executeUpdate(confirmationUpdate, {
+              args: [{ decision: signal.decision }],
+            }),
+          );
+          return;
+        case 'extended':
+          if (typeof signal.end === 'number') {
+            const end = signal.end;
+            await update(reservationId, () =>
+              handle(reservationId).executeUpdate(extendedUpdate, { args: [{ end }] }),
+            );
+          } else {
+            await handle(reservationId).signal(wakeSignal, { reason: 'extended' });
+          }
+          return;
+        case 'capacityFreed':
+          await handle(reservationId).signal(capacityFreedSignal, { poolId: signal.poolId });
+          return;
+        case 'allocationReport':
+          await handle(reservationId).signal(allocationReportSignal, {
+            allocationId: signal.allocationId,
+            kind: signal.kind,
+          });
+          return;
+      }
+    },
+
+    async renew(reservationId: string) {
+      const result = await update(reservationId, () => handle(reservationId).executeUpdate(renewUpdate));
+      return { leaseExpiresAt: new Date(result.leaseExpiresAt) };
+    },
+
+    async wakePool(poolId: string) {
+      const query = `WorkflowType = '${reservationWorkflowType}' AND ExecutionStatus = 'Running' AND ${searchAttributes.pool.name} = '${poolId.replace(/'/g, '')}' AND ${searchAttributes.state.name} = 'pending'`;
+      const signals: Array<Promise<void>> = [];
+      for await (const execution of client.workflow.list({ query })) {
+        signals.push(
+          handle(execution.workflowId)
+            .signal(capacityFreedSignal, { poolId })
+            .catch(() => {}),
+        );
+      }
+      await Promise.all(signals);
+    },
+  };
+}

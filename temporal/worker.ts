@@ -1,0 +1,109 @@
+import { fileURLToPath } from 'node:url';
+import {
+  bundleWorkflowCode,
+  NativeConnection,
+  Worker,
+  type WorkflowBundleWithSourceMap,
+} from '@temporalio/worker';
+import { createPlacementActivities } from '../activities/placement.ts';
+import { createReservationActivities } from '../activities/reservation.ts';
+import { createSweeperActivities } from '../activities/sweeper.ts';
+import { createUsageActivities } from '../activities/usage.ts';
+import type { Db } from '../db/pool.ts';
+import type { LifecycleTimers } from '../domain/reservation-lifecycle.ts';
+import type { IamPort } from '../iam/port.ts';
+import type { Logger } from '../server/logger.ts';
+import { connectTemporal } from './client.ts';
+import { ensureSweeperSchedule, sweeperScheduleId } from './schedules.ts';
+
+export const workflowsPath = fileURLToPath(new URL('../workflows/index.ts', import.meta.url));
+
+let bundle: Promise<WorkflowBundleWithSourceMap> | null = null;
+
+/** The workflow bundle, built once per process (webpack takes a few seconds). */
+export function workflowBundle(): Promise<WorkflowBundleWithSourceMap> {
+  bundle ??= bundleWorkflowCode({ workflowsPath, logger: quietBundlerLogger });
+  return bundle;
+}
+
+const quietBundlerLogger = {
+  log: () => {},
+  trace: () => {},
+  debug: () => {},
+  info: () => {},
+  warn: () => {},
+  error: (message: string, meta?: Record<string, unknown>) => console.error(message, meta ?? ''),
+};
+
+export interface WorkerDeps {
+  db: Db;
+  log: Logger;
+  iam: Pick<IamPort, 'recordUsage'>;
+  /** The Temporal frontend, e.g. 127.0.0.1:7233. */
+  address: string;
+  namespace?: string;
+  taskQueue: string;
+  /** Timer overrides for workflows this process starts (tests use seconds). */
+  timers?: Partial<LifecycleTimers>;
+  /** The orphan sweeper's Schedule; `false` leaves it alone (tests that drive the sweep by hand). */
+  sweeper?: false | { everyMs?: number; graceMs?: number; scheduleId?: string };
+  /** Most activities run at once (each holds one PostgreSQL connection while it runs). */
+  maxConcurrentActivities?: number;
+}
+
+export interface RunningWorker {
+  worker: Worker;
+  stop(): Promise<void>;
+}
+
+/**
+ * Starts the Temporal worker that hosts the lifecycle workflows and their activities on
+ * `taskQueue`, and makes sure the orphan-sweeper Schedule exists. `stop` drains and closes it.
+ */
+export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
+  const log = deps.log.child({ component: 'worker', taskQueue: deps.taskQueue });
+  const namespace = deps.namespace ?? 'default';
+  const temporal = await connectTemporal({ address: deps.address, namespace });
+  let connection: NativeConnection;
+  try {
+    connection = await NativeConnection.connect({ address: deps.address });
+  } catch (error) {
+    await temporal.close();
+    throw error;
+  }
+  const lifecycle = { taskQueue: deps.taskQueue, ...(deps.timers ? { timers: deps.timers } : {}) };
+  const activities = {
+    ...createReservationActivities({ db: deps.db, log }),
+    ...createPlacementActivities({ db: deps.db, log }),
+    ...createUsageActivities({ db: deps.db, log, iam: deps.iam }),
+    ...createSweeperActivities({ db: deps.db, log, temporal: temporal.client, lifecycle }),
+  };
+  const worker = await Worker.create({
+    connection,
+    namespace,
+    taskQueue: deps.taskQueue,
+    workflowBundle: await workflowBundle(),
+    activities,
+    maxConcurrentActivityTaskExecutions: deps.maxConcurrentActivities ?? 50,
+  });
+  if (deps.sweeper !== false) {
+    await ensureSweeperSchedule(temporal.client, {
+      taskQueue: deps.taskQueue,
+      scheduleId: deps.sweeper?.scheduleId ?? sweeperScheduleId,
+      ...(deps.sweeper?.everyMs ? { everyMs: deps.sweeper.everyMs } : {}),
+      ...(deps.sweeper?.graceMs ? { graceMs: deps.sweeper.graceMs } : {}),
+    });
+  }
+  const running = worker.run();
+  running.catch((error) => log.error({ err: error }, 'the Temporal worker stopped'));
+  log.info({ address: deps.address, namespace }, 'Temporal worker is polling');
+  return {
+    worker,
+    async stop() {
+      if (worker.getState() === 'RUNNING') worker.shutdown();
+      await running.catch(() => {});
+      await connection.close();
+      await temporal.close();
+    },
+  };
+}

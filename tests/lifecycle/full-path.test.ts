@@ -1,0 +1,110 @@
+import { sql } from 'kysely';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { searchAttributes } from '../../temporal/search-attributes.ts';
+import {
+  eventTypes,
+  insertPlacedReservation,
+  type LifecycleHarness,
+  reportAllocation,
+  startLifecycleHarness,
+  waitForState,
+} from './harness.ts';
+
+let h: LifecycleHarness;
+
+beforeAll(async () => {
+  h = await startLifecycleHarness({ name: 'full-path' });
+});
+
+afterAll(async () => {
+  await h?.stop();
+});
+
+describe('a reservation lifecycle on Temporal', () => {
+  it('goes placed → binding → active → released, with NodeSpec, events, billing and search attributes', async () => {
+    const { id, allocationId } = await insertPlacedReservation(h, {
+      startInMs: 1_500,
+      durationMs: 3_600_000,
+    });
+    await h.lifecycle.start({ id, tenantId: h.tenantId, poolId: h.poolId, state: 'placed' });
+    await h.lifecycle.start({ id, tenantId: h.tenantId, poolId: h.poolId, state: 'placed' }); // harmless twice
+
+    await waitForState(h, id, 'binding');
+    const node = await h.db
+      .selectFrom('nodes')
+      .where('id', '=', h.nodes[0]!.id)
+      .select(['spec', 'spec_generation'])
+      .executeTakeFirstOrThrow();
+    const devices = (node.spec as { devices: Array<{ allocationId: string; deviceIds: string[] }> }).devices;
+    expect(devices).toHaveLength(1);
+    expect(devices[0]!.allocationId).toBe(allocationId);
+    expect(devices[0]!.deviceIds.sort()).toEqual([...h.nodes[0]!.deviceIds].sort());
+    expect(Number(node.spec_generation)).toBe(2);
+
+    await reportAllocation(h, id, allocationId, 'bound');
+    await waitForState(h, id, 'active');
+
+    const handle = h.temporal.client.workflow.getHandle(id);
+    await expect
+      .poll(async () => (await handle.describe()).typedSearchAttributes.get(searchAttributes.state), {
+        timeout: 5_000,
+      })
+      .toBe('active');
+    const described = await handle.describe();
+    expect(described.typedSearchAttributes.get(searchAttributes.tenant)).toBe('acme');
+    expect(await described.memo).toMatchObject({ tenantId: 'acme', poolId: h.poolId });
+
+    await new Promise((r) => setTimeout(r, 1_000));
+    await h.lifecycle.signal(id, { type: 'release' });
+    const released = await waitForState(h, id, 'released');
+    expect(released.end_reason).toBe('release');
+    expect(await eventTypes(h, id)).toEqual([
+      'reservation.binding',
+      'reservation.active',
+      'reservation.released',
+    ]);
+
+    // Bookings end at the release, the NodeSpec loses the assignment, quota comes back.
+    const { rows } = await sql<{ ended: boolean }>`
+      SELECT bool_and(upper(during) <= compute_now()) AS ended FROM device_bookings WHERE allocation_id = ${allocationId}`.execute(
+      h.db,
+    );
+    expect(rows[0]!.ended).toBe(true);
+    const after = await h.db
+      .selectFrom('nodes')
+      .where('id', '=', h.nodes[0]!.id)
+      .select('spec')
+      .executeTakeFirstOrThrow();
+    expect((after.spec as { devices: unknown[] }).devices).toEqual([]);
+    const charge = await h.db
+      .selectFrom('quota_charges')
+      .where('reservation_id', '=', id)
+      .select('refunded_at')
+      .executeTakeFirstOrThrow();
+    expect(charge.refunded_at).not.toBeNull();
+
+    // Billing: one window of about a second of two GPUs, sent once to the IAM ledger.
+    expect(await handle.result()).toEqual({ state: 'released' });
+    const windows = await h.db
+      .selectFrom('usage_windows')
+      .where('reservation_id', '=', id)
+      .selectAll()
+      .execute();
+    expect(windows).toHaveLength(1);
+    expect(windows[0]!.meter).toBe('gpu.h100.hours');
+    expect(Number(windows[0]!.quantity)).toBeGreaterThan(0);
+    expect(Number(windows[0]!.quantity)).toBeLessThan(0.01);
+    expect(windows[0]!.sent_at).not.toBeNull();
+    const ledger = await sql<{
+      n: number;
+    }>`SELECT count(*)::int AS n FROM iam.usage_records WHERE idempotency_key = ${windows[0]!.idempotency_key}`.execute(
+      h.db,
+    );
+    expect(ledger.rows[0]!.n).toBe(1);
+
+    // A release of a terminal reservation is INVALID_STATE and changes nothing.
+    await expect(h.lifecycle.signal(id, { type: 'release' })).rejects.toMatchObject({
+      code: 'INVALID_STATE',
+    });
+  });
+});

@@ -1,0 +1,225 @@
+import {
+  ActivityFailure,
+  allHandlersFinished,
+  condition,
+  continueAsNew,
+  log,
+  proxyActivities,
+  setHandler,
+  sleep,
+  upsertMemo,
+  upsertSearchAttributes,
+  workflowInfo,
+} from '@temporalio/workflow';
+// biome-ignore lint/style/noRestrictedImports: a type-only import, erased before bundling
+import type { PlacementActivities } from '../../activities/placement.ts';
+// biome-ignore lint/style/noRestrictedImports: a type-only import, erased before bundling
+import type { ReservationActivities } from '../../activities/reservation.ts';
+// biome-ignore lint/style/noRestrictedImports: a type-only import, erased before bundling
+import type { UsageActivities } from '../../activities/usage.ts';
+import {
+  decide,
+  type LifecycleAction,
+  type ReservationSnapshot,
+} from '../../domain/reservation-lifecycle.ts';
+import { searchAttributes } from '../../temporal/search-attributes.ts';
+import {
+  allocationReportSignal,
+  cancelUpdate,
+  capacityFreedSignal,
+  confirmationUpdate,
+  extendedUpdate,
+  type ReservationWorkflowInput,
+  releaseUpdate,
+  renewUpdate,
+  snapshotQuery,
+  wakeSignal,
+} from './messages.ts';
+import { LifecycleHolder } from './state.ts';
+
+const acts = proxyActivities<ReservationActivities & UsageActivities & PlacementActivities>({
+  startToCloseTimeout: '30 seconds',
+  retry: { initialInterval: '1 second', backoffCoefficient: 2, maximumInterval: '30 seconds' },
+});
+
+const defaultHistoryLimit = 2_000;
+
+/**
+ * One reservation's lifecycle, its workflow id the reservation id. Level-triggered: every wake-up
+ * (a timer, a signal, an update) re-reads the reservation from PostgreSQL and takes the one action
+ * `decide` answers, each an activity that is one transaction. It owns every moment of the
+ * reservation (start, 15 minutes before it, bind deadline, end, lease deadline, pending retry,
+ * maxPending, billing windows) and ends when the reservation is terminal and billed.
+ */
+export async function reservationLifecycle(input: ReservationWorkflowInput): Promise<{ state: string }> {
+  const reservationId = input.reservationId;
+  const holder = new LifecycleHolder(input.carried);
+  const untilTerminal = async () => {
+    await condition(() => holder.terminal());
+    return { state: holder.state! };
+  };
+
+  setHandler(wakeSignal, () => holder.wake());
+  setHandler(allocationReportSignal, (report) => {
+    if (holder.snapshot && !holder.owns(report.allocationId)) {
+      log.warn('ignored a report about an allocation this reservation does not own', {
+        reservationId,
+        allocationId: report.allocationId,
+        kind: report.kind,
+      });
+      return;
+    }
+    holder.wake();
+  });
+  setHandler(capacityFreedSignal, () => {
+    holder.intents.capacityFreed = true;
+    holder.wake();
+  });
+  setHandler(
+    releaseUpdate,
+    async () => {
+      await condition(() => holder.snapshot !== null);
+      holder.validateRelease();
+      holder.intents.release = true;
+      holder.wake();
+      return untilTerminal();
+    },
+    { validator: () => holder.validateRelease() },
+  );
+  setHandler(
+    cancelUpdate,
+    async () => {
+      await condition(() => holder.snapshot !== null);
+      holder.validateCancel();
+      holder.intents.cancel = true;
+      holder.wake();
+      return untilTerminal();
+    },
+    { validator: () => holder.validateCancel() },
+  );
+  setHandler(
+    renewUpdate,
+    async () => {
+      const renewed = await acts.renewLease({ reservationId });
+      holder.wake();
+      return renewed;
+    },
+    { validator: () => holder.validateRenew() },
+  );
+  setHandler(
+    extendedUpdate,
+    async ({ end }) => {
+      const looked = holder.looks;
+      holder.wake();
+      await condition(() => holder.looks > looked);
+      return { end: holder.snapshot?.end ?? end };
+    },
+    { validator: (update) => holder.validateExtended(update) },
+  );
+  setHandler(
+    confirmationUpdate,
+    async ({ decision }) => {
+      await condition(() => holder.snapshot !== null);
+      holder.validateConfirmation({ decision });
+      holder.intents.confirmation = decision;
+      holder.wake();
+      if (decision === 'denied') return untilTerminal();
+      return { state: holder.state! };
+    },
+    { validator: (update) => holder.validateConfirmation(update) },
+  );
+  setHandler(snapshotQuery, () => holder.snapshot);
+
+  for (;;) {
+    holder.dirty = false;
+    const snapshot = await acts.observeReservation({ reservationId, timers: input.timers });
+    if (!snapshot) {
+      log.warn('no such reservation; the lifecycle ends', { reservationId });
+      return { state: 'missing' };
+    }
+    publish(holder, snapshot);
+    const action = decide(snapshot, holder.intents, holder.memory);
+    if (action.kind === 'finish') {
+      await settleUsage(reservationId, snapshot);
+      await condition(allHandlersFinished);
+      return { state: snapshot.state };
+    }
+    if (action.kind === 'wait') {
+      const info = workflowInfo();
+      if (info.continueAsNewSuggested || info.historyLength > (input.historyLimit ?? defaultHistoryLimit)) {
+        await condition(allHandlersFinished);
+        return continueAsNew<typeof reservationLifecycle>({ ...input, carried: holder.carried() });
+      }
+      if (!holder.dirty) await condition(() => holder.dirty, Math.max(action.until - snapshot.now, 10));
+      continue;
+    }
+    try {
+      await act(reservationId, snapshot, action, holder);
+    } catch (error) {
+      if (!(error instanceof ActivityFailure)) throw error;
+      // A step refused (a race, or a code the table says not to retry): look again after a pause.
+      log.warn('a lifecycle step failed; looking again', {
+        reservationId,
+        action: action.kind,
+        error: error.message,
+      });
+      await sleep(1_000);
+    }
+  }
+}
+
+function publish(holder: LifecycleHolder, snapshot: ReservationSnapshot): void {
+  const first = holder.snapshot === null;
+  if (holder.observe(snapshot)) {
+    upsertSearchAttributes([{ key: searchAttributes.state, value: snapshot.state }]);
+  }
+  if (first)
+    upsertMemo({ reservation: snapshot.summary, tenantId: snapshot.tenantId, poolId: snapshot.poolId });
+}
+
+async function settleUsage(reservationId: string, snapshot: ReservationSnapshot): Promise<void> {
+  await acts.meterUsage({ reservationId, windowMs: snapshot.timers.usageWindowMs });
+  await acts.sendUsage({ reservationId, windowMs: snapshot.timers.usageWindowMs });
+}
+
+async function act(
+  reservationId: string,
+  s: ReservationSnapshot,
+  action: Exclude<LifecycleAction, { kind: 'finish' | 'wait' }>,
+  holder: LifecycleHolder,
+): Promise<void> {
+  const guard = { reservationId, expectedVersion: s.version };
+  switch (action.kind) {
+    case 'place':
+      holder.memory.lastPlaceAttemptAt = s.now;
+      holder.intents.capacityFreed = false;
+      await acts.placeReservationAgain(guard);
+      return;
+    case 'beginBinding':
+      await acts.beginBinding({ ...guard, bindDeadline: action.bindDeadline });
+      return;
+    case 'activate':
+      holder.memory.meteredThrough = s.now;
+      await acts.activateReservation(guard);
+      return;
+    case 'rebind':
+      holder.memory.lastPlaceAttemptAt = null;
+      await acts.rebindReservation({ ...guard, reason: action.reason, message: action.message });
+      return;
+    case 'end':
+      await acts.endReservation({
+        ...guard,
+        state: action.state,
+        reason: action.reason,
+        ...(action.condition ? { condition: action.condition } : {}),
+      });
+      return;
+    case 'setConditions':
+      await acts.setReservationConditions({ ...guard, conditions: action.conditions });
+      return;
+    case 'meterUsage':
+      holder.memory.meteredThrough = s.now;
+      await settleUsage(reservationId, s);
+      return;
+  }
+}
