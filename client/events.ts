@@ -88,7 +88,11 @@ export async function* streamEvents(
     failures = 0;
     try {
       for await (const frame of parseSse(response.body)) {
-        if (frame.event === 'ready' || frame.event === 'ping') continue;
+        if (frame.event === 'ready') {
+          // The position the server starts from: a reconnect before any event resumes there.
+          if (lastSeq === undefined && frame.id) lastSeq = Number(frame.id);
+          continue;
+        }
         const event = JSON.parse(frame.data) as ComputeEvent;
         lastSeq = event.seq;
         yield event;

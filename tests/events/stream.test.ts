@@ -1,0 +1,166 @@
+import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { ComputeClientError, type ComputeEvent, createComputeClient, parseSse } from '../../client/index.ts';
+import { newId } from '../../domain/ids.ts';
+import { startTestApi, type TestApi } from '../cli/harness.ts';
+
+let api: TestApi;
+beforeAll(async () => {
+  api = await startTestApi();
+});
+afterAll(async () => {
+  await api?.stop();
+});
+
+async function emit(type: string, subject: string, tenantId: string | null = 'acme') {
+  const id = newId('evt');
+  await api.database.db
+    .insertInto('outbox_events')
+    .values({ id, type, subject, tenant_id: tenantId, data: JSON.stringify({ type }) })
+    .execute();
+  return id;
+}
+
+/** Reads `count` event frames from a raw SSE connection, then drops it. */
+async function readFrames(headers: Record<string, string>, query: string, count: number) {
+  const controller = new AbortController();
+  const response = await fetch(`${api.url}/api/compute/events/stream${query}`, {
+    headers: { authorization: `Bearer ${api.acme.token}`, ...headers },
+    signal: controller.signal,
+  });
+  expect(response.status).toBe(200);
+  expect(response.headers.get('content-type')).toContain('text/event-stream');
+  const frames: Array<{ id: string | undefined; event: string; data: string }> = [];
+  for await (const frame of parseSse(response.body!)) {
+    frames.push(frame);
+    if (frames.filter((f) => f.event !== 'ready').length >= count) break;
+  }
+  controller.abort();
+  return frames;
+}
+
+describe('events.list', () => {
+  test('pages a subject’s history by seq, only within the caller’s tenant', async () => {
+    const subject = `reservation/${newId('rsv')}`;
+    for (const type of ['reservation.placed', 'reservation.binding', 'reservation.active'])
+      await emit(type, subject);
+    await emit('reservation.placed', subject, 'globex');
+    const client = createComputeClient({ baseURL: api.url, token: api.acme.token });
+    const first = await client.events.list({ subject, limit: 2 });
+    expect(first.items.map((e) => e.type)).toEqual(['reservation.placed', 'reservation.binding']);
+    expect(first.next).toBe(first.items[1]!.seq);
+    const second = await client.events.list({ subject, limit: 2, after: first.next! });
+    expect(second.items.map((e) => e.type)).toEqual(['reservation.active']);
+    expect(second.next).toBeNull();
+    expect(second.items[0]).toMatchObject({
+      subject,
+      tenantId: 'acme',
+      data: { type: 'reservation.active' },
+    });
+
+    const onlyActive = await client.events.list({ subject, types: ['reservation.active'] });
+    expect(onlyActive.items).toHaveLength(1);
+
+    const error = await client.events.list({ tenantId: 'globex' }).catch((e: unknown) => e);
+    expect(error).toBeInstanceOf(ComputeClientError);
+    expect((error as ComputeClientError).code).toBe('ACCESS_DENIED');
+    const bad = await client.events.list({ limit: 0 }).catch((e: unknown) => e);
+    expect((bad as ComputeClientError).code).toBe('INVALID_INPUT');
+  });
+});
+
+describe('the event stream', () => {
+  test('resumes from Last-Event-ID after a reconnect without losing or repeating an event', async () => {
+    const subject = `reservation/${newId('rsv')}`;
+    const query = `?subject=${encodeURIComponent(subject)}`;
+    const emitted: string[] = [];
+    for (let i = 0; i < 3; i++) emitted.push(await emit(`test.step-${i}`, subject));
+
+    // Read two of the three from the start, then drop the connection.
+    const first = await readFrames({}, `${query}&after=0`, 2);
+    const firstEvents = first.filter((f) => f.event !== 'ready');
+    expect(firstEvents.map((f) => JSON.parse(f.data).id)).toEqual(emitted.slice(0, 2));
+    const lastId = firstEvents.at(-1)!.id!;
+
+    // While disconnected, more happens (including in other subjects and tenants).
+    emitted.push(await emit('test.step-3', subject));
+    await emit('test.elsewhere', `reservation/${newId('rsv')}`);
+    await emit('test.other-tenant', subject, 'globex');
+    emitted.push(await emit('test.step-4', subject));
+
+    const second = await readFrames({ 'last-event-id': lastId }, query, 3);
+    const secondEvents = second.filter((f) => f.event !== 'ready');
+    expect(secondEvents.map((f) => JSON.parse(f.data).id)).toEqual(emitted.slice(2));
+    expect(secondEvents.map((f) => f.event)).toEqual(['test.step-2', 'test.step-3', 'test.step-4']);
+    // Every frame's id is its seq, so a browser's EventSource resumes the same way.
+    for (const frame of secondEvents) expect(frame.id).toBe(String(JSON.parse(frame.data).seq));
+  });
+
+  test('the typed client follows the stream live and stops on abort', async () => {
+    const subject = `reservation/${newId('rsv')}`;
+    const client = createComputeClient({ baseURL: api.url, token: api.acme.token });
+    const controller = new AbortController();
+    const seen: ComputeEvent[] = [];
+    const reading = (async () => {
+      for await (const event of client.$stream({ subject, signal: controller.signal })) {
+        seen.push(event);
+        if (seen.length === 2) controller.abort();
+      }
+    })();
+    await new Promise((r) => setTimeout(r, 300));
+    await emit('reservation.binding', subject);
+    await emit('reservation.active', subject);
+    await reading;
+    expect(seen.map((e) => e.type)).toEqual(['reservation.binding', 'reservation.active']);
+  });
+
+  test('the typed client reconnects by itself after a dropped connection and resumes exactly', async () => {
+    const subject = `reservation/${newId('rsv')}`;
+    let connections = 0;
+    // The first connection is cut right after its first event frame, as a proxy timing out would.
+    const droppingFetch: typeof fetch = async (input, init) => {
+      const response = await fetch(input, init);
+      if (!String(input).includes('/events/stream') || connections++ > 0) return response;
+      let text = '';
+      const cut = new TransformStream<Uint8Array, Uint8Array>({
+        transform(chunk, controller) {
+          text += new TextDecoder().decode(chunk);
+          const start = text.indexOf('\nevent: test.');
+          const end = start === -1 ? -1 : text.indexOf('\n\n', start);
+          if (end === -1) return;
+          controller.enqueue(new TextEncoder().encode(text.slice(0, end + 2)));
+          controller.error(new Error('connection reset'));
+        },
+      });
+      return new Response(response.body!.pipeThrough(cut), {
+        status: response.status,
+        headers: response.headers,
+      });
+    };
+    const client = createComputeClient({ baseURL: api.url, token: api.acme.token, fetch: droppingFetch });
+    const ids: string[] = [];
+    for (let i = 0; i < 4; i++) ids.push(await emit(`test.n${i}`, subject));
+    const controller = new AbortController();
+    const seen: string[] = [];
+    for await (const event of client.$stream({ subject, after: 0, signal: controller.signal })) {
+      seen.push(event.id);
+      if (seen.length === 4) controller.abort();
+    }
+    expect(connections).toBeGreaterThanOrEqual(2);
+    expect(seen).toEqual(ids);
+  });
+
+  test('refuses a missing credential with the API envelope and a malformed Last-Event-ID', async () => {
+    const anonymous = await fetch(`${api.url}/api/compute/events/stream`);
+    expect(anonymous.status).toBe(401);
+    expect(((await anonymous.json()) as { error: { code: string } }).error.code).toBe('UNAUTHENTICATED');
+    const bad = await fetch(`${api.url}/api/compute/events/stream`, {
+      headers: { authorization: `Bearer ${api.acme.token}`, 'last-event-id': 'yesterday' },
+    });
+    expect(bad.status).toBe(400);
+    const client = createComputeClient({ baseURL: api.url, token: 'bct_wrong' });
+    const error = await (async () => {
+      for await (const _ of client.$stream({})) return null;
+    })().catch((e: unknown) => e);
+    expect((error as ComputeClientError).code).toBe('UNAUTHENTICATED');
+  });
+});
