@@ -1,5 +1,5 @@
 import { type Client, WorkflowUpdateFailedError } from '@temporalio/client';
-import { ApplicationFailure, WorkflowNotFoundError } from '@temporalio/common';
+import { ActivityFailure, ApplicationFailure, WorkflowNotFoundError } from '@temporalio/common';
 import { ComputeError, isErrorCode } from '../domain/errors.ts';
 import type { LifecycleTimers } from '../domain/reservation-lifecycle.ts';
 import type { LifecycleSignal, ReservationLifecycle } from '../server/deps.ts';
@@ -64,8 +64,14 @@ export async function startReservationLifecycle(
 
 /** Turns a failed update into the ComputeError its ApplicationFailure names. */
 function translate(error: unknown): unknown {
-  if (error instanceof WorkflowUpdateFailedError && error.cause instanceof ApplicationFailure) {
-    const failure = error.cause;
+  const cause =
+    error instanceof WorkflowUpdateFailedError && error.cause instanceof ActivityFailure
+      ? error.cause.cause
+      : error instanceof WorkflowUpdateFailedError
+        ? error.cause
+        : undefined;
+  if (cause instanceof ApplicationFailure) {
+    const failure = cause;
     const code = isErrorCode(failure.type) ? failure.type : 'INTERNAL';
     const details = failure.details?.[0];
     return new ComputeError(

@@ -1,7 +1,10 @@
 import { fileURLToPath } from 'node:url';
 import {
   bundleWorkflowCode,
+  type LogLevel,
+  type LogMetadata,
   NativeConnection,
+  Runtime,
   Worker,
   type WorkflowBundleWithSourceMap,
 } from '@temporalio/worker';
@@ -35,6 +38,34 @@ const quietBundlerLogger = {
   error: (message: string, meta?: Record<string, unknown>) => console.error(message, meta ?? ''),
 };
 
+/**
+ * Routes the Temporal runtime's logs (the SDK's and the workflows' replay-aware logger) to pino,
+ * once per process; a runtime installed earlier by the host process is left as it is.
+ */
+export function installTemporalRuntime(log: Logger): void {
+  if (Runtime._instance) return;
+  const pinoLevel: Record<LogLevel, 'trace' | 'debug' | 'info' | 'warn' | 'error'> = {
+    TRACE: 'trace',
+    DEBUG: 'debug',
+    INFO: 'info',
+    WARN: 'warn',
+    ERROR: 'error',
+  };
+  const temporalLog = log.child({ component: 'temporal' });
+  const write = (level: LogLevel, message: string, meta?: LogMetadata) =>
+    temporalLog[pinoLevel[level]]({ ...meta }, message);
+  Runtime.install({
+    logger: {
+      log: write,
+      trace: (m, meta) => write('TRACE', m, meta),
+      debug: (m, meta) => write('DEBUG', m, meta),
+      info: (m, meta) => write('INFO', m, meta),
+      warn: (m, meta) => write('WARN', m, meta),
+      error: (m, meta) => write('ERROR', m, meta),
+    },
+  });
+}
+
 export interface WorkerDeps {
   db: Db;
   log: Logger;
@@ -63,6 +94,7 @@ export interface RunningWorker {
 export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
   const log = deps.log.child({ component: 'worker', taskQueue: deps.taskQueue });
   const namespace = deps.namespace ?? 'default';
+  installTemporalRuntime(deps.log);
   const temporal = await connectTemporal({ address: deps.address, namespace });
   let connection: NativeConnection;
   try {

@@ -248,3 +248,40 @@ export async function eventTypes(h: LifecycleHarness, reservationId: string): Pr
     .execute();
   return rows.map((r) => r.type);
 }
+
+/** A reservation without a placement: `pending` (charged, Unschedulable) or `awaiting-confirmation`. */
+export async function insertUnplacedReservation(
+  h: LifecycleHarness,
+  input: {
+    state: 'pending' | 'awaiting-confirmation';
+    confirmationExpiresInMs?: number;
+    durationMs?: number;
+  },
+): Promise<string> {
+  const id = newId('rsv');
+  await h.db
+    .insertInto('reservations')
+    .values({
+      id,
+      tenant_id: h.tenantId,
+      pool_id: h.poolId,
+      owner_identity_id: 'idn_test',
+      idempotency_key: id,
+      request: JSON.stringify({ devices: [{ class: 'gpu', count: 2 }], binding: 'hold' }),
+      request_hash: 'test',
+      state: input.state,
+      duration_ms: input.durationMs ?? 3_600_000,
+      pending_since: input.state === 'pending' ? sql<Date>`compute_now()` : null,
+      conditions:
+        input.state === 'pending'
+          ? JSON.stringify([{ type: 'Unschedulable', reason: 'NoFit', message: 'nothing fits' }])
+          : JSON.stringify([{ type: 'ConfirmationRequired', reason: 'cnf_test', message: 'waiting' }]),
+      confirmation_id: input.state === 'awaiting-confirmation' ? 'cnf_test' : null,
+      confirmation_expires_at:
+        input.state === 'awaiting-confirmation'
+          ? sql<Date>`compute_now() + make_interval(secs => ${(input.confirmationExpiresInMs ?? 60_000) / 1000})`
+          : null,
+    })
+    .execute();
+  return id;
+}

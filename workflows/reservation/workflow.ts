@@ -1,5 +1,6 @@
 import {
   ActivityFailure,
+  ApplicationFailure,
   allHandlersFinished,
   condition,
   continueAsNew,
@@ -100,9 +101,17 @@ export async function reservationLifecycle(input: ReservationWorkflowInput): Pro
   setHandler(
     renewUpdate,
     async () => {
-      const renewed = await acts.renewLease({ reservationId });
-      holder.wake();
-      return renewed;
+      await condition(() => holder.snapshot !== null);
+      holder.validateRenew();
+      try {
+        const renewed = await acts.renewLease({ reservationId });
+        holder.wake();
+        return renewed;
+      } catch (error) {
+        // The activity's typed failure (INVALID_STATE when the truth moved on) is the update's answer.
+        if (error instanceof ActivityFailure && error.cause instanceof ApplicationFailure) throw error.cause;
+        throw error;
+      }
     },
     { validator: () => holder.validateRenew() },
   );
