@@ -1,0 +1,170 @@
+import { sql } from 'kysely';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { newId } from '../../domain/ids.ts';
+import {
+  eventTypes,
+  insertPlacedReservation,
+  type LifecycleHarness,
+  reportAllocation,
+  startLifecycleHarness,
+  waitForState,
+} from './harness.ts';
+
+let h: LifecycleHarness;
+
+beforeAll(async () => {
+  h = await startLifecycleHarness({ name: 'binding', nodes: 4 });
+});
+
+afterAll(async () => {
+  await h?.stop();
+});
+
+const start = (id: string) =>
+  h.lifecycle.start({ id, tenantId: h.tenantId, poolId: h.poolId, state: 'placed' });
+
+async function nodeAssignments(nodeId: string): Promise<string[]> {
+  const node = await h.db
+    .selectFrom('nodes')
+    .where('id', '=', nodeId)
+    .select('spec')
+    .executeTakeFirstOrThrow();
+  return ((node.spec as { devices?: Array<{ allocationId: string }> }).devices ?? []).map(
+    (d) => d.allocationId,
+  );
+}
+
+describe('binding (hold)', () => {
+  it('releases the bookings and goes back to placement when no report comes in time', async () => {
+    const { id, allocationId } = await insertPlacedReservation(h, { node: h.nodes[0]! });
+    await start(id);
+    await waitForState(h, id, 'binding');
+    expect(await nodeAssignments(h.nodes[0]!.id)).toEqual([allocationId]);
+    const pending = await waitForState(h, id, ['pending', 'placed', 'binding', 'failed'], 10_000).then(
+      async () => {
+        await expect
+          .poll(
+            async () =>
+              (
+                await h.db
+                  .selectFrom('reservations')
+                  .where('id', '=', id)
+                  .select('bind_attempts')
+                  .executeTakeFirstOrThrow()
+              ).bind_attempts,
+            {
+              timeout: 10_000,
+            },
+          )
+          .toBe(1);
+        return h.db.selectFrom('reservations').where('id', '=', id).selectAll().executeTakeFirstOrThrow();
+      },
+    );
+    expect(pending.conditions).toContainEqual(
+      expect.objectContaining({ type: 'BindTimeout', reason: 'NodeDidNotBind' }),
+    );
+    const allocation = await h.db
+      .selectFrom('allocations')
+      .where('id', '=', allocationId)
+      .selectAll()
+      .executeTakeFirstOrThrow();
+    expect(allocation.state).toBe('failed');
+    expect(allocation.released_at).not.toBeNull();
+    expect(await nodeAssignments(h.nodes[0]!.id)).toEqual([]);
+    const { rows } = await sql<{ live: number }>`
+      SELECT count(*)::int AS live FROM device_bookings WHERE allocation_id = ${allocationId} AND upper(during) > compute_now()`.execute(
+      h.db,
+    );
+    expect(rows[0]!.live).toBe(0);
+    await h.lifecycle.signal(id, { type: 'release' });
+    await waitForState(h, id, ['released', 'cancelled']);
+  });
+
+  it('counts a failure report as a failed attempt (NodeRejectedBinding)', async () => {
+    const { id, allocationId } = await insertPlacedReservation(h, { node: h.nodes[1]! });
+    await start(id);
+    await waitForState(h, id, 'binding');
+    await reportAllocation(h, id, allocationId, 'failed');
+    await expect
+      .poll(
+        async () =>
+          (
+            await h.db
+              .selectFrom('reservations')
+              .where('id', '=', id)
+              .select('bind_attempts')
+              .executeTakeFirstOrThrow()
+          ).bind_attempts,
+        {
+          timeout: 5_000,
+        },
+      )
+      .toBe(1);
+    const row = await h.db
+      .selectFrom('reservations')
+      .where('id', '=', id)
+      .select('conditions')
+      .executeTakeFirstOrThrow();
+    expect(row.conditions).toContainEqual(
+      expect.objectContaining({ type: 'BindTimeout', reason: 'NodeRejectedBinding' }),
+    );
+    await h.lifecycle.signal(id, { type: 'release' });
+    await waitForState(h, id, ['released', 'cancelled']);
+  });
+
+  it('fails the reservation at the third failed attempt (BindTimeout), refunding its quota', async () => {
+    const { id } = await insertPlacedReservation(h, { node: h.nodes[2]! });
+    await h.db.updateTable('reservations').set({ bind_attempts: 2 }).where('id', '=', id).execute();
+    await start(id);
+    const failed = await waitForState(h, id, 'failed', 10_000);
+    expect(failed.end_reason).toBe('bind-timeout');
+    expect(failed.conditions).toContainEqual(
+      expect.objectContaining({
+        type: 'BindTimeout',
+        reason: 'NodeDidNotBind',
+        message: expect.stringContaining('3 of 3'),
+      }),
+    );
+    expect(await eventTypes(h, id)).toEqual(['reservation.binding', 'reservation.failed']);
+    const charge = await h.db
+      .selectFrom('quota_charges')
+      .where('reservation_id', '=', id)
+      .select('refunded_at')
+      .executeTakeFirstOrThrow();
+    expect(charge.refunded_at).not.toBeNull();
+  });
+
+  it('marks an active reservation Degraded/BindingLost when a bound allocation is released, until bound again', async () => {
+    const { id, allocationId } = await insertPlacedReservation(h, { node: h.nodes[3]! });
+    await start(id);
+    await waitForState(h, id, 'binding');
+    await reportAllocation(h, id, allocationId, 'bound');
+    await waitForState(h, id, 'active');
+
+    // A report about an allocation this reservation does not own changes nothing.
+    await h.lifecycle.signal(id, {
+      type: 'allocationReport',
+      allocationId: newId('alloc'),
+      kind: 'released',
+    });
+
+    await reportAllocation(h, id, allocationId, 'released');
+    const conditions = async () =>
+      (
+        await h.db
+          .selectFrom('reservations')
+          .where('id', '=', id)
+          .select('conditions')
+          .executeTakeFirstOrThrow()
+      ).conditions;
+    await expect
+      .poll(conditions, { timeout: 5_000 })
+      .toContainEqual(expect.objectContaining({ type: 'Degraded', reason: 'BindingLost' }));
+    expect((await waitForState(h, id, 'active')).state).toBe('active');
+
+    await reportAllocation(h, id, allocationId, 'bound');
+    await expect.poll(conditions, { timeout: 5_000 }).toEqual([]);
+    await h.lifecycle.signal(id, { type: 'release' });
+    await waitForState(h, id, 'released');
+  });
+});
