@@ -40,9 +40,10 @@ function snapshot(over: Partial<ReservationSnapshot>): ReservationSnapshot {
 
 describe('decide', () => {
   it('waits for 15 minutes before a future start, then for the start, then binds', () => {
-    expect(decide(snapshot({}), none, memory)).toMatchObject({
-      kind: 'wait',
-      until: now + 3_600_000 - 900_000,
+    // An hour ahead, the 15-minute recheck comes first; 20 minutes ahead, the look 15 minutes before.
+    expect(decide(snapshot({}), none, memory)).toMatchObject({ kind: 'wait', until: now + 900_000 });
+    expect(decide(snapshot({ start: now + 1_200_000 }), none, memory)).toMatchObject({
+      until: now + 300_000,
     });
     expect(decide(snapshot({ start: now + 600_000 }), none, memory)).toMatchObject({
       kind: 'wait',
