@@ -2,6 +2,7 @@ import { confirmationMethods } from './admin/confirmations.ts';
 import { adminMethods } from './admin/index.ts';
 import { eventMethods } from './events.ts';
 import type { MethodRegistry } from './method.ts';
+import { webhookMethods } from './webhooks.ts';
 import { systemMethods } from './system.ts';
 
 /**
@@ -11,6 +12,7 @@ import { systemMethods } from './system.ts';
 export const methods = {
   system: systemMethods,
   events: eventMethods,
+  webhooks: webhookMethods,
   admin: adminMethods,
   confirmations: confirmationMethods,
 } satisfies MethodRegistry;
