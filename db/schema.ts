@@ -428,3 +428,21 @@ export type Node = Selectable<NodesTable>;
 export type Device = Selectable<DevicesTable>;
 export type Allocation = Selectable<AllocationsTable>;
 export type Pool = Selectable<PoolsTable>;
+
+/** Every attested report a node sent about one of its allocations, as received (the gateway). */
+export interface AllocationReportsTable {
+  id: Generated<string>;
+  allocation_id: string;
+  node_id: string;
+  kind: 'bound' | 'failed' | 'released';
+  epoch: ColumnType<string, number | string, number | string>;
+  report: Buffer;
+  sig_kid: string | null;
+  sig: Buffer | null;
+  received_at: TimestampDefault;
+}
+
+// Declaration merging keeps each area's tables in its own block.
+export interface Database {
+  allocation_reports: AllocationReportsTable;
+}

@@ -6,6 +6,7 @@ import * as records from './2026-11-29T03-records.ts';
 import * as trustAndLifecycle from './2026-11-29T04-trust-and-lifecycle.ts';
 import * as iam from './2026-11-29T10-iam.ts';
 import * as placementIndexes from './2026-11-29T11-placement-indexes.ts';
+import * as gateway from './2026-11-29T20-gateway.ts';
 import * as lifecycle from './2026-11-29T30-lifecycle.ts';
 import * as eventsAndWebhooks from './2026-11-29T40-events-and-webhooks.ts';
 
@@ -18,6 +19,7 @@ export const migrations: Record<string, Migration> = {
   '2026-11-29T04-trust-and-lifecycle': trustAndLifecycle,
   '2026-11-29T10-iam': iam,
   '2026-11-29T11-placement-indexes': placementIndexes,
+  '2026-11-29T20-gateway': gateway,
   '2026-11-29T30-lifecycle': lifecycle,
   '2026-11-29T40-events-and-webhooks': eventsAndWebhooks,
 };

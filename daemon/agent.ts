@@ -1,0 +1,388 @@
+import { type ClientDuplexStream, credentials, Metadata, status } from '@grpc/grpc-js';
+import { attestedReportPurpose, signAllocationReport } from '../domain/attestation.ts';
+import { applySpecPatch, type DeviceAssignment, nodeSpecSchema } from '../domain/node-spec.ts';
+import { certificateNotAfter } from '../domain/pki.ts';
+import {
+  type AgentMessage,
+  AgentServiceClient,
+  type AllocationReport,
+  type Command,
+  type ControlMessage,
+  type Lane,
+  type NodeSpecUpdate,
+} from '../proto/gen/agent/v1/agent.ts';
+import { sectionHash } from '../proto/inventory.ts';
+import type { Logger } from '../server/logger.ts';
+import { runCommand } from './commands.ts';
+import { convergeDevices, type DeviceRoots, type HeldAllocation } from './devices.ts';
+import type { Hardware } from './hardware.ts';
+import { type NodeIdentity, renewCertificate } from './identity.ts';
+import { Journal } from './journal.ts';
+
+export const agentVersion = '0.1.0';
+export const agentCapabilities = ['devices.limits'];
+
+export interface AgentOptions {
+  identity: NodeIdentity;
+  stateDir: string;
+  roots: DeviceRoots;
+  hardware: Hardware;
+  log: Logger;
+  /** Reconnect back-off bounds (a gateway's retry pushback overrides them). */
+  minBackoffMs?: number;
+  maxBackoffMs?: number;
+}
+
+export interface AgentStatus {
+  nodeId: string;
+  connected: boolean;
+  epoch: number;
+  sessions: number;
+  convergedGeneration: number;
+  held: HeldAllocation[];
+  certificateNotAfter: Date;
+  lastPushbackMs: number | null;
+  commandsRun: number;
+}
+
+/**
+ * One node agent: dials out to the gateway, says Hello, keeps the session alive with heartbeats,
+ * sends inventory sections whose hash changed, converges the NodeSpec (refusing one older than it
+ * converged), runs commands per lane in order under its journal, reports holds as node-signed
+ * attested reports, renews its certificate, and reconnects (honouring retry pushback).
+ */
+export class NodeAgent {
+  readonly journal: Journal;
+  private stopped = false;
+  private silenced = false;
+  private stream: ClientDuplexStream<AgentMessage, ControlMessage> | null = null;
+  private client: AgentServiceClient | null = null;
+  private heartbeat: NodeJS.Timeout | null = null;
+  private spec: Record<string, unknown> | null = null;
+  private generation = 0;
+  private held = new Map<string, HeldAllocation>();
+  private reported = new Map<string, string>();
+  private lanes = new Map<Lane, Promise<void>>();
+  private loop: Promise<void> | null = null;
+  private wake: (() => void) | null = null;
+  readonly status: AgentStatus;
+
+  constructor(private readonly options: AgentOptions) {
+    this.journal = new Journal(options.stateDir);
+    this.generation = this.journal.convergedGeneration;
+    this.status = {
+      nodeId: options.identity.nodeId,
+      connected: false,
+      epoch: 0,
+      sessions: 0,
+      convergedGeneration: this.generation,
+      held: [],
+      certificateNotAfter: certificateNotAfter(options.identity.certificatePem),
+      lastPushbackMs: null,
+      commandsRun: 0,
+    };
+  }
+
+  start(): void {
+    this.loop = this.run();
+  }
+
+  /** Stops at once: no journal entry is completed on the way out (a crash, for tests). */
+  async stop(): Promise<void> {
+    this.stopped = true;
+    this.wake?.();
+    this.closeStream();
+    await this.loop;
+  }
+
+  /** Stops sending anything (heartbeats included) while keeping the connection open. */
+  silence(on: boolean): void {
+    this.silenced = on;
+  }
+
+  private closeStream(): void {
+    if (this.heartbeat) clearInterval(this.heartbeat);
+    this.heartbeat = null;
+    this.stream?.cancel();
+    this.stream = null;
+    this.client?.close();
+    this.client = null;
+    this.status.connected = false;
+  }
+
+  private async run(): Promise<void> {
+    const minBackoff = this.options.minBackoffMs ?? 500;
+    const maxBackoff = this.options.maxBackoffMs ?? 30_000;
+    let backoff = minBackoff;
+    while (!this.stopped) {
+      await this.maybeRenew();
+      const outcome = await this.session();
+      if (this.stopped) break;
+      let delay: number;
+      if (outcome.pushbackMs !== null) {
+        delay = outcome.pushbackMs;
+        this.status.lastPushbackMs = delay;
+      } else {
+        delay = outcome.welcomed ? minBackoff : backoff;
+        backoff = outcome.welcomed ? minBackoff : Math.min(maxBackoff, backoff * 2);
+        delay = Math.round(delay * (0.5 + Math.random() * 0.5));
+      }
+      this.options.log.debug({ delay, code: outcome.code }, 'reconnecting');
+      await new Promise<void>((resolve) => {
+        const timer = setTimeout(resolve, delay);
+        this.wake = () => {
+          clearTimeout(timer);
+          resolve();
+        };
+      });
+    }
+  }
+
+  private async maybeRenew(): Promise<void> {
+    const { identity } = this.options;
+    const notAfter = certificateNotAfter(identity.certificatePem).getTime();
+    const now = Date.now();
+    // Renew once a third of a day's lifetime is left (or it already expired: renewal is refused
+    // then, and the node must join again).
+    if (notAfter - now > 8 * 3600_000 || notAfter <= now) return;
+    try {
+      this.status.certificateNotAfter = await renewCertificate(identity, this.options.stateDir);
+      this.options.log.info({ notAfter: this.status.certificateNotAfter }, 'certificate renewed');
+    } catch (err) {
+      this.options.log.warn({ err }, 'certificate renewal failed');
+    }
+  }
+
+  /** One session: resolves when the stream ends, with the gateway's pushback if it gave one. */
+  private session(): Promise<{ welcomed: boolean; pushbackMs: number | null; code: number | null }> {
+    const { identity } = this.options;
+    const client = new AgentServiceClient(
+      identity.gateway,
+      credentials.createSsl(
+        Buffer.from(identity.caCertificatePem),
+        Buffer.from(identity.privateKeyPem),
+        Buffer.from(identity.certificatePem),
+      ),
+      { 'grpc.keepalive_time_ms': 30_000, 'grpc.enable_retries': 0 },
+    );
+    this.client = client;
+    const stream = client.session(new Metadata());
+    this.stream = stream;
+    let welcomed = false;
+    this.spec = null;
+    this.reported.clear();
+    return new Promise((resolve) => {
+      let done = false;
+      const finish = (code: number | null, metadata?: Metadata) => {
+        if (done) return;
+        done = true;
+        const pushback = metadata?.get('grpc-retry-pushback-ms')[0];
+        if (this.stream === stream) this.closeStream();
+        else client.close();
+        resolve({ welcomed, pushbackMs: pushback !== undefined ? Number(pushback) : null, code });
+      };
+      stream.on('data', (message: ControlMessage) => {
+        if (message.body?.$case === 'welcome') welcomed = true;
+        this.onMessage(message);
+      });
+      stream.on('error', (err: { code?: number; metadata?: Metadata }) => {
+        if (err.code !== status.CANCELLED) this.options.log.debug({ code: err.code }, 'session ended');
+        finish(err.code ?? null, err.metadata);
+      });
+      stream.on('end', () => finish(null));
+      this.send({
+        body: {
+          $case: 'hello',
+          value: {
+            nodeId: identity.nodeId,
+            agentVersion,
+            capabilities: agentCapabilities,
+            journalId: this.journal.journalId,
+            lastAckedSeq: this.journal.lastAckedSeq,
+            observedGeneration: this.generation,
+            inventory: [
+              { name: 'gpus', hash: sectionHash(this.options.hardware.gpus()) },
+              { name: 'host', hash: sectionHash(this.options.hardware.host()) },
+            ],
+          },
+        },
+      });
+    });
+  }
+
+  private send(message: AgentMessage): void {
+    if (this.silenced || !this.stream) return;
+    this.stream.write(message);
+  }
+
+  private onMessage(message: ControlMessage): void {
+    const body = message.body;
+    if (!body) return;
+    switch (body.$case) {
+      case 'welcome': {
+        this.status.connected = true;
+        this.status.epoch = body.value.epoch;
+        this.status.sessions++;
+        this.sendInventory(body.value.wantSections);
+        const interval = Math.max(100, body.value.heartbeatIntervalMs);
+        this.heartbeat = setInterval(() => {
+          this.send({
+            body: {
+              $case: 'heartbeat',
+              value: { sentAtMs: Date.now(), observedGeneration: this.generation },
+            },
+          });
+        }, interval);
+        return;
+      }
+      case 'spec':
+        this.onSpec(body.value);
+        return;
+      case 'command':
+        this.onCommand(body.value);
+        return;
+      case 'inventoryRequest':
+        this.sendInventory(body.value.sections);
+        return;
+      case 'refusal':
+        this.options.log.warn({ refusal: body.value }, 'gateway refused a message');
+        return;
+      case 'reportAck':
+      case 'heartbeatAck':
+        return;
+    }
+  }
+
+  sendInventory(names: readonly string[]): void {
+    const sections = [];
+    for (const name of names) {
+      const data =
+        name === 'gpus'
+          ? this.options.hardware.gpus()
+          : name === 'host'
+            ? this.options.hardware.host()
+            : null;
+      if (!data) continue;
+      sections.push({ name, hash: sectionHash(data), data: Buffer.from(JSON.stringify(data)) });
+    }
+    if (sections.length > 0) this.send({ body: { $case: 'inventory', value: { sections } } });
+  }
+
+  private onSpec(update: NodeSpecUpdate): void {
+    const generation = Number(update.generation);
+    if (generation < this.journal.convergedGeneration || generation < this.generation) {
+      this.options.log.warn(
+        { generation, converged: this.generation },
+        'refusing a NodeSpec older than converged',
+      );
+      this.send({
+        body: {
+          $case: 'specStatus',
+          value: { observedGeneration: this.generation, error: `stale generation ${generation}` },
+        },
+      });
+      return;
+    }
+    let next: Record<string, unknown>;
+    try {
+      if (update.whole) {
+        next = JSON.parse(update.specJson.toString('utf8'));
+      } else {
+        if (!this.spec || Number(update.baseGeneration) !== this.generation) {
+          this.send({
+            body: {
+              $case: 'specStatus',
+              value: { observedGeneration: this.generation, error: 'base-mismatch' },
+            },
+          });
+          return;
+        }
+        next = applySpecPatch(this.spec, JSON.parse(update.patchJson.toString('utf8')));
+      }
+      const parsed = nodeSpecSchema.parse(next);
+      this.converge(parsed.devices, generation);
+      this.spec = next;
+      this.generation = generation;
+      this.journal.converged(generation);
+      this.status.convergedGeneration = generation;
+      this.send({ body: { $case: 'specStatus', value: { observedGeneration: generation, error: '' } } });
+    } catch (err) {
+      this.options.log.warn({ err, generation }, 'could not converge NodeSpec');
+      this.send({
+        body: {
+          $case: 'specStatus',
+          value: {
+            observedGeneration: this.generation,
+            error: `converge failed: ${(err as Error).message.slice(0, 200)}`,
+          },
+        },
+      });
+    }
+  }
+
+  private converge(assignments: readonly DeviceAssignment[], generation: number): void {
+    const { held, released } = convergeDevices(this.options.roots, assignments);
+    this.held = new Map(held.map((h) => [h.allocationId, h]));
+    this.status.held = held;
+    for (const hold of held) {
+      if (this.reported.get(hold.allocationId) === 'bound') continue;
+      this.report(hold.allocationId, generation, {
+        $case: 'bound',
+        value: {
+          cdiDevices: hold.cdiDevices,
+          envFile: hold.envFile,
+          cdiSpecFile: hold.cdiSpecFile,
+          cgroupParent: '',
+          gpuUuids: hold.gpuUuids,
+        },
+      });
+    }
+    for (const allocationId of released) {
+      this.report(allocationId, generation, { $case: 'released', value: { reason: 'unassigned' } });
+    }
+  }
+
+  private report(
+    allocationId: string,
+    generation: number,
+    kind: NonNullable<AllocationReport['kind']>,
+  ): void {
+    const report: AllocationReport = {
+      purpose: attestedReportPurpose,
+      nodeId: this.options.identity.nodeId,
+      allocationId,
+      specGeneration: generation,
+      atMs: Date.now(),
+      kind,
+    };
+    this.reported.set(allocationId, kind.$case);
+    this.send({
+      body: { $case: 'report', value: signAllocationReport(report, this.options.identity.privateKeyPem) },
+    });
+  }
+
+  private onCommand(command: Command): void {
+    const previous = this.lanes.get(command.lane) ?? Promise.resolve();
+    const next = previous.then(async () => {
+      if (this.stopped) return;
+      const result = await runCommand(
+        {
+          hardware: this.options.hardware,
+          journal: this.journal,
+          heldGpus: () => new Set([...this.held.values()].flatMap((h) => h.gpuUuids)),
+          resendInventory: () => this.sendInventory(['gpus', 'host']),
+          reboot: () => this.closeStream(),
+        },
+        command,
+        Date.now(),
+      );
+      if (this.stopped) return;
+      this.status.commandsRun++;
+      this.send({ body: { $case: 'commandResult', value: result } });
+    });
+    this.lanes.set(
+      command.lane,
+      next.catch((err: unknown) => this.options.log.warn({ err }, 'command failed')),
+    );
+  }
+}

@@ -1,0 +1,107 @@
+import { createHash } from 'node:crypto';
+import type { HardwareEvidence } from '../proto/gen/agent/v1/agent.ts';
+import type { GpusSection, HostSection } from '../proto/inventory.ts';
+
+/** What bcd reads from (and does to) the machine. */
+export interface Hardware {
+  evidence(): HardwareEvidence;
+  gpus(): GpusSection;
+  host(): HostSection;
+  /** Resets one GPU; resolves when done. */
+  resetGpu(uuid: string): Promise<void>;
+}
+
+/** The shape of a simulated GPU server. */
+export interface SimShape {
+  gpus: number;
+  gpuModel: string;
+  gpuMemoryMiB: number;
+  /** GPUs per NVLink domain. */
+  nvlinkDomainSize: number;
+  numaNodes: number;
+  vcpu: number;
+  memoryGiB: number;
+  hugepages1Gi: number;
+}
+
+export const defaultSimShape: SimShape = {
+  gpus: 8,
+  gpuModel: 'NVIDIA H100 80GB HBM3',
+  gpuMemoryMiB: 81_559,
+  nvlinkDomainSize: 8,
+  numaNodes: 2,
+  vcpu: 192,
+  memoryGiB: 2048,
+  hugepages1Gi: 0,
+};
+
+function uuidFrom(seed: string): string {
+  const h = createHash('sha256').update(seed).digest('hex');
+  return `${h.slice(0, 8)}-${h.slice(8, 12)}-${h.slice(12, 16)}-${h.slice(16, 20)}-${h.slice(20, 32)}`;
+}
+
+/**
+ * Fake hardware for `bcd sim`: stable identities derived from a seed, GPUs in NVLink domains, and
+ * knobs for tests (a GPU that falls off the driver, a slow reset, a log of side effects).
+ */
+export class SimHardware implements Hardware {
+  /** GPUs the driver does not see (the PCI bus still does): GpuCountMismatch. */
+  hiddenGpus = 0;
+  resetDelayMs = 0;
+  readonly sideEffects: string[] = [];
+  onSideEffect?: (entry: string) => void;
+
+  constructor(
+    readonly seed: string,
+    readonly shape: SimShape = defaultSimShape,
+  ) {}
+
+  evidence(): HardwareEvidence {
+    const mac = createHash('sha256').update(`${this.seed}/mac`).digest();
+    mac[0] = (mac[0]! & 0xfc) | 0x00; // globally administered unicast
+    return {
+      productUuid: uuidFrom(`${this.seed}/product`),
+      serialNumber: `SIM${createHash('sha256').update(`${this.seed}/serial`).digest('hex').slice(0, 12).toUpperCase()}`,
+      macs: [[...mac.subarray(0, 6)].map((b) => b.toString(16).padStart(2, '0')).join(':')],
+      gpuUuids: this.allGpus().map((g) => g.uuid),
+      hostname: this.seed,
+    };
+  }
+
+  private allGpus(): GpusSection['gpus'] {
+    const { shape } = this;
+    return Array.from({ length: shape.gpus }, (_, index) => ({
+      uuid: `GPU-${uuidFrom(`${this.seed}/gpu/${index}`)}`,
+      index,
+      model: shape.gpuModel,
+      memoryMiB: shape.gpuMemoryMiB,
+      nvlinkDomain: shape.nvlinkDomainSize > 1 ? `nvl-${Math.floor(index / shape.nvlinkDomainSize)}` : null,
+      numaNode: Math.floor((index * shape.numaNodes) / Math.max(1, shape.gpus)),
+      pciBusId: `00000000:${(0x18 + index * 0x10).toString(16).padStart(2, '0')}:00.0`,
+      health: 'healthy' as const,
+    }));
+  }
+
+  gpus(): GpusSection {
+    const all = this.allGpus();
+    return { gpus: all.slice(0, Math.max(0, all.length - this.hiddenGpus)) };
+  }
+
+  host(): HostSection {
+    return {
+      hostname: this.seed,
+      vcpu: this.shape.vcpu,
+      memoryGiB: this.shape.memoryGiB,
+      hugepages1Gi: this.shape.hugepages1Gi,
+      pciGpuCount: this.shape.gpus,
+      kernel: 'sim',
+    };
+  }
+
+  async resetGpu(uuid: string): Promise<void> {
+    const entry = `gpu.reset ${uuid}`;
+    this.sideEffects.push(entry);
+    this.onSideEffect?.(entry);
+    if (this.resetDelayMs > 0) await new Promise((r) => setTimeout(r, this.resetDelayMs));
+  }
+}

@@ -1,0 +1,125 @@
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import path from 'node:path';
+import { credentials } from '@grpc/grpc-js';
+import { certificateNotAfter, createCsr, generateKeyPairPem } from '../domain/pki.ts';
+import { type HardwareEvidence, type JoinResponse, JoinServiceClient } from '../proto/gen/agent/v1/agent.ts';
+
+/**
+ * bcd's identity on disk under its state directory: `key.pem` (its ECDSA P-256 node key, never
+ * sent anywhere), `cert.pem` (its node certificate), `ca.pem` (the control plane's CA) and
+ * `node.json` (node id, name, site, pool, gateway).
+ */
+export interface NodeIdentity {
+  nodeId: string;
+  nodeName: string;
+  siteId: string;
+  poolId: string;
+  spiffeId: string;
+  gateway: string;
+  privateKeyPem: string;
+  publicKeyPem: string;
+  certificatePem: string;
+  caCertificatePem: string;
+}
+
+export function identityExists(dir: string): boolean {
+  return existsSync(path.join(dir, 'node.json')) && existsSync(path.join(dir, 'cert.pem'));
+}
+
+export function loadIdentity(dir: string): NodeIdentity {
+  const meta = JSON.parse(readFileSync(path.join(dir, 'node.json'), 'utf8'));
+  return {
+    ...meta,
+    privateKeyPem: readFileSync(path.join(dir, 'key.pem'), 'utf8'),
+    publicKeyPem: readFileSync(path.join(dir, 'key.pub.pem'), 'utf8'),
+    certificatePem: readFileSync(path.join(dir, 'cert.pem'), 'utf8'),
+    caCertificatePem: readFileSync(path.join(dir, 'ca.pem'), 'utf8'),
+  };
+}
+
+export function saveCertificate(dir: string, certificatePem: string): void {
+  writeFileSync(path.join(dir, 'cert.pem'), certificatePem, { mode: 0o644 });
+}
+
+function unary<T>(fn: (cb: (err: Error | null, res: T) => void) => void): Promise<T> {
+  return new Promise((resolve, reject) => fn((err, res) => (err ? reject(err) : resolve(res))));
+}
+
+/**
+ * Joins with a token: makes a key, sends a CSR and the hardware evidence to JoinService over TLS
+ * (trusting only `caCertificatePem`), and writes the identity to `dir`.
+ */
+export async function joinWithToken(input: {
+  gateway: string;
+  token: string;
+  caCertificatePem: string;
+  dir: string;
+  evidence: HardwareEvidence;
+  requestedName: string;
+  agentVersion: string;
+}): Promise<NodeIdentity & { reclaimed: boolean }> {
+  mkdirSync(input.dir, { recursive: true, mode: 0o700 });
+  const keys = await generateKeyPairPem();
+  const csrPem = await createCsr(keys, input.requestedName);
+  const client = new JoinServiceClient(
+    input.gateway,
+    credentials.createSsl(Buffer.from(input.caCertificatePem)),
+  );
+  let response: JoinResponse;
+  try {
+    response = await unary<JoinResponse>((cb) =>
+      client.join(
+        {
+          token: input.token,
+          csrPem,
+          evidence: input.evidence,
+          requestedName: input.requestedName,
+          agentVersion: input.agentVersion,
+        },
+        cb,
+      ),
+    );
+  } finally {
+    client.close();
+  }
+  writeFileSync(path.join(input.dir, 'key.pem'), keys.privateKeyPem, { mode: 0o600 });
+  writeFileSync(path.join(input.dir, 'key.pub.pem'), keys.publicKeyPem, { mode: 0o644 });
+  saveCertificate(input.dir, response.certificatePem);
+  writeFileSync(path.join(input.dir, 'ca.pem'), response.caCertificatePem, { mode: 0o644 });
+  const meta = {
+    nodeId: response.nodeId,
+    nodeName: response.nodeName,
+    siteId: response.siteId,
+    poolId: response.poolId,
+    spiffeId: response.spiffeId,
+    gateway: input.gateway,
+  };
+  writeFileSync(path.join(input.dir, 'node.json'), `${JSON.stringify(meta, null, 2)}\n`);
+  return { ...loadIdentity(input.dir), reclaimed: response.reclaimed };
+}
+
+/** Renews the certificate over mutual TLS with the current one (same key). */
+export async function renewCertificate(identity: NodeIdentity, dir: string): Promise<Date> {
+  const client = new JoinServiceClient(
+    identity.gateway,
+    credentials.createSsl(
+      Buffer.from(identity.caCertificatePem),
+      Buffer.from(identity.privateKeyPem),
+      Buffer.from(identity.certificatePem),
+    ),
+  );
+  try {
+    const csrPem = await createCsr(
+      { privateKeyPem: identity.privateKeyPem, publicKeyPem: identity.publicKeyPem },
+      identity.nodeName,
+    );
+    const response = await unary<{ certificatePem: string; notAfterMs: number }>((cb) =>
+      client.renew({ csrPem }, cb),
+    );
+    saveCertificate(dir, response.certificatePem);
+    identity.certificatePem = response.certificatePem;
+    return certificateNotAfter(response.certificatePem);
+  } finally {
+    client.close();
+  }
+}

@@ -1,0 +1,142 @@
+import { execFile } from 'node:child_process';
+import { readFileSync } from 'node:fs';
+import { cpus, hostname, networkInterfaces, totalmem } from 'node:os';
+import { promisify } from 'node:util';
+import type { HardwareEvidence } from '../proto/gen/agent/v1/agent.ts';
+import type { GpuInventory, GpusSection, HostSection } from '../proto/inventory.ts';
+import type { Hardware } from './hardware.ts';
+
+const run = promisify(execFile);
+
+/** The query bcd runs: `nvidia-smi --query-gpu=<these> --format=csv,noheader,nounits`. */
+export const gpuQueryFields = ['index', 'uuid', 'name', 'memory.total', 'pci.bus_id', 'serial'] as const;
+
+/** Parses the CSV answer of the GPU query (captured output in tests). */
+export function parseGpuQuery(
+  csv: string,
+): Array<Omit<GpuInventory, 'nvlinkDomain' | 'numaNode'> & { serial: string }> {
+  const gpus = [];
+  for (const line of csv.split('\n')) {
+    if (!line.trim()) continue;
+    const [index, uuid, name, memory, busId, serial] = line.split(',').map((f) => f.trim());
+    if (!uuid?.startsWith('GPU-')) throw new Error(`unexpected nvidia-smi line: ${line.slice(0, 100)}`);
+    gpus.push({
+      index: Number(index),
+      uuid,
+      model: name ?? 'unknown',
+      memoryMiB: Number.parseInt(memory ?? '0', 10) || 0,
+      pciBusId: busId ?? '',
+      serial: serial ?? '',
+      health: 'healthy' as const,
+    });
+  }
+  return gpus;
+}
+
+/**
+ * Parses `nvidia-smi topo -m` into NVLink domains (connected components over `NV#` links) and
+ * NUMA affinity per GPU index.
+ */
+export function parseTopology(
+  matrix: string,
+): Map<number, { nvlinkDomain: string | null; numaNode: number }> {
+  const lines = matrix.split('\n').filter((l) => /^\s*GPU\d+\s/.test(l));
+  const header = matrix.split('\n').find((l) => /^\s+GPU0\b/.test(l)) ?? '';
+  const columns = header.trim().split(/\s+/);
+  const numaColumn = columns.indexOf('NUMA');
+  const parent = new Map<number, number>();
+  const find = (x: number): number => {
+    const p = parent.get(x) ?? x;
+    if (p === x) return x;
+    const root = find(p);
+    parent.set(x, root);
+    return root;
+  };
+  const numa = new Map<number, number>();
+  const linked = new Set<number>();
+  for (const line of lines) {
+    const cells = line.trim().split(/\s+/);
+    const gpu = Number(cells[0]!.slice(3));
+    parent.set(gpu, parent.get(gpu) ?? gpu);
+    for (let col = 0; col < columns.length; col++) {
+      const name = columns[col]!;
+      const cell = cells[col + 1] ?? '';
+      if (name.startsWith('GPU') && /^NV\d+$/.test(cell)) {
+        const other = Number(name.slice(3));
+        parent.set(find(other), find(gpu));
+        linked.add(gpu).add(other);
+      }
+    }
+    // NUMA Affinity is the column titled "NUMA Affinity" (header split in two words).
+    const value = numaColumn >= 0 ? Number(cells[numaColumn + 1]) : Number.NaN;
+    numa.set(gpu, Number.isFinite(value) ? value : -1);
+  }
+  const out = new Map<number, { nvlinkDomain: string | null; numaNode: number }>();
+  for (const gpu of parent.keys()) {
+    out.set(gpu, {
+      nvlinkDomain: linked.has(gpu) ? `nvl-${find(gpu)}` : null,
+      numaNode: numa.get(gpu) ?? -1,
+    });
+  }
+  return out;
+}
+
+function readFirst(file: string): string {
+  try {
+    return readFileSync(file, 'utf8').trim();
+  } catch {
+    return '';
+  }
+}
+
+/** A real host: GPUs from `nvidia-smi`, identity from DMI, CPUs and memory from the OS. */
+export class NvidiaSmiHardware implements Hardware {
+  private cached: GpusSection = { gpus: [] };
+
+  async refresh(): Promise<void> {
+    const query = await run('nvidia-smi', [
+      `--query-gpu=${gpuQueryFields.join(',')}`,
+      '--format=csv,noheader,nounits',
+    ]);
+    const topo = await run('nvidia-smi', ['topo', '-m']).catch(() => ({ stdout: '' }));
+    const topology = parseTopology(topo.stdout);
+    this.cached = {
+      gpus: parseGpuQuery(query.stdout).map(({ serial: _serial, ...g }) => ({
+        ...g,
+        nvlinkDomain: topology.get(g.index)?.nvlinkDomain ?? null,
+        numaNode: topology.get(g.index)?.numaNode ?? -1,
+      })),
+    };
+  }
+
+  evidence(): HardwareEvidence {
+    const macs = Object.entries(networkInterfaces())
+      .filter(([name]) => !name.startsWith('lo') && !name.startsWith('docker') && !name.startsWith('veth'))
+      .flatMap(([, addrs]) => (addrs ?? []).map((a) => a.mac));
+    return {
+      productUuid: readFirst('/sys/class/dmi/id/product_uuid'),
+      serialNumber: readFirst('/sys/class/dmi/id/product_serial'),
+      macs: [...new Set(macs)],
+      gpuUuids: this.cached.gpus.map((g) => g.uuid),
+      hostname: hostname(),
+    };
+  }
+
+  gpus(): GpusSection {
+    return this.cached;
+  }
+
+  host(): HostSection {
+    return {
+      hostname: hostname(),
+      vcpu: cpus().length,
+      memoryGiB: Math.floor(totalmem() / 1024 ** 3),
+      hugepages1Gi: 0,
+      pciGpuCount: this.cached.gpus.length,
+    };
+  }
+
+  async resetGpu(uuid: string): Promise<void> {
+    await run('nvidia-smi', ['--gpu-reset', '-i', uuid]);
+  }
+}

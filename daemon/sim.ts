@@ -1,0 +1,88 @@
+import { createHash } from 'node:crypto';
+import path from 'node:path';
+import type { Logger } from '../server/logger.ts';
+import { NodeAgent } from './agent.ts';
+import { defaultSimShape, SimHardware, type SimShape } from './hardware.ts';
+import { identityExists, joinWithToken, loadIdentity } from './identity.ts';
+
+export interface SimulatedNode {
+  nodeId: string;
+  name: string;
+  dir: string;
+  agent: NodeAgent;
+  hardware: SimHardware;
+}
+
+export interface SimulatedFleet {
+  nodes: SimulatedNode[];
+  stop(): Promise<void>;
+}
+
+/**
+ * `bcd sim`: N real node agents on fake hardware in one process, each with its own key,
+ * certificate, session, journal and state directory (`<rootDir>/<name>/`, CDI specs in `cdi/`, env
+ * files in `allocations/`). A node whose directory already holds an identity starts with it; the
+ * others join with `joinToken` (which must allow that many uses). Joins run a few at a time.
+ */
+export async function startSimulatedFleet(input: {
+  gatewayAddress: string;
+  caCertificatePem: string;
+  joinToken: string;
+  nodes: number;
+  rootDir: string;
+  log: Logger;
+  shape?: Partial<SimShape>;
+  namePrefix?: string;
+  joinConcurrency?: number;
+  minBackoffMs?: number;
+}): Promise<SimulatedFleet> {
+  const shape = { ...defaultSimShape, ...input.shape };
+  const prefix = input.namePrefix ?? 'sim';
+  const rootTag = createHash('sha256').update(path.resolve(input.rootDir)).digest('hex').slice(0, 8);
+  const nodes: SimulatedNode[] = new Array(input.nodes);
+  let next = 0;
+  const worker = async () => {
+    while (next < input.nodes) {
+      const index = next++;
+      const name = `${prefix}-${String(index).padStart(4, '0')}`;
+      const dir = path.join(input.rootDir, name);
+      const hardware = new SimHardware(`${prefix}-${rootTag}-${index}`, shape);
+      const identity = identityExists(dir)
+        ? { ...loadIdentity(dir), gateway: input.gatewayAddress }
+        : await joinWithToken({
+            gateway: input.gatewayAddress,
+            token: input.joinToken,
+            caCertificatePem: input.caCertificatePem,
+            dir,
+            evidence: hardware.evidence(),
+            requestedName: name,
+            agentVersion: '0.1.0-sim',
+          });
+      const agent = new NodeAgent({
+        identity,
+        stateDir: dir,
+        roots: { cdiDir: path.join(dir, 'cdi'), envDir: path.join(dir, 'allocations') },
+        hardware,
+        log: input.log.child({ nodeId: identity.nodeId, node: name }),
+        ...(input.minBackoffMs !== undefined ? { minBackoffMs: input.minBackoffMs } : {}),
+      });
+      agent.start();
+      nodes[index] = { nodeId: identity.nodeId, name: identity.nodeName, dir, agent, hardware };
+    }
+  };
+  const started: SimulatedNode[] = [];
+  try {
+    await Promise.all(Array.from({ length: Math.max(1, input.joinConcurrency ?? 4) }, worker));
+  } catch (error) {
+    await Promise.all(nodes.filter(Boolean).map((n) => n.agent.stop()));
+    throw error;
+  }
+  started.push(...nodes);
+  input.log.info({ nodes: started.length, gateway: input.gatewayAddress }, 'simulated fleet started');
+  return {
+    nodes: started,
+    stop: async () => {
+      await Promise.all(started.map((n) => n.agent.stop()));
+    },
+  };
+}

@@ -1,0 +1,151 @@
+import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
+import { sql, type Transaction } from 'kysely';
+import { ComputeError } from '../domain/errors.ts';
+import { newId } from '../domain/ids.ts';
+import type { Db } from './pool.ts';
+import type { Database } from './schema.ts';
+
+/**
+ * Join tokens `bcjt_<id>.<secret>`: one pool, a time to live, a number of uses (default 1), shown
+ * once and stored as the SHA-256 of the secret.
+ */
+
+const tokenPattern = /^bcjt_([0-9a-z]{26})\.([A-Za-z0-9_-]{43})$/;
+
+function hashSecret(secret: string): string {
+  return createHash('sha256').update(secret).digest('hex');
+}
+
+export interface JoinTokenView {
+  id: string;
+  poolId: string;
+  expiresAt: Date;
+  maxUses: number;
+  uses: number;
+  revokedAt: Date | null;
+  createdBy: string | null;
+  createdAt: Date;
+}
+
+/** Creates a token and returns it in full; this is the only time the secret exists in the clear. */
+export async function createJoinToken(
+  db: Db,
+  input: { poolId: string; ttlSeconds: number; maxUses?: number; createdBy?: string | null },
+): Promise<{ token: string; id: string; expiresAt: Date; maxUses: number }> {
+  const id = newId('jt');
+  const secret = randomBytes(32).toString('base64url');
+  const row = await db
+    .insertInto('join_tokens')
+    .values({
+      id,
+      pool_id: input.poolId,
+      secret_hash: hashSecret(secret),
+      expires_at: sql<Date>`compute_now() + make_interval(secs => ${input.ttlSeconds})`,
+      max_uses: input.maxUses ?? 1,
+      created_by: input.createdBy ?? null,
+    })
+    .returning(['expires_at', 'max_uses'])
+    .executeTakeFirstOrThrow();
+  return { token: `bcjt_${id.slice(3)}.${secret}`, id, expiresAt: row.expires_at, maxUses: row.max_uses };
+}
+
+/**
+ * Spends one use of a token under its row lock and answers its pool. UNAUTHENTICATED for a token
+ * that is malformed, unknown, revoked, expired or used up (one answer for all, so it tells nothing).
+ */
+export async function consumeJoinToken(
+  trx: Transaction<Database>,
+  token: string,
+): Promise<{ tokenId: string; poolId: string }> {
+  const refused = (why: string) =>
+    new ComputeError('UNAUTHENTICATED', 'the join token is invalid, expired, revoked or used up', {
+      reason: why,
+    });
+  const match = tokenPattern.exec(token.trim());
+  if (!match) throw refused('malformed');
+  const id = `jt_${match[1]}`;
+  const row = await trx
+    .selectFrom('join_tokens')
+    .where('id', '=', id)
+    .select([
+      'pool_id',
+      'secret_hash',
+      'max_uses',
+      'uses',
+      'revoked_at',
+      sql<boolean>`expires_at <= compute_now()`.as('expired'),
+    ])
+    .forUpdate()
+    .executeTakeFirst();
+  if (!row) throw refused('unknown');
+  const given = Buffer.from(hashSecret(match[2]!), 'hex');
+  const stored = Buffer.from(row.secret_hash, 'hex');
+  if (given.length !== stored.length || !timingSafeEqual(given, stored)) throw refused('secret');
+  if (row.revoked_at) throw refused('revoked');
+  if (row.expired) throw refused('expired');
+  if (row.uses >= row.max_uses) throw refused('used');
+  await trx.updateTable('join_tokens').set({ uses: sql<number>`uses + 1` }).where('id', '=', id).execute();
+  return { tokenId: id, poolId: row.pool_id };
+}
+
+function view(row: {
+  id: string;
+  pool_id: string;
+  expires_at: Date;
+  max_uses: number;
+  uses: number;
+  revoked_at: Date | null;
+  created_by: string | null;
+  created_at: Date;
+}): JoinTokenView {
+  return {
+    id: row.id,
+    poolId: row.pool_id,
+    expiresAt: row.expires_at,
+    maxUses: row.max_uses,
+    uses: row.uses,
+    revokedAt: row.revoked_at,
+    createdBy: row.created_by,
+    createdAt: row.created_at,
+  };
+}
+
+const columns = [
+  'id',
+  'pool_id',
+  'expires_at',
+  'max_uses',
+  'uses',
+  'revoked_at',
+  'created_by',
+  'created_at',
+] as const;
+
+export async function listJoinTokens(
+  db: Db,
+  filter: { poolIds?: readonly string[]; limit: number; cursor?: string },
+): Promise<JoinTokenView[]> {
+  let query = db.selectFrom('join_tokens').select(columns).orderBy('id', 'desc').limit(filter.limit);
+  if (filter.poolIds) {
+    if (filter.poolIds.length === 0) return [];
+    query = query.where('pool_id', 'in', filter.poolIds);
+  }
+  if (filter.cursor) query = query.where('id', '<', filter.cursor);
+  return (await query.execute()).map(view);
+}
+
+export async function findJoinToken(db: Db, id: string): Promise<JoinTokenView | null> {
+  const row = await db.selectFrom('join_tokens').select(columns).where('id', '=', id).executeTakeFirst();
+  return row ? view(row) : null;
+}
+
+/** Revokes a token; revoking twice keeps the first time. */
+export async function revokeJoinToken(db: Db, id: string): Promise<JoinTokenView | null> {
+  const row = await db
+    .updateTable('join_tokens')
+    .set({ revoked_at: sql<Date>`COALESCE(revoked_at, compute_now())` })
+    .where('id', '=', id)
+    .returning(columns)
+    .executeTakeFirst();
+  return row ? view(row) : null;
+}

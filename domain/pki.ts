@@ -1,0 +1,235 @@
+import 'reflect-metadata';
+import { createHash, createPrivateKey, createPublicKey, randomBytes, webcrypto } from 'node:crypto';
+import * as x509 from '@peculiar/x509';
+import { ComputeError } from './errors.ts';
+
+/**
+ * The control plane's machine PKI: its own ECDSA P-256 CA, node certificates named by SPIFFE ID
+ * (at most 24 hours), the gateway's server certificate and node CSRs. X.509 and PKCS#10 come from
+ * @peculiar/x509 over Node's webcrypto; nothing here hand-rolls ASN.1.
+ */
+
+type CryptoKey = webcrypto.CryptoKey;
+const crypto = webcrypto;
+x509.cryptoProvider.set(crypto as never);
+
+const ecdsa = { name: 'ECDSA', namedCurve: 'P-256' } as const;
+const signing = { name: 'ECDSA', hash: 'SHA-256' } as const;
+
+/** The longest a node certificate may live. */
+export const maxNodeCertificateMs = 24 * 60 * 60 * 1000;
+
+export interface CaMaterial {
+  certificatePem: string;
+  privateKeyPem: string;
+}
+
+export interface KeyPairPem {
+  privateKeyPem: string;
+  publicKeyPem: string;
+}
+
+function toPem(der: ArrayBuffer, label: string): string {
+  const b64 = Buffer.from(der).toString('base64');
+  const lines = b64.match(/.{1,64}/g) ?? [];
+  return `-----BEGIN ${label}-----\n${lines.join('\n')}\n-----END ${label}-----\n`;
+}
+
+async function importPrivateKey(pem: string): Promise<CryptoKey> {
+  const der = createPrivateKey(pem).export({ format: 'der', type: 'pkcs8' });
+  return crypto.subtle.importKey('pkcs8', der, ecdsa, true, ['sign']);
+}
+
+async function importPublicKey(pem: string): Promise<CryptoKey> {
+  const der = createPublicKey(pem).export({ format: 'der', type: 'spki' });
+  return crypto.subtle.importKey('spki', der, ecdsa, true, ['verify']);
+}
+
+/** A fresh ECDSA P-256 key pair as PEM (PKCS#8 and SPKI). */
+export async function generateKeyPairPem(): Promise<KeyPairPem> {
+  const keys = await crypto.subtle.generateKey(ecdsa, true, ['sign', 'verify']);
+  return {
+    privateKeyPem: toPem(await crypto.subtle.exportKey('pkcs8', keys.privateKey), 'PRIVATE KEY'),
+    publicKeyPem: toPem(await crypto.subtle.exportKey('spki', keys.publicKey), 'PUBLIC KEY'),
+  };
+}
+
+/** The key id of a public key: hex SHA-256 of its DER SubjectPublicKeyInfo. */
+export function keyIdOfPublicKey(publicKeyPem: string): string {
+  const der = createPublicKey(publicKeyPem).export({ format: 'der', type: 'spki' });
+  return createHash('sha256').update(der).digest('hex');
+}
+
+/** `spiffe://<trust domain>/site/<site>/node/<node>`; names come only from JoinService. */
+export function nodeSpiffeId(trustDomain: string, siteId: string, nodeId: string): string {
+  return `spiffe://${trustDomain}/site/${siteId}/node/${nodeId}`;
+}
+
+function randomSerial(): string {
+  const bytes = randomBytes(16);
+  bytes[0] = bytes[0]! & 0x7f; // positive
+  return bytes.toString('hex');
+}
+
+/** A new self-signed CA for the trust domain, valid ten years. */
+export async function createCertificateAuthority(trustDomain: string): Promise<CaMaterial> {
+  const keys = await crypto.subtle.generateKey(ecdsa, true, ['sign', 'verify']);
+  const notBefore = new Date(Date.now() - 60_000);
+  const cert = await x509.X509CertificateGenerator.createSelfSigned({
+    serialNumber: randomSerial(),
+    name: `CN=better-compute machine CA, O=${trustDomain}`,
+    notBefore,
+    notAfter: new Date(notBefore.getTime() + 10 * 365 * 24 * 3600 * 1000),
+    keys,
+    signingAlgorithm: signing,
+    extensions: [
+      new x509.BasicConstraintsExtension(true, 0, true),
+      new x509.KeyUsagesExtension(x509.KeyUsageFlags.keyCertSign | x509.KeyUsageFlags.cRLSign, true),
+      await x509.SubjectKeyIdentifierExtension.create(keys.publicKey),
+    ],
+  });
+  return {
+    certificatePem: cert.toString('pem'),
+    privateKeyPem: toPem(await crypto.subtle.exportKey('pkcs8', keys.privateKey), 'PRIVATE KEY'),
+  };
+}
+
+export interface CsrContents {
+  publicKeyPem: string;
+  keyId: string;
+}
+
+/**
+ * Reads and checks a PKCS#10 request: its signature must verify and its key must be ECDSA P-256.
+ * Whatever names it asks for are ignored (names come only from JoinService). INVALID_INPUT otherwise.
+ */
+export async function readCsr(csrPem: string): Promise<CsrContents> {
+  let csr: x509.Pkcs10CertificateRequest;
+  try {
+    csr = new x509.Pkcs10CertificateRequest(csrPem);
+  } catch {
+    throw new ComputeError('INVALID_INPUT', 'the certificate request is not a PEM PKCS#10 request');
+  }
+  const algorithm = csr.publicKey.algorithm as webcrypto.EcKeyAlgorithm;
+  if (algorithm.name !== 'ECDSA' || algorithm.namedCurve !== 'P-256') {
+    throw new ComputeError('INVALID_INPUT', 'the certificate request must carry an ECDSA P-256 key');
+  }
+  if (!(await csr.verify())) {
+    throw new ComputeError('INVALID_INPUT', 'the certificate request signature does not verify');
+  }
+  const publicKeyPem = toPem(csr.publicKey.rawData, 'PUBLIC KEY');
+  return { publicKeyPem, keyId: keyIdOfPublicKey(publicKeyPem) };
+}
+
+/** A PKCS#10 request for the key pair (the daemon's side of joining and renewal). */
+export async function createCsr(keys: KeyPairPem, commonName: string): Promise<string> {
+  const csr = await x509.Pkcs10CertificateRequestGenerator.create({
+    name: `CN=${commonName.replace(/[,=+<>#;"\\]/g, '_')}`,
+    keys: {
+      privateKey: await importPrivateKey(keys.privateKeyPem),
+      publicKey: await importPublicKey(keys.publicKeyPem),
+    },
+    signingAlgorithm: signing,
+  });
+  return csr.toString('pem');
+}
+
+export interface IssuedCertificate {
+  serial: string;
+  certificatePem: string;
+  notBefore: Date;
+  notAfter: Date;
+}
+
+/**
+ * Signs a node's client certificate: SPIFFE ID as the only URI name, role in the subject's OU,
+ * client-auth only, valid from `now` for at most 24 hours.
+ */
+export async function issueNodeCertificate(input: {
+  ca: CaMaterial;
+  publicKeyPem: string;
+  spiffeId: string;
+  nodeName: string;
+  role: string;
+  now: Date;
+  validForMs: number;
+}): Promise<IssuedCertificate> {
+  const validFor = Math.min(input.validForMs, maxNodeCertificateMs);
+  const caCert = new x509.X509Certificate(input.ca.certificatePem);
+  const serial = randomSerial();
+  const notBefore = new Date(input.now.getTime() - 60_000);
+  const notAfter = new Date(input.now.getTime() + validFor);
+  const cert = await x509.X509CertificateGenerator.create({
+    serialNumber: serial,
+    subject: `CN=${input.nodeName.replace(/[,=+<>#;"\\]/g, '_')}, OU=${input.role}`,
+    issuer: caCert.subject,
+    notBefore,
+    notAfter,
+    publicKey: await importPublicKey(input.publicKeyPem),
+    signingKey: await importPrivateKey(input.ca.privateKeyPem),
+    signingAlgorithm: signing,
+    extensions: [
+      new x509.BasicConstraintsExtension(false, undefined, true),
+      new x509.KeyUsagesExtension(x509.KeyUsageFlags.digitalSignature, true),
+      new x509.ExtendedKeyUsageExtension([x509.ExtendedKeyUsage.clientAuth]),
+      new x509.SubjectAlternativeNameExtension([{ type: 'url', value: input.spiffeId }]),
+    ],
+  });
+  return {
+    serial: normalizeSerial(cert.serialNumber),
+    certificatePem: cert.toString('pem'),
+    notBefore,
+    notAfter,
+  };
+}
+
+/** The gateway's TLS server certificate and key, signed by the CA (kept in memory only). */
+export async function issueServerCertificate(input: {
+  ca: CaMaterial;
+  trustDomain: string;
+  hosts: string[];
+  validForMs?: number;
+}): Promise<{ certificatePem: string; privateKeyPem: string }> {
+  const keys = await generateKeyPairPem();
+  const caCert = new x509.X509Certificate(input.ca.certificatePem);
+  const names: x509.JsonGeneralName[] = [{ type: 'url', value: `spiffe://${input.trustDomain}/gateway` }];
+  for (const host of new Set(input.hosts)) {
+    names.push(/^[\d.]+$|:/.test(host) ? { type: 'ip', value: host } : { type: 'dns', value: host });
+  }
+  const now = Date.now();
+  const cert = await x509.X509CertificateGenerator.create({
+    serialNumber: randomSerial(),
+    subject: 'CN=better-compute gateway',
+    issuer: caCert.subject,
+    notBefore: new Date(now - 60_000),
+    notAfter: new Date(now + (input.validForMs ?? 30 * 24 * 3600 * 1000)),
+    publicKey: await importPublicKey(keys.publicKeyPem),
+    signingKey: await importPrivateKey(input.ca.privateKeyPem),
+    signingAlgorithm: signing,
+    extensions: [
+      new x509.BasicConstraintsExtension(false, undefined, true),
+      new x509.KeyUsagesExtension(x509.KeyUsageFlags.digitalSignature, true),
+      new x509.ExtendedKeyUsageExtension([x509.ExtendedKeyUsage.serverAuth]),
+      new x509.SubjectAlternativeNameExtension(names),
+    ],
+  });
+  return { certificatePem: cert.toString('pem'), privateKeyPem: keys.privateKeyPem };
+}
+
+/** Serial numbers as stored: lower-case hex without leading zeros. */
+export function normalizeSerial(serial: string): string {
+  return serial.toLowerCase().replace(/^0+(?=.)/, '');
+}
+
+/** The SPIFFE URI and serial of a certificate (DER or PEM), as the gateway reads a peer. */
+export function readCertificateIdentity(cert: Buffer | string): { serial: string; spiffeId: string | null } {
+  const parsed = new x509.X509Certificate(cert);
+  const san = parsed.getExtension(x509.SubjectAlternativeNameExtension);
+  const uri = san?.names.items.find((n) => n.type === 'url')?.value ?? null;
+  return { serial: normalizeSerial(parsed.serialNumber), spiffeId: uri };
+}
+
+/** The expiry of a PEM certificate. */
+export function certificateNotAfter(certificatePem: string): Date {
+  return new x509.X509Certificate(certificatePem).notAfter;
+}

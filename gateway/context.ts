@@ -1,0 +1,16 @@
+import type { Db } from '../db/pool.ts';
+import type { ReservationLifecycle } from '../server/deps.ts';
+import type { Logger } from '../server/logger.ts';
+import type { GatewayOptions } from './options.ts';
+import type { SessionRegistry } from './registry.ts';
+
+/** What every part of one gateway process shares. */
+export interface GatewayContext {
+  db: Db;
+  log: Logger;
+  lifecycle?: ReservationLifecycle;
+  options: GatewayOptions;
+  registry: SessionRegistry;
+  /** Called after a command's result is stored (benchmarks measure latency with it). */
+  onCommandCompleted?: (commandId: string) => void;
+}

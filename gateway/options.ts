@@ -1,0 +1,44 @@
+import type { CommandLane } from '../db/schema.ts';
+import { Lane } from '../proto/gen/agent/v1/agent.ts';
+
+/** Tunables of one gateway process; tests shorten the lease and the intervals. */
+export interface GatewayOptions {
+  gatewayId: string;
+  trustDomain: string;
+  /** A session's liveness lease (40 s by default): lapsed, the node is NodeUnreachable. */
+  leaseMs: number;
+  heartbeatIntervalMs: number;
+  /** Sessions this gateway holds at most; beyond it, RESOURCE_EXHAUSTED with a retry pushback. */
+  maxSessions: number;
+  /** How often the delivery loop looks for changed NodeSpecs and queued commands. */
+  deliveryIntervalMs: number;
+  /** Node certificate lifetime (at most 24 hours). */
+  certificateTtlMs: number;
+  credits: Record<CommandLane, number>;
+  /** Per-session message rate (token bucket) and how many refusals end the session. */
+  messagesPerSecond: number;
+  messageBurst: number;
+  maxRefusals: number;
+  helloTimeoutMs: number;
+  maxMessageBytes: number;
+}
+
+export const defaultGatewayOptions: Omit<GatewayOptions, 'gatewayId' | 'trustDomain'> = {
+  leaseMs: 40_000,
+  heartbeatIntervalMs: 10_000,
+  maxSessions: 20_000,
+  deliveryIntervalMs: 200,
+  certificateTtlMs: 24 * 60 * 60 * 1000,
+  credits: { control: 8, provision: 2, bulk: 2 },
+  messagesPerSecond: 100,
+  messageBurst: 200,
+  maxRefusals: 500,
+  helloTimeoutMs: 10_000,
+  maxMessageBytes: 1024 * 1024,
+};
+
+export const laneToProto: Record<CommandLane, Lane> = {
+  control: Lane.LANE_CONTROL,
+  provision: Lane.LANE_PROVISION,
+  bulk: Lane.LANE_BULK,
+};

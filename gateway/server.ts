@@ -1,0 +1,151 @@
+import { Server, type ServerDuplexStream, status } from '@grpc/grpc-js';
+import { ensureCertificateAuthority, findPeerCertificate } from '../db/nodes.ts';
+import { newId } from '../domain/ids.ts';
+import { issueServerCertificate } from '../domain/pki.ts';
+import {
+  type AgentMessage,
+  AgentServiceService,
+  type ControlMessage,
+  JoinServiceService,
+} from '../proto/gen/agent/v1/agent.ts';
+import type { Deps } from '../server/deps.ts';
+import type { GatewayContext } from './context.ts';
+import { Dispatcher } from './dispatch.ts';
+import { createJoinService } from './join-service.ts';
+import { defaultGatewayOptions, type GatewayOptions } from './options.ts';
+import { SessionRegistry } from './registry.ts';
+import { NodeSession } from './session.ts';
+import { gatewayCredentials, verifiedPeer } from './tls.ts';
+
+export interface StartedGateway {
+  address: string;
+  port: number;
+  caCertificatePem: string;
+  gatewayId: string;
+  /** The sessions held now (tests and benchmarks read it). */
+  sessionCount(): number;
+  stop(): Promise<void>;
+}
+
+const sessionRoles = new Set(['node', 'node-tenant']);
+
+/**
+ * Starts the gateway: JoinService and the session service on one TLS port served with the
+ * control plane's own CA (created on first use). Sessions need a client certificate from that CA
+ * that the node table knows, unrevoked, unexpired and of a role that runs workloads.
+ */
+export async function startGateway(
+  deps: Pick<Deps, 'config' | 'db' | 'log' | 'lifecycle'> & {
+    host?: string;
+    port?: number;
+    options?: Partial<Omit<GatewayOptions, 'trustDomain'>>;
+    onCommandCompleted?: (commandId: string) => void;
+  },
+): Promise<StartedGateway> {
+  const trustDomain = deps.config.BETTER_COMPUTE_TRUST_DOMAIN;
+  const options: GatewayOptions = {
+    ...defaultGatewayOptions,
+    gatewayId: newId('wf').replace(/^wf_/, 'gw_'),
+    ...deps.options,
+    trustDomain,
+  };
+  const host = deps.host ?? deps.config.BETTER_COMPUTE_GATEWAY_HOST;
+  const log = deps.log.child({ component: 'gateway', gatewayId: options.gatewayId });
+  const ca = await ensureCertificateAuthority(deps.db, trustDomain);
+  const serverCert = await issueServerCertificate({
+    ca,
+    trustDomain,
+    hosts: [host, 'localhost', '127.0.0.1', '::1'],
+  });
+  const registry = new SessionRegistry(options);
+  const ctx: GatewayContext = {
+    db: deps.db,
+    log,
+    options,
+    registry,
+    ...(deps.lifecycle ? { lifecycle: deps.lifecycle } : {}),
+    ...(deps.onCommandCompleted ? { onCommandCompleted: deps.onCommandCompleted } : {}),
+  };
+  const server = new Server({
+    'grpc.max_receive_message_length': options.maxMessageBytes,
+    'grpc.max_send_message_length': 16 * 1024 * 1024,
+    'grpc.keepalive_time_ms': 30_000,
+    'grpc.keepalive_permit_without_calls': 1,
+    'grpc.http2.min_ping_interval_without_data_ms': 5_000,
+  });
+  server.addService(
+    JoinServiceService,
+    createJoinService({ db: deps.db, log, ca, trustDomain, certificateTtlMs: options.certificateTtlMs }),
+  );
+  server.addService(AgentServiceService, {
+    session: (call: ServerDuplexStream<AgentMessage, ControlMessage>) => {
+      void acceptSession(ctx, call);
+    },
+  });
+  const credentials = gatewayCredentials({
+    caCertificatePem: ca.certificatePem,
+    certificatePem: serverCert.certificatePem,
+    privateKeyPem: serverCert.privateKeyPem,
+  });
+  const port = await new Promise<number>((resolve, reject) => {
+    server.bindAsync(
+      `${host.includes(':') ? `[${host}]` : host}:${deps.port ?? deps.config.BETTER_COMPUTE_GATEWAY_PORT}`,
+      credentials,
+      (err, bound) => (err ? reject(err) : resolve(bound)),
+    );
+  });
+  const dispatcher = new Dispatcher(ctx);
+  dispatcher.start();
+  const address = `${host.includes(':') ? `[${host}]` : host}:${port}`;
+  log.info({ address }, 'gateway started');
+  return {
+    address,
+    port,
+    caCertificatePem: ca.certificatePem,
+    gatewayId: options.gatewayId,
+    sessionCount: () => registry.size,
+    stop: async () => {
+      dispatcher.stop();
+      for (const session of registry.sessions.values())
+        (session as NodeSession).end(status.UNAVAILABLE, 'gateway stopping');
+      await new Promise<void>((resolve) => {
+        const timer = setTimeout(() => {
+          server.forceShutdown();
+          resolve();
+        }, 2_000);
+        server.tryShutdown(() => {
+          clearTimeout(timer);
+          resolve();
+        });
+      });
+      log.info('gateway stopped');
+    },
+  };
+}
+
+/** Checks the peer certificate against the node table and the session limit, then runs the session. */
+async function acceptSession(ctx: GatewayContext, call: ServerDuplexStream<AgentMessage, ControlMessage>) {
+  const refuse = (code: number, details: string, extra: Record<string, unknown> = {}) => {
+    ctx.log.warn({ peer: call.getPeer(), code, ...extra }, `session refused: ${details}`);
+    call.emit('error', { code, details });
+  };
+  const peer = verifiedPeer(call);
+  if (!peer) return refuse(status.UNAUTHENTICATED, 'no client certificate from the control plane CA');
+  const cert = await findPeerCertificate(ctx.db, peer.serial).catch(() => null);
+  if (!cert) return refuse(status.UNAUTHENTICATED, 'unknown certificate', { serial: peer.serial });
+  const who = { serial: peer.serial, nodeId: cert.nodeId };
+  if (cert.revoked) return refuse(status.UNAUTHENTICATED, 'certificate revoked', who);
+  if (cert.expired) return refuse(status.UNAUTHENTICATED, 'certificate expired', who);
+  if (cert.spiffeId !== peer.spiffeId)
+    return refuse(status.UNAUTHENTICATED, 'certificate name mismatch', who);
+  if (!sessionRoles.has(cert.role))
+    return refuse(status.PERMISSION_DENIED, `role ${cert.role} holds no session`, who);
+  if (cert.provisionState === 'retired') return refuse(status.PERMISSION_DENIED, 'node retired', who);
+  const refusal = ctx.registry.admit();
+  if (refusal) {
+    ctx.log.debug({ nodeId: cert.nodeId }, 'session refused at the limit');
+    call.emit('error', refusal);
+    return;
+  }
+  new NodeSession(ctx, call, cert).run();
+}

@@ -1,0 +1,441 @@
+import { type ServerDuplexStream, status } from '@grpc/grpc-js';
+import { sql } from 'kysely';
+import type { PeerCertificateRow } from '../db/nodes.ts';
+import type { CommandLane } from '../db/schema.ts';
+import { ComputeError, errorCodeTraits, isComputeError } from '../domain/errors.ts';
+import { applySpecPatch, canonicalJson, specPatch } from '../domain/node-spec.ts';
+import type {
+  AgentMessage,
+  CommandResult,
+  ControlMessage,
+  Hello,
+  SpecStatus,
+} from '../proto/gen/agent/v1/agent.ts';
+import { CommandOutcome } from '../proto/gen/agent/v1/agent.ts';
+import type { Logger } from '../server/logger.ts';
+import type { GatewayContext } from './context.ts';
+import { applyInventory, parseInventory } from './inventory.ts';
+import { laneToProto } from './options.ts';
+import type { RegisteredSession } from './registry.ts';
+import { acceptAllocationReport } from './reports.ts';
+import { openSession } from './session-open.ts';
+
+type Stream = ServerDuplexStream<AgentMessage, ControlMessage>;
+
+export interface QueuedCommandRow {
+  id: string;
+  seq: number;
+  kind: string;
+  lane: CommandLane;
+  payload: Record<string, unknown>;
+  notBefore: Date | null;
+  notAfter: Date | null;
+  minGeneration: number | null;
+}
+
+const outcomeState: Partial<Record<CommandOutcome, 'succeeded' | 'failed' | 'expired'>> = {
+  [CommandOutcome.COMMAND_OUTCOME_SUCCEEDED]: 'succeeded',
+  [CommandOutcome.COMMAND_OUTCOME_FAILED]: 'failed',
+  [CommandOutcome.COMMAND_OUTCOME_EXPIRED]: 'expired',
+  [CommandOutcome.COMMAND_OUTCOME_REJECTED]: 'failed',
+  [CommandOutcome.COMMAND_OUTCOME_INTERRUPTED]: 'failed',
+};
+
+/**
+ * One node's session on this gateway: Hello and Welcome, then heartbeats, inventory, spec status,
+ * command results and reports, each handled one at a time (a flooding node holds at most one
+ * database connection) under a per-session token bucket. Every write carries the session's epoch.
+ */
+export class NodeSession implements RegisteredSession {
+  nodeId: string;
+  epoch = 0;
+  journalId = '';
+  lastSeenMs = Date.now();
+  sentGeneration = 0;
+  private sentSpec: Record<string, unknown> | null = null;
+  observedGeneration = 0;
+  /** Commands delivered on this session and not yet answered, by id. */
+  readonly inFlight = new Map<string, { seq: number; lane: CommandLane }>();
+  private tokens: number;
+  private lastRefill = Date.now();
+  private refusals = 0;
+  private chain: Promise<void> = Promise.resolve();
+  private pending = 0;
+  private opened = false;
+  closed = false;
+  readonly log: Logger;
+
+  constructor(
+    private readonly ctx: GatewayContext,
+    private readonly call: Stream,
+    readonly peer: PeerCertificateRow,
+  ) {
+    this.nodeId = peer.nodeId;
+    this.tokens = ctx.options.messageBurst;
+    this.log = ctx.log.child({ nodeId: peer.nodeId, nodeName: peer.nodeName });
+  }
+
+  /** Runs the session until the stream ends. */
+  run(): void {
+    const helloTimer = setTimeout(() => {
+      if (!this.opened) this.end(status.DEADLINE_EXCEEDED, 'no Hello in time');
+    }, this.ctx.options.helloTimeoutMs);
+    this.call.on('data', (message: AgentMessage) => {
+      this.lastSeenMs = Date.now();
+      if (!this.takeToken()) {
+        this.refuse('RATE_LIMITED', 'per-session message rate exceeded', message.body?.$case ?? 'unknown');
+        return;
+      }
+      if (this.pending >= 64) {
+        this.refuse('RATE_LIMITED', 'too many messages waiting', message.body?.$case ?? 'unknown');
+        return;
+      }
+      this.pending++;
+      this.chain = this.chain
+        .then(() => this.handle(message))
+        .catch((error: unknown) => this.onError(error, message))
+        .finally(() => {
+          this.pending--;
+        });
+    });
+    this.call.on('error', () => this.finish());
+    this.call.on('end', () => {
+      clearTimeout(helloTimer);
+      this.finish();
+      if (!this.closed) {
+        this.closed = true;
+        this.call.end();
+      }
+    });
+    this.call.on('cancelled', () => this.finish());
+    this.call.on('close', () => clearTimeout(helloTimer));
+  }
+
+  private takeToken(): boolean {
+    const now = Date.now();
+    this.tokens = Math.min(
+      this.ctx.options.messageBurst,
+      this.tokens + ((now - this.lastRefill) / 1000) * this.ctx.options.messagesPerSecond,
+    );
+    this.lastRefill = now;
+    if (this.tokens < 1) return false;
+    this.tokens -= 1;
+    return true;
+  }
+
+  private refuse(code: string, message: string, subject: string): void {
+    this.refusals++;
+    this.log.warn({ code, subject, epoch: this.epoch }, `refused: ${message}`);
+    this.send({ body: { $case: 'refusal', value: { code, message, subject } } });
+    if (this.refusals > this.ctx.options.maxRefusals) {
+      this.end(status.RESOURCE_EXHAUSTED, 'too many refused messages');
+    }
+  }
+
+  private onError(error: unknown, message: AgentMessage): void {
+    const subject = message.body?.$case ?? 'unknown';
+    if (isComputeError(error)) {
+      if (error.message === 'session fenced by a newer epoch') {
+        this.fence(error.message);
+        return;
+      }
+      this.refuse(error.code, error.message, subject);
+      return;
+    }
+    this.log.error({ err: error, subject }, 'session message failed');
+    this.refuse('INTERNAL', 'internal error', subject);
+  }
+
+  send(message: ControlMessage): void {
+    if (this.closed) return;
+    this.call.write(message);
+  }
+
+  /** Ends the stream with a status (the node reconnects and gets a new epoch). */
+  end(code: number, details: string): void {
+    if (this.closed) return;
+    this.closed = true;
+    this.call.emit('error', { code, details });
+    this.finish();
+  }
+
+  fence(reason: string): void {
+    this.log.info({ epoch: this.epoch, reason }, 'session fenced');
+    this.end(status.ABORTED, reason);
+  }
+
+  private finished = false;
+  private finish(): void {
+    if (this.finished) return;
+    this.finished = true;
+    if (!this.opened) this.ctx.registry.released();
+    if (this.opened && this.ctx.registry.isCurrent(this)) {
+      this.ctx.registry.detach(this);
+      void this.ctx.db
+        .updateTable('nodes')
+        .set({ session_gateway: null })
+        .where('id', '=', this.nodeId)
+        .where('epoch', '=', String(this.epoch))
+        .where('session_gateway', '=', this.ctx.options.gatewayId)
+        .execute()
+        .catch(() => {});
+    }
+  }
+
+  private async handle(message: AgentMessage): Promise<void> {
+    if (this.closed) return;
+    const body = message.body;
+    if (!body) throw new ComputeError('INVALID_INPUT', 'empty message');
+    if (!this.opened) {
+      if (body.$case !== 'hello') throw new ComputeError('INVALID_INPUT', 'the first message must be Hello');
+      await this.open(body.value);
+      return;
+    }
+    switch (body.$case) {
+      case 'hello':
+        throw new ComputeError('INVALID_INPUT', 'Hello was already received');
+      case 'heartbeat':
+        this.ctx.registry.heard.set(this.nodeId, this.epoch);
+        this.send({
+          body: {
+            $case: 'heartbeatAck',
+            value: { sentAtMs: body.value.sentAtMs, serverTimeMs: Date.now() },
+          },
+        });
+        if (body.value.observedGeneration !== this.observedGeneration) {
+          await this.observe({ observedGeneration: body.value.observedGeneration, error: '' });
+        }
+        return;
+      case 'inventory': {
+        const sections = parseInventory(body.value.sections);
+        await applyInventory(this.ctx.db, { nodeId: this.nodeId, epoch: this.epoch, sections });
+        await this.markReadyIfConverged();
+        return;
+      }
+      case 'specStatus':
+        await this.observe(body.value);
+        return;
+      case 'commandResult':
+        await this.completeCommand(body.value);
+        return;
+      case 'report': {
+        try {
+          const accepted = await acceptAllocationReport(this.ctx, {
+            nodeId: this.nodeId,
+            epoch: this.epoch,
+            report: body.value,
+          });
+          this.send({
+            body: {
+              $case: 'reportAck',
+              value: { allocationId: accepted.allocationId, accepted: true, reason: '' },
+            },
+          });
+        } catch (error) {
+          if (isComputeError(error) && error.code !== 'INVALID_STATE') {
+            this.send({
+              body: {
+                $case: 'reportAck',
+                value: { allocationId: '', accepted: false, reason: error.message },
+              },
+            });
+          }
+          throw error;
+        }
+        return;
+      }
+    }
+  }
+
+  private async open(hello: Hello): Promise<void> {
+    if (hello.nodeId !== this.nodeId) {
+      throw new ComputeError('ACCESS_DENIED', 'Hello names another node than the certificate');
+    }
+    const opened = await openSession(this.ctx, this.nodeId, hello);
+    this.epoch = opened.epoch;
+    this.journalId = hello.journalId;
+    this.observedGeneration = Number(hello.observedGeneration);
+    this.opened = true;
+    this.ctx.registry.released();
+    this.ctx.registry.attach(this);
+    this.log.info(
+      { epoch: this.epoch, journalId: this.journalId, failedInFlight: opened.failedInFlight },
+      'session opened',
+    );
+    const credits = (Object.keys(this.ctx.options.credits) as CommandLane[]).map((lane) => ({
+      lane: laneToProto[lane],
+      credits: this.ctx.options.credits[lane],
+    }));
+    this.send({
+      body: {
+        $case: 'welcome',
+        value: {
+          epoch: this.epoch,
+          heartbeatIntervalMs: this.ctx.options.heartbeatIntervalMs,
+          leaseMs: this.ctx.options.leaseMs,
+          wantSections: opened.wantSections,
+          credits,
+          gatewayId: this.ctx.options.gatewayId,
+        },
+      },
+    });
+    this.pushSpec(opened.generation, opened.spec);
+    for (const command of opened.redeliver) this.deliver(command);
+  }
+
+  /** Sends the spec if it is newer than what this session sent: a patch when it can. */
+  pushSpec(generation: number, spec: Record<string, unknown>): void {
+    if (generation <= this.sentGeneration) return;
+    if (this.sentSpec) {
+      const patch = specPatch(this.sentSpec, spec);
+      this.send({
+        body: {
+          $case: 'spec',
+          value: {
+            generation,
+            whole: false,
+            specJson: Buffer.alloc(0),
+            baseGeneration: this.sentGeneration,
+            patchJson: Buffer.from(canonicalJson(patch)),
+          },
+        },
+      });
+      this.sentSpec = applySpecPatch(this.sentSpec, patch);
+    } else {
+      this.send({
+        body: {
+          $case: 'spec',
+          value: {
+            generation,
+            whole: true,
+            specJson: Buffer.from(canonicalJson(spec)),
+            baseGeneration: 0,
+            patchJson: Buffer.alloc(0),
+          },
+        },
+      });
+      this.sentSpec = spec;
+    }
+    this.sentGeneration = generation;
+  }
+
+  /** Forgets what was sent so the next push is whole (the node could not apply a patch). */
+  resetSpec(): void {
+    this.sentSpec = null;
+    this.sentGeneration = 0;
+  }
+
+  /** Free credits per lane. */
+  credits(): Record<CommandLane, number> {
+    const free = { ...this.ctx.options.credits };
+    for (const { lane } of this.inFlight.values()) free[lane]--;
+    return free;
+  }
+
+  deliver(command: QueuedCommandRow): void {
+    this.inFlight.set(command.id, { seq: command.seq, lane: command.lane });
+    this.send({
+      body: {
+        $case: 'command',
+        value: {
+          id: command.id,
+          seq: command.seq,
+          kind: command.kind,
+          lane: laneToProto[command.lane],
+          payloadJson: Buffer.from(JSON.stringify(command.payload)),
+          notBeforeMs: command.notBefore?.getTime() ?? 0,
+          notAfterMs: command.notAfter?.getTime() ?? 0,
+          minGeneration: command.minGeneration ?? 0,
+        },
+      },
+    });
+  }
+
+  private async observe(statusMessage: SpecStatus): Promise<void> {
+    const generation = Number(statusMessage.observedGeneration);
+    if (statusMessage.error) {
+      this.log.warn(
+        { generation, error: statusMessage.error.slice(0, 500) },
+        'node did not converge its spec',
+      );
+      if (statusMessage.error.startsWith('base-mismatch')) this.resetSpec();
+      return;
+    }
+    if (generation < this.observedGeneration) {
+      throw new ComputeError(
+        'INVALID_INPUT',
+        `observed generation went backwards (${generation} < ${this.observedGeneration})`,
+      );
+    }
+    if (generation > this.sentGeneration) {
+      throw new ComputeError('INVALID_INPUT', `observed generation ${generation} was never sent`);
+    }
+    this.observedGeneration = generation;
+    const result = await this.ctx.db
+      .updateTable('nodes')
+      .set({ observed_generation: generation })
+      .where('id', '=', this.nodeId)
+      .where('epoch', '=', String(this.epoch))
+      .executeTakeFirst();
+    if (Number(result.numUpdatedRows) === 0)
+      throw new ComputeError('INVALID_STATE', 'session fenced by a newer epoch');
+    await this.markReadyIfConverged();
+  }
+
+  /** A joined node becomes `ready` once it converged a spec and sent its inventory. */
+  private async markReadyIfConverged(): Promise<void> {
+    await sql`
+      UPDATE nodes SET provision_state = 'ready', updated_at = compute_now()
+      WHERE id = ${this.nodeId} AND epoch = ${this.epoch} AND provision_state = 'enrolling'
+        AND observed_generation >= 1
+        AND EXISTS (SELECT 1 FROM inventory_snapshots s WHERE s.node_id = nodes.id)`.execute(this.ctx.db);
+  }
+
+  private async completeCommand(result: CommandResult): Promise<void> {
+    const id = result.commandId.slice(0, 100);
+    const state = outcomeState[result.outcome];
+    if (!state) throw new ComputeError('INVALID_INPUT', 'command result without an outcome');
+    const known = this.inFlight.get(id);
+    if (known && known.seq !== Number(result.seq)) {
+      throw new ComputeError('INVALID_INPUT', `command ${id} has seq ${known.seq}, not ${result.seq}`);
+    }
+    let payload: Record<string, unknown> | null = null;
+    if (result.resultJson.length > 0) {
+      if (result.resultJson.length > 64 * 1024)
+        throw new ComputeError('INVALID_INPUT', 'command result too large');
+      try {
+        payload = JSON.parse(Buffer.from(result.resultJson).toString('utf8'));
+      } catch {
+        throw new ComputeError('INVALID_INPUT', 'command result is not JSON');
+      }
+    }
+    const updated = await sql<{ id: string }>`
+      UPDATE node_commands c SET state = ${state}, result = ${payload === null ? null : JSON.stringify(payload)}::jsonb,
+        error = ${result.error ? result.error.slice(0, 2000) : null}, completed_at = compute_now()
+      FROM nodes n
+      WHERE c.id = ${id} AND c.node_id = ${this.nodeId} AND c.seq = ${Number(result.seq)}
+        AND c.state IN ('delivered', 'running') AND n.id = c.node_id AND n.epoch = ${this.epoch}
+      RETURNING c.id`.execute(this.ctx.db);
+    this.inFlight.delete(id);
+    if (updated.rows.length === 0) {
+      const row = await this.ctx.db
+        .selectFrom('node_commands')
+        .where('id', '=', id)
+        .where('node_id', '=', this.nodeId)
+        .select(['seq', 'state'])
+        .executeTakeFirst();
+      if (!row) throw new ComputeError('NOT_FOUND', `unknown command ${id}`);
+      if (Number(row.seq) !== Number(result.seq)) {
+        throw new ComputeError('INVALID_INPUT', `command ${id} has seq ${row.seq}, not ${result.seq}`);
+      }
+      // A result the journal sent again after a reconnect: already recorded, nothing changes.
+      return;
+    }
+    this.ctx.onCommandCompleted?.(id);
+  }
+
+  /** Errors as gRPC statuses for logging callers. */
+  static grpcCode(error: unknown): number {
+    return isComputeError(error) ? errorCodeTraits[error.code].grpcStatus : status.INTERNAL;
+  }
+}
