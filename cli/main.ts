@@ -1,4 +1,7 @@
 import { Command } from 'commander';
+import { usageExits } from './command.ts';
+import { registerAccessCommands } from './commands/access.ts';
+import { registerEventCommands } from './commands/events.ts';
 import { registerServerCommands } from './commands/server.ts';
 
 /**
@@ -11,6 +14,9 @@ export function buildProgram(): Command {
     .showHelpAfterError('(run with --help for usage)')
     .enablePositionalOptions();
   registerServerCommands(program);
+  registerAccessCommands(program);
+  registerEventCommands(program);
+  usageExits(program);
   return program;
 }
 
