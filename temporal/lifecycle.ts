@@ -21,6 +21,8 @@ export interface LifecycleOptions {
   /** Timer overrides every started workflow carries (tests use seconds). */
   timers?: Partial<LifecycleTimers>;
   historyLimit?: number;
+  /** How long one activity attempt may run before it is retried elsewhere (tests: seconds). */
+  activityTimeoutMs?: number;
 }
 
 export interface LifecycleStartInput {
@@ -49,6 +51,7 @@ export async function startReservationLifecycle(
         reservationId: reservation.id,
         ...(options.timers ? { timers: options.timers } : {}),
         ...(options.historyLimit ? { historyLimit: options.historyLimit } : {}),
+        ...(options.activityTimeoutMs ? { activityTimeoutMs: options.activityTimeoutMs } : {}),
       },
     ],
     signal: wakeSignal,

@@ -76,6 +76,8 @@ export interface WorkerDeps {
   taskQueue: string;
   /** Timer overrides for workflows this process starts (tests use seconds). */
   timers?: Partial<LifecycleTimers>;
+  /** How the lifecycles this worker's sweeper starts are configured (besides `timers`). */
+  lifecycle?: { historyLimit?: number; activityTimeoutMs?: number };
   /** The orphan sweeper's Schedule; `false` leaves it alone (tests that drive the sweep by hand). */
   sweeper?: false | { everyMs?: number; graceMs?: number; scheduleId?: string };
   /** Most activities run at once (each holds one PostgreSQL connection while it runs). */
@@ -103,7 +105,11 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
     await temporal.close();
     throw error;
   }
-  const lifecycle = { taskQueue: deps.taskQueue, ...(deps.timers ? { timers: deps.timers } : {}) };
+  const lifecycle = {
+    ...deps.lifecycle,
+    taskQueue: deps.taskQueue,
+    ...(deps.timers ? { timers: deps.timers } : {}),
+  };
   const activities = {
     ...createReservationActivities({ db: deps.db, log }),
     ...createPlacementActivities({ db: deps.db, log }),

@@ -1,4 +1,6 @@
+import { type ChildProcess, spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
+import { fileURLToPath } from 'node:url';
 import { sql } from 'kysely';
 import { inject } from 'vitest';
 import { insertDeviceBookings } from '../../db/bookings.ts';
@@ -51,6 +53,8 @@ export interface LifecycleHarness {
   temporal: TemporalClientHandle;
   lifecycle: ReturnType<typeof createTemporalLifecycle>;
   worker: RunningWorker | null;
+  /** Starts the in-process worker (when the harness began without one). */
+  startWorker(): Promise<void>;
   stop(): Promise<void>;
 }
 
@@ -63,6 +67,7 @@ export async function startLifecycleHarness(options: {
   timers?: Partial<LifecycleTimers>;
   nodes?: number;
   worker?: boolean;
+  activityTimeoutMs?: number;
 }): Promise<LifecycleHarness> {
   const log = createLogger({ level: 'warn', name: `test-${options.name}` });
   const t = await createTestDatabase();
@@ -86,11 +91,24 @@ export async function startLifecycleHarness(options: {
   const timers = { ...fastTimers, ...options.timers };
   const temporal = await connectTemporal({ address });
   const iam = createEmbeddedIam({ db: t.db, log });
-  const worker =
-    options.worker === false
-      ? null
-      : await startWorker({ db: t.db, log, iam, address, taskQueue, timers, sweeper: false });
-  const lifecycle = createTemporalLifecycle(temporal.client, { taskQueue, timers });
+  const lifecycleOptions = {
+    taskQueue,
+    timers,
+    ...(options.activityTimeoutMs ? { activityTimeoutMs: options.activityTimeoutMs } : {}),
+  };
+  const startInProcessWorker = () =>
+    startWorker({
+      db: t.db,
+      log,
+      iam,
+      address,
+      taskQueue,
+      timers,
+      lifecycle: lifecycleOptions,
+      sweeper: false,
+    });
+  const worker = options.worker === false ? null : await startInProcessWorker();
+  const lifecycle = createTemporalLifecycle(temporal.client, lifecycleOptions);
   const harness: LifecycleHarness = {
     t,
     db: t.db,
@@ -103,6 +121,9 @@ export async function startLifecycleHarness(options: {
     temporal,
     lifecycle,
     worker,
+    async startWorker() {
+      harness.worker = await startInProcessWorker();
+    },
     async stop() {
       await harness.worker?.stop();
       await temporal.close();
@@ -284,4 +305,42 @@ export async function insertUnplacedReservation(
     })
     .execute();
   return id;
+}
+
+/** Starts a worker in a child process on the harness's task queue; resolves once it polls. */
+export async function spawnChildWorker(
+  h: LifecycleHarness,
+  options: { activityTimeoutMs?: number } = {},
+): Promise<ChildProcess> {
+  const child = spawn(
+    process.execPath,
+    [
+      '--import',
+      'tsx',
+      fileURLToPath(new URL('./worker-child.ts', import.meta.url)),
+      JSON.stringify({
+        databaseUrl: h.t.url,
+        address: h.address,
+        taskQueue: h.taskQueue,
+        timers: fastTimers,
+        ...options,
+      }),
+    ],
+    { stdio: ['ignore', 'pipe', 'inherit'] },
+  );
+  await new Promise<void>((resolve, reject) => {
+    child.once('exit', (code) => reject(new Error(`the child worker exited with ${code}`)));
+    child.stdout!.on('data', (chunk: Buffer) => {
+      if (chunk.toString().includes('ready')) resolve();
+    });
+  });
+  return child;
+}
+
+/** SIGKILLs a child and waits for it to be gone. */
+export async function killChild(child: ChildProcess): Promise<void> {
+  if (child.exitCode !== null || child.signalCode !== null) return;
+  const exited = new Promise((resolve) => child.once('exit', resolve));
+  child.kill('SIGKILL');
+  await exited;
 }

@@ -13,6 +13,8 @@ export interface ReservationWorkflowInput {
   reservationId: string;
   /** Overrides of the pool's timers (tests use seconds). */
   timers?: Partial<LifecycleTimers>;
+  /** How long one activity attempt may run before Temporal retries it elsewhere (30 s). */
+  activityTimeoutMs?: number;
   /** Continue as new after this many history events (besides Temporal's own suggestion). */
   historyLimit?: number;
   /** Carried across continue-as-new. */

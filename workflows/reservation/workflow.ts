@@ -38,10 +38,15 @@ import {
 } from './messages.ts';
 import { LifecycleHolder } from './state.ts';
 
-const acts = proxyActivities<ReservationActivities & UsageActivities & PlacementActivities>({
-  startToCloseTimeout: '30 seconds',
-  retry: { initialInterval: '1 second', backoffCoefficient: 2, maximumInterval: '30 seconds' },
-});
+type Activities = ReservationActivities & UsageActivities & PlacementActivities;
+
+/** The activity proxies; `startToCloseTimeout` bounds how long a crashed worker holds a step. */
+function activitiesFor(input: ReservationWorkflowInput) {
+  return proxyActivities<Activities>({
+    startToCloseTimeout: input.activityTimeoutMs ?? 30_000,
+    retry: { initialInterval: '1 second', backoffCoefficient: 2, maximumInterval: '30 seconds' },
+  });
+}
 
 const defaultHistoryLimit = 2_000;
 
@@ -54,6 +59,7 @@ const defaultHistoryLimit = 2_000;
  */
 export async function reservationLifecycle(input: ReservationWorkflowInput): Promise<{ state: string }> {
   const reservationId = input.reservationId;
+  const acts = activitiesFor(input);
   const holder = new LifecycleHolder(input.carried);
   const untilTerminal = async () => {
     await condition(() => holder.terminal());
@@ -149,7 +155,7 @@ export async function reservationLifecycle(input: ReservationWorkflowInput): Pro
     publish(holder, snapshot);
     const action = decide(snapshot, holder.intents, holder.memory);
     if (action.kind === 'finish') {
-      await settleUsage(reservationId, snapshot);
+      await settleUsage(acts, reservationId, snapshot);
       await condition(allHandlersFinished);
       return { state: snapshot.state };
     }
@@ -163,7 +169,7 @@ export async function reservationLifecycle(input: ReservationWorkflowInput): Pro
       continue;
     }
     try {
-      await act(reservationId, snapshot, action, holder);
+      await act(acts, reservationId, snapshot, action, holder);
     } catch (error) {
       if (!(error instanceof ActivityFailure)) throw error;
       // A step refused (a race, or a code the table says not to retry): look again after a pause.
@@ -186,12 +192,17 @@ function publish(holder: LifecycleHolder, snapshot: ReservationSnapshot): void {
     upsertMemo({ reservation: snapshot.summary, tenantId: snapshot.tenantId, poolId: snapshot.poolId });
 }
 
-async function settleUsage(reservationId: string, snapshot: ReservationSnapshot): Promise<void> {
+async function settleUsage(
+  acts: Activities,
+  reservationId: string,
+  snapshot: ReservationSnapshot,
+): Promise<void> {
   await acts.meterUsage({ reservationId, windowMs: snapshot.timers.usageWindowMs });
   await acts.sendUsage({ reservationId, windowMs: snapshot.timers.usageWindowMs });
 }
 
 async function act(
+  acts: Activities,
   reservationId: string,
   s: ReservationSnapshot,
   action: Exclude<LifecycleAction, { kind: 'finish' | 'wait' }>,
@@ -228,7 +239,7 @@ async function act(
       return;
     case 'meterUsage':
       holder.memory.meteredThrough = s.now;
-      await settleUsage(reservationId, s);
+      await settleUsage(acts, reservationId, s);
       return;
   }
 }
