@@ -1,0 +1,233 @@
+import { credentials, Metadata } from '@grpc/grpc-js';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { NodeAgent } from '../../daemon/agent.ts';
+import { SimHardware } from '../../daemon/hardware.ts';
+import { joinWithToken, loadIdentity } from '../../daemon/identity.ts';
+import { type SimulatedFleet, startSimulatedFleet } from '../../daemon/sim.ts';
+import { advanceComputeClock } from '../../db/clock.ts';
+import { enqueueNodeCommand, findNodeCommand } from '../../db/commands.ts';
+import { revokeNodeCertificates } from '../../db/nodes.ts';
+import {
+  createCertificateAuthority,
+  createCsr,
+  generateKeyPairPem,
+  issueNodeCertificate,
+  readCsr,
+} from '../../domain/pki.ts';
+import { AgentServiceClient } from '../../proto/gen/agent/v1/agent.ts';
+import { eventually, type GatewayFixture, gatewayFixture, testLog } from './fixture.ts';
+
+/** Opens a session and answers the status it ends with (or 'open' after 1.5 s). */
+async function sessionStatus(
+  gateway: string,
+  ca: string,
+  key: string,
+  cert: string,
+): Promise<number | 'open'> {
+  const client = new AgentServiceClient(
+    gateway,
+    credentials.createSsl(Buffer.from(ca), Buffer.from(key), Buffer.from(cert)),
+  );
+  const stream = client.session(new Metadata());
+  try {
+    return await new Promise((resolve) => {
+      stream.on('error', (e: { code: number }) => resolve(e.code));
+      stream.on('data', () => {});
+      setTimeout(() => resolve('open'), 1_500);
+    });
+  } finally {
+    stream.cancel();
+    client.close();
+  }
+}
+
+describe('faults and refusals', () => {
+  let fx: GatewayFixture;
+  let fleet: SimulatedFleet;
+  beforeAll(async () => {
+    fx = await gatewayFixture({ leaseMs: 1_500, heartbeatIntervalMs: 250 });
+    fleet = await startSimulatedFleet({
+      gatewayAddress: fx.gateway.address,
+      caCertificatePem: fx.gateway.caCertificatePem,
+      joinToken: await fx.token(3),
+      nodes: 3,
+      rootDir: fx.dir,
+      log: testLog,
+      minBackoffMs: 100,
+    });
+    await eventually(async () => fx.gateway.sessionCount() === 3);
+  });
+  afterAll(async () => {
+    await fleet?.stop();
+    await fx?.close();
+  });
+
+  it('refuses a used or expired join token', async () => {
+    const hardware = new SimHardware('extra-machine');
+    const join = (token: string) =>
+      joinWithToken({
+        gateway: fx.gateway.address,
+        token,
+        caCertificatePem: fx.gateway.caCertificatePem,
+        dir: `${fx.dir}/extra-${Math.random()}`,
+        evidence: hardware.evidence(),
+        requestedName: 'extra',
+        agentVersion: 'test',
+      });
+    const once = await fx.token(1);
+    await join(once);
+    await expect(join(once)).rejects.toMatchObject({ code: 16 });
+    const expiring = await fx.token(1, 60);
+    await advanceComputeClock(fx.database.db, 61_000);
+    await expect(join(expiring)).rejects.toMatchObject({ code: 16 });
+    await advanceComputeClock(fx.database.db, -61_000);
+    await expect(join('bcjt_nonsense')).rejects.toMatchObject({ code: 16 });
+  });
+
+  it('refuses unknown, foreign and revoked certificates', async () => {
+    // A certificate from another CA: the TLS layer does not verify it, the gateway refuses.
+    const foreignCa = await createCertificateAuthority('elsewhere');
+    const keys = await generateKeyPairPem();
+    const csr = await readCsr(await createCsr(keys, 'evil'));
+    const forged = await issueNodeCertificate({
+      ca: foreignCa,
+      publicKeyPem: csr.publicKeyPem,
+      spiffeId: `spiffe://better-compute.local/site/${fx.siteId}/node/${fleet.nodes[0]!.nodeId}`,
+      nodeName: 'evil',
+      role: 'node',
+      now: new Date(),
+      validForMs: 3600_000,
+    });
+    const ca = fx.gateway.caCertificatePem;
+    expect(await sessionStatus(fx.gateway.address, ca, keys.privateKeyPem, forged.certificatePem)).toBe(16);
+    // Revoked: the node's own certificate after revocation.
+    const victim = fleet.nodes[2]!;
+    await victim.agent.stop();
+    const identity = loadIdentity(victim.dir);
+    await revokeNodeCertificates(fx.database.db, victim.nodeId);
+    expect(await sessionStatus(fx.gateway.address, ca, identity.privateKeyPem, identity.certificatePem)).toBe(
+      16,
+    );
+  });
+
+  it('runs commands in order, expires late ones, and a restarted bcd never runs one twice', async () => {
+    const db = fx.database.db;
+    const node = fleet.nodes[0]!;
+    const gpu = node.hardware.gpus().gpus[7]!.uuid;
+    const [refresh, diag] = await db
+      .transaction()
+      .execute(async (trx) => [
+        await enqueueNodeCommand(trx, { nodeId: node.nodeId, kind: 'inventory.refresh' }),
+        await enqueueNodeCommand(trx, {
+          nodeId: node.nodeId,
+          kind: 'diag.nvml',
+          payload: { level: 'quick' },
+        }),
+      ]);
+    expect(diag!.seq).toBe(refresh!.seq + 1);
+    await eventually(async () => (await findNodeCommand(db, diag!.id))?.state === 'succeeded');
+    expect((await findNodeCommand(db, refresh!.id))?.state).toBe('succeeded');
+    await expect(
+      db.transaction().execute((trx) => enqueueNodeCommand(trx, { nodeId: node.nodeId, kind: 'rm.rf' })),
+    ).rejects.toMatchObject({ code: 'INVALID_INPUT' });
+
+    // A reset that hangs: bcd is killed mid-command and started again on the same journal.
+    node.hardware.resetDelayMs = 60_000;
+    const reset = await db
+      .transaction()
+      .execute((trx) =>
+        enqueueNodeCommand(trx, { nodeId: node.nodeId, kind: 'gpu.reset', payload: { gpuUuid: gpu } }),
+      );
+    await eventually(async () => node.hardware.sideEffects.length === 1);
+    await node.agent.stop();
+    const hardware = new SimHardware(node.hardware.seed);
+    const restarted = new NodeAgent({
+      identity: { ...loadIdentity(node.dir), gateway: fx.gateway.address },
+      stateDir: node.dir,
+      roots: { cdiDir: `${node.dir}/cdi`, envDir: `${node.dir}/allocations` },
+      hardware,
+      log: testLog,
+      minBackoffMs: 100,
+    });
+    restarted.start();
+    try {
+      const done = await eventually(async () => {
+        const c = await findNodeCommand(db, reset.id);
+        return c?.state === 'failed' ? c : null;
+      });
+      expect(done.error).toContain('not run again');
+      expect(hardware.sideEffects).toEqual([]);
+      // A command whose not_after has passed is never run.
+      const late = await db.transaction().execute((trx) =>
+        enqueueNodeCommand(trx, {
+          nodeId: node.nodeId,
+          kind: 'gpu.reset',
+          payload: { gpuUuid: gpu },
+          notAfter: new Date(Date.now() - 1_000),
+        }),
+      );
+      await eventually(async () => (await findNodeCommand(db, late.id))?.state === 'expired');
+      expect(hardware.sideEffects).toEqual([]);
+    } finally {
+      await restarted.stop();
+    }
+  });
+
+  it('a silenced node becomes NodeUnreachable within the lease; a gateway restart reconnects with a new epoch', async () => {
+    const db = fx.database.db;
+    const node = fleet.nodes[1]!;
+    const before = await db
+      .selectFrom('nodes')
+      .select('epoch')
+      .where('id', '=', node.nodeId)
+      .executeTakeFirstOrThrow();
+    node.agent.silence(true);
+    const started = Date.now();
+    await eventually(async () => {
+      const c = await db
+        .selectFrom('node_conditions')
+        .selectAll()
+        .where('node_id', '=', node.nodeId)
+        .where('type', '=', 'NodeUnreachable')
+        .executeTakeFirst();
+      return c ?? null;
+    }, 6_000);
+    expect(Date.now() - started).toBeLessThan(4_500);
+    const unreachable = await db
+      .selectFrom('nodes')
+      .select('connectivity')
+      .where('id', '=', node.nodeId)
+      .executeTakeFirstOrThrow();
+    expect(unreachable.connectivity).toBe('unreachable');
+    node.agent.silence(false);
+    await eventually(async () => {
+      const n = await db
+        .selectFrom('nodes')
+        .select(['connectivity', 'epoch'])
+        .where('id', '=', node.nodeId)
+        .executeTakeFirst();
+      return n?.connectivity === 'connected' && Number(n.epoch) > Number(before.epoch);
+    });
+
+    const epochBefore = await db
+      .selectFrom('nodes')
+      .select('epoch')
+      .where('id', '=', node.nodeId)
+      .executeTakeFirstOrThrow();
+    await fx.restart();
+    await eventually(async () => {
+      const n = await db
+        .selectFrom('nodes')
+        .select(['epoch', 'connectivity', 'session_gateway'])
+        .where('id', '=', node.nodeId)
+        .executeTakeFirst();
+      return n && Number(n.epoch) > Number(epochBefore.epoch) && n.session_gateway === fx.gateway.gatewayId;
+    }, 10_000);
+    const conditions = await db
+      .selectFrom('node_conditions')
+      .selectAll()
+      .where('node_id', '=', node.nodeId)
+      .execute();
+    expect(conditions.filter((c) => c.type === 'NodeUnreachable')).toEqual([]);
+  });
+});
