@@ -33,10 +33,13 @@ export function createSweeperActivities({ db, log, temporal, lifecycle }: Sweepe
         .execute();
       if (candidates.length === 0) return { started: [] };
       const running = new Set<string>();
-      for await (const execution of temporal.workflow.list({
-        query: `WorkflowType = '${reservationWorkflowType}' AND ExecutionStatus = 'Running'`,
-      })) {
-        running.add(execution.workflowId);
+      for (let i = 0; i < candidates.length; i += 100) {
+        const ids = candidates.slice(i, i + 100).map((r) => `'${r.id.replace(/'/g, '')}'`);
+        for await (const execution of temporal.workflow.list({
+          query: `WorkflowType = '${reservationWorkflowType}' AND ExecutionStatus = 'Running' AND WorkflowId IN (${ids.join(', ')})`,
+        })) {
+          running.add(execution.workflowId);
+        }
       }
       const orphans = candidates.filter((r) => r.lifecycle_started_at === null || !running.has(r.id));
       const started: string[] = [];

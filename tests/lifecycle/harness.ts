@@ -68,6 +68,8 @@ export async function startLifecycleHarness(options: {
   nodes?: number;
   worker?: boolean;
   activityTimeoutMs?: number;
+  /** Run the orphan-sweeper Schedule (a Schedule of this harness's own) every `everyMs`. */
+  sweeper?: { everyMs: number; graceMs: number };
 }): Promise<LifecycleHarness> {
   const log = createLogger({ level: 'warn', name: `test-${options.name}` });
   const t = await createTestDatabase();
@@ -105,7 +107,7 @@ export async function startLifecycleHarness(options: {
       taskQueue,
       timers,
       lifecycle: lifecycleOptions,
-      sweeper: false,
+      sweeper: options.sweeper ? { ...options.sweeper, scheduleId: `sweeper-${taskQueue}` } : false,
     });
   const worker = options.worker === false ? null : await startInProcessWorker();
   const lifecycle = createTemporalLifecycle(temporal.client, lifecycleOptions);
@@ -125,6 +127,12 @@ export async function startLifecycleHarness(options: {
       harness.worker = await startInProcessWorker();
     },
     async stop() {
+      if (options.sweeper) {
+        await temporal.client.schedule
+          .getHandle(`sweeper-${taskQueue}`)
+          .delete()
+          .catch(() => {});
+      }
       await harness.worker?.stop();
       await temporal.close();
       await t.drop();

@@ -1,0 +1,76 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import {
+  insertPlacedReservation,
+  insertUnplacedReservation,
+  type LifecycleHarness,
+  startLifecycleHarness,
+  waitForState,
+} from './harness.ts';
+
+let h: LifecycleHarness;
+
+beforeAll(async () => {
+  h = await startLifecycleHarness({ name: 'sweeper', nodes: 2, sweeper: { everyMs: 1_000, graceMs: 500 } });
+});
+
+afterAll(async () => {
+  await h?.stop();
+});
+
+describe('the orphan sweeper (a Temporal Schedule)', () => {
+  it('starts the lifecycle of reservations committed without one (the API died before the start)', async () => {
+    const placed = await insertPlacedReservation(h, { node: h.nodes[0]! });
+    const waiting = await insertUnplacedReservation(h, {
+      state: 'awaiting-confirmation',
+      confirmationExpiresInMs: 60_000,
+    });
+    await waitForState(h, placed.id, 'binding', 20_000);
+    await expect
+      .poll(async () => (await h.temporal.client.workflow.getHandle(waiting).describe()).status.name, {
+        timeout: 10_000,
+      })
+      .toBe('RUNNING');
+    const row = await h.db
+      .selectFrom('reservations')
+      .where('id', '=', placed.id)
+      .select('lifecycle_started_at')
+      .executeTakeFirstOrThrow();
+    expect(row.lifecycle_started_at).not.toBeNull();
+    await h.lifecycle.signal(placed.id, { type: 'release' });
+    await h.lifecycle.signal(waiting, { type: 'cancel' });
+    await waitForState(h, placed.id, 'released');
+    await waitForState(h, waiting, 'cancelled');
+  });
+
+  it('restarts the lifecycle of a live reservation whose workflow was terminated', async () => {
+    const placed = await insertPlacedReservation(h, { node: h.nodes[1]!, startInMs: 3_600_000 });
+    await h.lifecycle.start({ id: placed.id, tenantId: h.tenantId, poolId: h.poolId, state: 'placed' });
+    const handle = h.temporal.client.workflow.getHandle(placed.id);
+    await expect
+      .poll(
+        async () =>
+          (
+            await h.db
+              .selectFrom('reservations')
+              .where('id', '=', placed.id)
+              .select('lifecycle_started_at')
+              .executeTakeFirstOrThrow()
+          ).lifecycle_started_at,
+        { timeout: 5_000 },
+      )
+      .not.toBeNull();
+    const firstRun = (await handle.describe()).runId;
+    await handle.terminate('an operator pressed the wrong button');
+    await expect
+      .poll(
+        async () => {
+          const d = await h.temporal.client.workflow.getHandle(placed.id).describe();
+          return d.status.name === 'RUNNING' && d.runId !== firstRun;
+        },
+        { timeout: 20_000, interval: 250 },
+      )
+      .toBe(true);
+    await h.lifecycle.signal(placed.id, { type: 'cancel' });
+    expect((await waitForState(h, placed.id, 'cancelled')).end_reason).toBe('cancel');
+  });
+});
