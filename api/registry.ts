@@ -1,9 +1,11 @@
 import { confirmationMethods } from './admin/confirmations.ts';
 import { adminMethods } from './admin/index.ts';
+import { capacityMethods } from './capacity.ts';
 import { eventMethods } from './events.ts';
 import type { MethodRegistry } from './method.ts';
-import { webhookMethods } from './webhooks.ts';
+import { reservationMethods } from './reservations/index.ts';
 import { systemMethods } from './system.ts';
+import { webhookMethods } from './webhooks.ts';
 
 /**
  * Every API group, in one registry: the Hono routes, `compute.api`, the typed client and the
@@ -15,6 +17,8 @@ export const methods = {
   webhooks: webhookMethods,
   admin: adminMethods,
   confirmations: confirmationMethods,
+  reservations: reservationMethods,
+  capacity: capacityMethods,
 } satisfies MethodRegistry;
 
 export type Methods = typeof methods;

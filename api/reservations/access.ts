@@ -1,0 +1,64 @@
+import { ComputeError } from '../../domain/errors.ts';
+import type { EmbeddedIam } from '../../iam/embedded/index.ts';
+import type { ResourceRef } from '../../iam/port.ts';
+import type { MethodContext } from '../method.ts';
+
+/**
+ * The tenant pre-check, before compute's database is read: a caller whose tenant is neither the
+ * input tenant nor the root tenant is ACCESS_DENIED, the same answer whether or not anything exists.
+ */
+export async function preCheckTenant(ctx: MethodContext, tenantId: string): Promise<void> {
+  const { principal } = ctx;
+  if (principal.tenantId === tenantId || principal.rootAdmin) return;
+  const root = await (ctx.deps.iam as Partial<EmbeddedIam>).admin?.rootTenantId();
+  if (root && principal.tenantId === root) return;
+  throw new ComputeError(
+    'ACCESS_DENIED',
+    `tenantId: identity ${principal.identityId} of tenant ${principal.tenantId} cannot act for tenant ${tenantId}`,
+  );
+}
+
+/** A reservation as IAM's resource (`compute-reservation/<id>`, parented to its pool). */
+export function reservationResource(row: {
+  id: string;
+  tenant_id: string;
+  pool_id: string;
+  owner_identity_id: string;
+  attributes?: Record<string, unknown>;
+}): ResourceRef {
+  return {
+    type: 'compute-reservation',
+    id: row.id,
+    tenantId: row.tenant_id,
+    ownerIdentityId: row.owner_identity_id,
+    parent: { type: 'compute-pool', id: row.pool_id },
+    attributes: row.attributes ?? {},
+  };
+}
+
+/** A reservation the tenant can see (never a draft, never another tenant's), or NOT_FOUND. */
+export async function findVisibleReservation(ctx: MethodContext, tenantId: string, reservationId: string) {
+  const row = await ctx.deps.db
+    .selectFrom('reservations')
+    .selectAll()
+    .where('id', '=', reservationId)
+    .where('tenant_id', '=', tenantId)
+    .where('state', '<>', 'draft')
+    .executeTakeFirst();
+  if (!row) {
+    throw new ComputeError(
+      'NOT_FOUND',
+      `reservationId: tenant ${tenantId} has no reservation ${reservationId}`,
+    );
+  }
+  return row;
+}
+
+/** After a commit: wake-ups must never fail the call that already changed the truth. */
+export async function afterCommit(ctx: MethodContext, what: string, fn: () => Promise<unknown> | undefined) {
+  try {
+    await fn();
+  } catch (err) {
+    ctx.log.warn({ err, what }, 'lifecycle call after commit failed; the sweeper catches up');
+  }
+}

@@ -1,0 +1,271 @@
+import { sql } from 'kysely';
+import { admissionContext, insertAuditEvent } from '../../db/audit.ts';
+import { readAuthzResource } from '../../db/authz.ts';
+import { insertOutboxEvent } from '../../db/outbox.ts';
+import { withPlacementTransaction } from '../../db/placement.ts';
+import { chargeQuota, precheckQuota, quotaNeeds } from '../../db/quota.ts';
+import { readReservationView } from '../../db/reservation-view.ts';
+import { lockReservation, placeReservation } from '../../db/reservations.ts';
+import type { Reservation } from '../../db/schema.ts';
+import { ComputeError, isComputeError } from '../../domain/errors.ts';
+import type { HostResourceAmounts, NormalizedRequest } from '../../domain/reservation-request.ts';
+import { normalizeRequest, requestHash } from '../../domain/reservation-request.ts';
+import type { CreateReservationInput } from '../../domain/reservation-schema.ts';
+import type { ReservationView } from '../../domain/reservation-view.ts';
+import type { MethodContext } from '../method.ts';
+import { afterCommit, preCheckTenant, reservationResource } from './access.ts';
+import { poolForTenant, writeDraft } from './draft.ts';
+
+const action = 'compute:reservations:create';
+const decidable = new Set(['draft', 'awaiting-confirmation']);
+
+function isUniqueViolation(error: unknown) {
+  return (error as { code?: string })?.code === '23505';
+}
+
+async function markRefused(ctx: MethodContext, row: Reservation, error: ComputeError) {
+  await ctx.deps.db.transaction().execute(async (trx) => {
+    const locked = await lockReservation(trx, row.id);
+    if (!locked || !decidable.has(locked.state)) return;
+    if (error.code === 'CONFIRMATION_REQUIRED') {
+      const expiresAt = Number(error.details?.expiresAt ?? 0);
+      const confirmationId = String(error.details?.confirmationId ?? '');
+      await trx
+        .updateTable('reservations')
+        .set({
+          state: 'awaiting-confirmation',
+          confirmation_id: confirmationId,
+          confirmation_expires_at: new Date(expiresAt),
+          conditions: JSON.stringify([
+            {
+              type: 'ConfirmationRequired',
+              reason: confirmationId,
+              message: String(expiresAt),
+              since: Date.now(),
+            },
+          ]),
+          version: sql<number>`version + 1`,
+          updated_at: sql<Date>`compute_now()`,
+        })
+        .where('id', '=', row.id)
+        .execute();
+      if (locked.state !== 'awaiting-confirmation') {
+        await insertOutboxEvent(trx, {
+          type: 'reservation.awaiting-confirmation',
+          subject: `reservation/${row.id}`,
+          tenantId: row.tenant_id,
+          data: {
+            reservationId: row.id,
+            state: 'awaiting-confirmation',
+            poolId: row.pool_id,
+            confirmationId,
+            expiresAt,
+          },
+        });
+      }
+      return;
+    }
+    await trx
+      .updateTable('reservations')
+      .set({
+        state: 'denied',
+        end_reason: error.message,
+        version: sql<number>`version + 1`,
+        updated_at: sql<Date>`compute_now()`,
+      })
+      .where('id', '=', row.id)
+      .execute();
+    await insertAuditEvent(trx, {
+      tenantId: row.tenant_id,
+      actorIdentityId: ctx.principal.identityId,
+      action,
+      resourceType: 'compute-reservation',
+      resourceId: row.id,
+      outcome: 'denied',
+      requestId: ctx.requestId,
+      context: { ...admissionContext(ctx.principal, ctx.requestId), reason: error.message },
+    });
+  });
+}
+
+async function budgetCheck(ctx: MethodContext, row: Reservation) {
+  const pool = await poolForTenant(ctx.deps.db, row.tenant_id, row.pool_id);
+  const policy = pool.policy as { admission?: { budgetCheck?: string } };
+  const checks =
+    policy.admission?.budgetCheck === 'meter' ||
+    ['stop-new', 'drain'].includes(pool.on_budget_exceeded ?? 'allow');
+  if (!checks) return;
+  const result = await ctx.deps.iam.billingCheck(row.tenant_id, `gpu.${pool.gpu_model}.hours`);
+  if (!result.allowed) {
+    throw new ComputeError(
+      'SPEND_LIMIT_REACHED',
+      `tenant ${row.tenant_id} has spent its budget${result.reason ? ` (${result.reason})` : ''}; retry with the same idempotency key once the budget resets or is raised`,
+      { remaining: result.remaining ?? 0 },
+    );
+  }
+}
+
+/**
+ * `reservations.create`, the admission sequence: tenant pre-check; transaction 1 (the draft and
+ * its authz row, or the stored reservation for a repeated key); exactly one IAM decision outside
+ * any transaction; the budget check; transaction 2 (placement, quota all or nothing, outbox event
+ * and audit row with the admission context); then the lifecycle is started.
+ */
+export async function admitReservation(
+  ctx: MethodContext,
+  input: CreateReservationInput,
+): Promise<ReservationView> {
+  await preCheckTenant(ctx, input.tenantId);
+  const { wait: _wait, idempotencyKey, ...rest } = input;
+  const normalized: NormalizedRequest = normalizeRequest(rest);
+  const hash = requestHash(input.tenantId, normalized);
+  const draftInput = {
+    tenantId: input.tenantId,
+    principal: ctx.principal,
+    idempotencyKey,
+    request: normalized,
+    hash,
+  };
+  let draft: Awaited<ReturnType<typeof writeDraft>>;
+  try {
+    draft = await ctx.deps.db.transaction().execute((trx) => writeDraft(trx, draftInput));
+  } catch (error) {
+    if (!isUniqueViolation(error)) throw error;
+    // A concurrent first call inserted the same draft: take the repeated-key path.
+    draft = await ctx.deps.db.transaction().execute((trx) => writeDraft(trx, draftInput));
+  }
+  let row = draft.row;
+  if (draft.kind === 'existing') {
+    if (row.state === 'denied') {
+      throw new ComputeError(
+        'ACCESS_DENIED',
+        `idempotencyKey: '${idempotencyKey}' was refused: ${row.end_reason ?? 'denied'}`,
+        {
+          reservationId: row.id,
+        },
+      );
+    }
+    if (row.state === 'awaiting-confirmation' && row.confirmation_expires_at) {
+      const expired = await expireIfLate(ctx, row);
+      if (expired) {
+        throw new ComputeError(
+          'INVALID_STATE',
+          `reservation ${row.id} expired waiting for its confirmation; use a new key`,
+          {
+            reservationId: row.id,
+          },
+        );
+      }
+    }
+    if (row.state === 'expired') {
+      throw new ComputeError(
+        'INVALID_STATE',
+        `reservation ${row.id} expired waiting for its confirmation; use a new key`,
+        {
+          reservationId: row.id,
+        },
+      );
+    }
+    if (!decidable.has(row.state)) return (await readReservationView(ctx.deps.db, row.id))!;
+  }
+
+  const resource =
+    draft.kind === 'created'
+      ? reservationResource({ ...row, attributes: draft.attributes })
+      : ((await readAuthzResource(ctx.deps.db, 'compute-reservation', row.id)) ?? reservationResource(row));
+  try {
+    await ctx.deps.iam.require(ctx.principal, action, resource, { requestId: ctx.requestId });
+  } catch (error) {
+    if (isComputeError(error) && (error.code === 'ACCESS_DENIED' || error.code === 'CONFIRMATION_REQUIRED')) {
+      await markRefused(ctx, row, error);
+      throw error.code === 'CONFIRMATION_REQUIRED'
+        ? new ComputeError(error.code, error.message, { ...error.details, reservationId: row.id })
+        : error;
+    }
+    throw error;
+  }
+  await budgetCheck(ctx, row);
+
+  const context = admissionContext(ctx.principal, ctx.requestId);
+  const outcome = await withPlacementTransaction(ctx.deps.db, async (trx) => {
+    const locked = await lockReservation(trx, row.id);
+    if (!locked || !decidable.has(locked.state)) return null;
+    const request = locked.request as unknown as NormalizedRequest;
+    const share = (locked.host_share ?? {
+      vcpu: 0,
+      memoryGiB: 0,
+      hugepages1Gi: 0,
+    }) as unknown as HostResourceAmounts;
+    const booked = { vcpu: 0, memoryGiB: 0, hugepages1Gi: 0, ...request.resources } as HostResourceAmounts;
+    const needs = quotaNeeds(request, booked, share);
+    await precheckQuota(trx, { tenantId: locked.tenant_id, poolId: locked.pool_id, needs });
+    await trx
+      .updateTable('reservations')
+      .set({
+        state: 'pending',
+        conditions: '[]',
+        admission_context: JSON.stringify(context),
+        updated_at: sql<Date>`compute_now()`,
+      })
+      .where('id', '=', row.id)
+      .execute();
+    const placed = await placeReservation(trx, row.id, { announcePending: true });
+    await insertAuditEvent(trx, {
+      tenantId: locked.tenant_id,
+      actorIdentityId: ctx.principal.identityId,
+      action,
+      resourceType: 'compute-reservation',
+      resourceId: row.id,
+      requestId: ctx.requestId,
+      context: { ...context, outcome: placed.outcome, poolId: locked.pool_id },
+    });
+    // Quota last: its row locks are then held only until this commit.
+    await chargeQuota(trx, {
+      reservationId: row.id,
+      tenantId: locked.tenant_id,
+      poolId: locked.pool_id,
+      needs,
+    });
+    return placed;
+  });
+  row = { ...row, state: outcome?.outcome === 'placed' ? 'placed' : 'pending' };
+  if (outcome) {
+    await afterCommit(ctx, 'start', () =>
+      ctx.deps.lifecycle?.start({
+        id: row.id,
+        tenantId: row.tenant_id,
+        poolId: row.pool_id,
+        state: row.state,
+      }),
+    );
+  }
+  return (await readReservationView(ctx.deps.db, row.id))!;
+}
+
+/** A late retry of an awaiting-confirmation draft past its deadline expires it (true when it did). */
+async function expireIfLate(ctx: MethodContext, row: Reservation): Promise<boolean> {
+  return ctx.deps.db.transaction().execute(async (trx) => {
+    const updated = await trx
+      .updateTable('reservations')
+      .set({
+        state: 'expired',
+        end_reason: 'confirmation-expired',
+        version: sql<number>`version + 1`,
+        updated_at: sql<Date>`compute_now()`,
+      })
+      .where('id', '=', row.id)
+      .where('state', '=', 'awaiting-confirmation')
+      .where(sql<boolean>`confirmation_expires_at <= compute_now()`)
+      .returning('id')
+      .executeTakeFirst();
+    if (updated) {
+      await insertOutboxEvent(trx, {
+        type: 'reservation.expired',
+        subject: `reservation/${row.id}`,
+        tenantId: row.tenant_id,
+        data: { reservationId: row.id, state: 'expired', poolId: row.pool_id },
+      });
+    }
+    return Boolean(updated);
+  });
+}

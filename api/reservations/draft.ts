@@ -1,0 +1,181 @@
+import { sql, type Transaction } from 'kysely';
+import { upsertAuthzRow } from '../../db/authz.ts';
+import { poolPerGpuShare } from '../../db/placement-load.ts';
+import type { Db } from '../../db/pool.ts';
+import { lockReservation } from '../../db/reservations.ts';
+import type { Database, Reservation } from '../../db/schema.ts';
+import { ComputeError } from '../../domain/errors.ts';
+import { reservationDraftId } from '../../domain/ids.ts';
+import {
+  authzAttributes,
+  type HostResourceAmounts,
+  type NormalizedRequest,
+} from '../../domain/reservation-request.ts';
+import type { Principal } from '../../iam/port.ts';
+
+type Trx = Transaction<Database>;
+
+export interface PoolForTenant {
+  id: string;
+  owner_tenant_id: string;
+  gpu_model: string;
+  sharing_mode: string;
+  policy: Record<string, unknown>;
+  region: string;
+  on_budget_exceeded: string | null;
+}
+
+/** The pool if it is owned by or offered to the tenant and not archived; else NOT_FOUND. */
+export async function poolForTenant(trx: Trx | Db, tenantId: string, poolId: string) {
+  const { rows } = await sql<PoolForTenant>`
+    SELECT p.id, p.owner_tenant_id, p.gpu_model, p.sharing_mode, p.policy, s.region, o.on_budget_exceeded
+    FROM pools p JOIN sites s ON s.id = p.site_id
+    LEFT JOIN pool_offers o ON o.pool_id = p.id AND o.tenant_id = ${tenantId}
+    WHERE p.id = ${poolId} AND p.archived_at IS NULL AND (p.owner_tenant_id = ${tenantId} OR o.tenant_id IS NOT NULL)`.execute(
+    trx,
+  );
+  const pool = rows[0];
+  if (!pool)
+    throw new ComputeError('NOT_FOUND', `poolId: pool ${poolId} is not offered to tenant ${tenantId}`);
+  return pool;
+}
+
+const classForSharing: Record<string, string> = {
+  exclusive: 'gpu',
+  mig: 'gpu.mig',
+  'time-slice': 'gpu.slot',
+  mps: 'gpu.slot',
+};
+
+/** Checks what the pool allows and resolves the host resources the request books (share as floor). */
+export async function resolveRequestForPool(
+  db: Trx | Db,
+  tenantId: string,
+  pool: PoolForTenant,
+  request: NormalizedRequest,
+): Promise<{ request: NormalizedRequest; booked: HostResourceAmounts; share: HostResourceAmounts }> {
+  const device = request.devices[0]!;
+  const expected = classForSharing[pool.sharing_mode] ?? 'gpu';
+  if (device.class !== expected) {
+    throw new ComputeError(
+      'INVALID_INPUT',
+      `devices[0].class: pool ${pool.id} shares GPUs as ${pool.sharing_mode}; ask for class ${expected}`,
+    );
+  }
+  if (device.topology === 'nvlink-all' && device.class !== 'gpu') {
+    throw new ComputeError(
+      'INVALID_INPUT',
+      "devices[0].topology: 'nvlink-all' is for whole GPUs (class gpu)",
+    );
+  }
+  if (request.binding === 'kubernetes' && (!pool.policy.kubernetes || pool.owner_tenant_id !== tenantId)) {
+    throw new ComputeError(
+      'INVALID_INPUT',
+      pool.policy.kubernetes
+        ? `binding: only the owner of pool ${pool.id} may book it for kubernetes; book a hold instead`
+        : `binding: pool ${pool.id} has no policy.kubernetes; book a hold instead`,
+    );
+  }
+  if (request.binding === 'node') {
+    if (!pool.policy.tenantRoot) {
+      throw new ComputeError(
+        'INVALID_INPUT',
+        `binding: 'node' needs a tenantRoot pool; pool ${pool.id} is not one`,
+      );
+    }
+    throw new ComputeError(
+      'UNSUPPORTED',
+      "binding: 'node' leases need the metal module, which this server does not run",
+    );
+  }
+  const perGpu = await poolPerGpuShare(db, { id: pool.id, policy: pool.policy });
+  const replicas = Number((pool.policy.sharing as { replicas?: number } | undefined)?.replicas ?? 0);
+  const equivalent =
+    device.class === 'gpu'
+      ? 1
+      : device.class === 'gpu.mig'
+        ? 1 / 7
+        : 1 / (replicas || (pool.sharing_mode === 'mps' ? 10 : 4));
+  const share = {
+    vcpu: Math.floor(perGpu.vcpu * device.count * equivalent),
+    memoryGiB: Math.floor(perGpu.memoryGiB * device.count * equivalent),
+    hugepages1Gi: 0,
+  };
+  const booked = {
+    vcpu: Math.max(request.resources?.vcpu ?? 0, share.vcpu),
+    memoryGiB: Math.max(request.resources?.memoryGiB ?? 0, share.memoryGiB),
+    hugepages1Gi: request.resources?.hugepages1Gi ?? 0,
+  };
+  return { request: { ...request, resources: booked }, booked, share };
+}
+
+export type DraftResult =
+  | { kind: 'existing'; row: Reservation }
+  | { kind: 'created'; row: Reservation; attributes: Record<string, unknown>; pool: PoolForTenant };
+
+/**
+ * Transaction 1: the idempotency row looked up and locked; a different request under the same key
+ * is CONFLICT with details.reservationId; a new draft is inserted with its deterministic id and its
+ * authz projection row (the seed's attributes), parented to the pool and owned by the caller.
+ */
+export async function writeDraft(
+  trx: Trx,
+  input: {
+    tenantId: string;
+    principal: Principal;
+    idempotencyKey: string;
+    request: NormalizedRequest;
+    hash: string;
+  },
+): Promise<DraftResult> {
+  const id = reservationDraftId(input.tenantId, input.principal.identityId, input.idempotencyKey);
+  const existing = await lockReservation(trx, id);
+  if (existing) {
+    if (existing.request_hash !== input.hash) {
+      throw new ComputeError(
+        'CONFLICT',
+        `idempotencyKey: '${input.idempotencyKey}' was already used for a different request; use a new key`,
+        { reservationId: id },
+      );
+    }
+    return { kind: 'existing', row: existing };
+  }
+  const pool = await poolForTenant(trx, input.tenantId, input.request.poolId);
+  const { request, booked, share } = await resolveRequestForPool(trx, input.tenantId, pool, input.request);
+  const attributes = authzAttributes({
+    request,
+    gpuModel: pool.gpu_model,
+    region: pool.region,
+    resources: booked,
+  });
+  const row = await trx
+    .insertInto('reservations')
+    .values({
+      id,
+      tenant_id: input.tenantId,
+      pool_id: pool.id,
+      owner_identity_id: input.principal.identityId,
+      idempotency_key: input.idempotencyKey,
+      request: JSON.stringify(request),
+      request_hash: input.hash,
+      state: 'draft',
+      requested_start: request.start !== undefined ? new Date(request.start) : null,
+      duration_ms: request.durationMs,
+      binding_kind: request.binding,
+      spot: request.spot ?? false,
+      lease_seconds: request.leaseSeconds ?? null,
+      project_id: request.projectId ?? null,
+      host_share: JSON.stringify(share),
+    })
+    .returningAll()
+    .executeTakeFirstOrThrow();
+  await upsertAuthzRow(trx, {
+    type: 'compute-reservation',
+    id,
+    tenantId: input.tenantId,
+    parent: { type: 'compute-pool', id: pool.id },
+    ownerIdentityId: input.principal.identityId,
+    attributes,
+  });
+  return { kind: 'created', row, attributes, pool };
+}

@@ -1,0 +1,22 @@
+import type { Transaction } from 'kysely';
+import { newId } from '../domain/ids.ts';
+import type { Database } from './schema.ts';
+
+/** Writes one event to the outbox in the caller's transaction (the one that made the change). */
+export async function insertOutboxEvent(
+  trx: Transaction<Database>,
+  event: { type: string; subject: string; tenantId: string | null; data: Record<string, unknown> },
+): Promise<string> {
+  const id = newId('evt');
+  await trx
+    .insertInto('outbox_events')
+    .values({
+      id,
+      type: event.type,
+      subject: event.subject,
+      tenant_id: event.tenantId,
+      data: JSON.stringify(event.data),
+    })
+    .execute();
+  return id;
+}

@@ -1,0 +1,250 @@
+import { sql, type Transaction } from 'kysely';
+import { ComputeError } from '../domain/errors.ts';
+import { newId } from '../domain/ids.ts';
+import {
+  earliestStart,
+  type Interval,
+  type NodeFit,
+  type PlacementRequest,
+  type PlacerNode,
+  planPlacement,
+  summarizeNoFit,
+} from '../domain/placer.ts';
+import type { NormalizedRequest } from '../domain/reservation-request.ts';
+import {
+  BookingConflict,
+  findBookedDevices,
+  insertDeviceBookings,
+  insertScalarBookings,
+  lockDevices,
+} from './bookings.ts';
+import { insertOutboxEvent } from './outbox.ts';
+import { countPoolNodes, loadPlacerNodes, sampleCandidateNodeIds } from './placement-load.ts';
+import type { Db } from './pool.ts';
+import type { Database } from './schema.ts';
+
+type Trx = Transaction<Database>;
+
+/** How far ahead a counter-offer looks for the earliest start that fits. */
+export const counterOfferHorizonMs = 14 * 86_400_000;
+/** Pools up to this many nodes are planned whole; larger ones from a sample first. */
+const wholePoolLimit = 256;
+
+/**
+ * Thrown when every fitting candidate was locked by a concurrent placement and nothing else fit:
+ * the caller rolls its transaction back (dropping every lock) and tries it again.
+ */
+export class PlacementContention extends ComputeError {
+  constructor() {
+    super('INTERNAL', 'every fitting node was being booked concurrently; the placement is retried');
+  }
+}
+
+/** The placer's view of a stored request. */
+export function placementRequestOf(request: NormalizedRequest): PlacementRequest {
+  const device = request.devices[0]!;
+  return {
+    deviceClass: device.class,
+    count: device.count,
+    topology: device.topology,
+    ...(device.selector ? { selector: device.selector } : {}),
+    resources: {
+      vcpu: request.resources?.vcpu ?? 0,
+      memoryGiB: request.resources?.memoryGiB ?? 0,
+      hugepages1Gi: request.resources?.hugepages1Gi ?? 0,
+    },
+    requiredLabels: request.binding === 'kubernetes' ? ['bc.dev/cap.binding.kubernetes'] : [],
+  };
+}
+
+export type PlanOutcome =
+  | { fits: true; fit: NodeFit; window: Interval }
+  | { fits: false; message: string; earliestStart: number | null; window: Interval };
+
+/**
+ * Plans without booking (capacity.preview, and the NoFit summary): every node of the pool, with
+ * the counter-offer of the earliest start within 14 days when nothing fits now.
+ */
+export async function planWholePool(
+  db: Db,
+  input: { poolId: string; request: PlacementRequest; window: Interval; durationMs: number; seed?: string },
+): Promise<PlanOutcome & { nodes: PlacerNode[] }> {
+  const horizon = {
+    start: input.window.start,
+    end: input.window.start + counterOfferHorizonMs + input.durationMs,
+  };
+  const nodes = await loadPlacerNodes(db, {
+    poolId: input.poolId,
+    deviceClass: input.request.deviceClass,
+    horizon,
+  });
+  const plan = planPlacement(nodes, input.request, input.window, input.seed);
+  if (plan.fits.length > 0) return { fits: true, fit: plan.fits[0]!, window: input.window, nodes };
+  const earliest = earliestStart(
+    nodes,
+    input.request,
+    input.durationMs,
+    input.window.start,
+    counterOfferHorizonMs,
+  );
+  const summary = summarizeNoFit(plan, input.request);
+  const message =
+    earliest !== null && earliest > input.window.start
+      ? `${summary}; the earliest start that fits within 14 days is ${new Date(earliest).toISOString()}`
+      : earliest === null
+        ? `${summary}; nothing fits within the next 14 days`
+        : summary;
+  return { fits: false, message, earliestStart: earliest, window: input.window, nodes };
+}
+
+async function tryBook(
+  trx: Trx,
+  input: { fit: NodeFit; window: Interval; reservationId: string },
+): Promise<'booked' | 'locked' | 'stale'> {
+  const { fit, window } = input;
+  if (!(await lockDevices(trx, fit.deviceIds, { wait: false }))) return 'locked';
+  const start = new Date(window.start);
+  const end = new Date(window.end);
+  if ((await findBookedDevices(trx, fit.deviceIds, { start, end })).size > 0) return 'stale';
+  const allocationId = newId('alloc');
+  await sql`SAVEPOINT place_node`.execute(trx);
+  try {
+    await trx
+      .insertInto('allocations')
+      .values({
+        id: allocationId,
+        reservation_id: input.reservationId,
+        node_id: fit.nodeId,
+        state: 'planned',
+        during: `[${start.toISOString()},${end.toISOString()})`,
+        resources: JSON.stringify(fit.resources),
+      })
+      .execute();
+    await insertDeviceBookings(
+      trx,
+      fit.deviceIds.map((deviceId) => ({ deviceId, allocationId, start, end })),
+    );
+    await insertScalarBookings(
+      trx,
+      Object.entries(fit.resources).map(([resource, amount]) => ({
+        allocationId,
+        nodeId: fit.nodeId,
+        resource: resource as 'vcpu',
+        amount: amount ?? 0,
+        start,
+        end,
+      })),
+    );
+    await sql`RELEASE SAVEPOINT place_node`.execute(trx);
+    return 'booked';
+  } catch (error) {
+    if (error instanceof BookingConflict) {
+      await sql`ROLLBACK TO SAVEPOINT place_node`.execute(trx);
+      return 'stale';
+    }
+    throw error;
+  }
+}
+
+/**
+ * Finds a node for the request over `window` and books it in the caller's transaction: best fit
+ * first, each candidate's atoms locked with `wait: false` (never waiting while holding locks),
+ * re-checked against the bookings under the lock, then inserted through the EXCLUDE constraint
+ * and the scalar guard. A lost race moves on to the next candidate and never double-books.
+ * Throws PlacementContention when only lock contention stood in the way.
+ */
+export async function findAndBook(
+  trx: Trx,
+  input: {
+    poolId: string;
+    request: PlacementRequest;
+    window: Interval;
+    durationMs: number;
+    reservationId: string;
+  },
+): Promise<
+  { placed: true; fit: NodeFit } | { placed: false; message: string; earliestStart: number | null }
+> {
+  const large = (await countPoolNodes(trx, input.poolId)) > wholePoolLimit;
+  let contended = false;
+  for (let round = 0; round < 3; round++) {
+    let nodes: PlacerNode[];
+    if (large && round < 2) {
+      const ids = await sampleCandidateNodeIds(trx, { poolId: input.poolId, window: input.window });
+      nodes = await loadPlacerNodes(trx, {
+        poolId: input.poolId,
+        deviceClass: input.request.deviceClass,
+        horizon: input.window,
+        nodeIds: ids,
+      });
+    } else {
+      nodes = await loadPlacerNodes(trx, {
+        poolId: input.poolId,
+        deviceClass: input.request.deviceClass,
+        horizon: input.window,
+      });
+    }
+    const plan = planPlacement(nodes, input.request, input.window, input.reservationId);
+    if (plan.fits.length === 0) {
+      if (large && round < 2) continue;
+      break;
+    }
+    let stale = false;
+    for (const fit of plan.fits.slice(0, 16)) {
+      const outcome = await tryBook(trx, { fit, window: input.window, reservationId: input.reservationId });
+      if (outcome === 'booked') return { placed: true, fit };
+      if (outcome === 'locked') contended = true;
+      else stale = true;
+    }
+    if (!stale && !contended) break;
+  }
+  if (contended) throw new PlacementContention();
+  const whole = await planWholePool(trx, input);
+  if (whole.fits) throw new PlacementContention();
+  return { placed: false, message: whole.message, earliestStart: whole.earliestStart };
+}
+
+/**
+ * Runs `fn` in a transaction, again (up to `attempts` times, with a short random pause) when it
+ * lost a placement race (PlacementContention) or PostgreSQL broke a deadlock or a serialization
+ * conflict. Any other error ends it.
+ */
+export async function withPlacementTransaction<T>(
+  db: Db,
+  fn: (trx: Trx) => Promise<T>,
+  attempts = 8,
+): Promise<T> {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await db.transaction().execute(fn);
+    } catch (error) {
+      const code = (error as { code?: string }).code;
+      const retryable = error instanceof PlacementContention || code === '40P01' || code === '40001';
+      if (!retryable || attempt >= attempts) throw error;
+      await new Promise((resolve) => setTimeout(resolve, 2 + Math.random() * 8 * attempt));
+    }
+  }
+}
+
+/**
+ * What a create would do now, booking nothing (capacity.preview): a sample of a large pool first,
+ * the whole pool when the sample has no fit, with the counter-offer when nothing fits.
+ */
+export async function previewPlacement(
+  db: Db,
+  input: { poolId: string; request: PlacementRequest; window: Interval; durationMs: number },
+): Promise<PlanOutcome> {
+  if ((await countPoolNodes(db, input.poolId)) > wholePoolLimit) {
+    const ids = await sampleCandidateNodeIds(db, { poolId: input.poolId, window: input.window });
+    const nodes = await loadPlacerNodes(db, {
+      poolId: input.poolId,
+      deviceClass: input.request.deviceClass,
+      horizon: input.window,
+      nodeIds: ids,
+    });
+    const plan = planPlacement(nodes, input.request, input.window);
+    if (plan.fits.length > 0) return { fits: true, fit: plan.fits[0]!, window: input.window };
+  }
+  const { nodes: _nodes, ...outcome } = await planWholePool(db, input);
+  return outcome;
+}

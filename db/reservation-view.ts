@@ -1,0 +1,84 @@
+import { sql } from 'kysely';
+import type { Condition, LifecycleState } from '../domain/reservation-lifecycle.ts';
+import { operationOf, type ReservationView } from '../domain/reservation-view.ts';
+import type { Db } from './pool.ts';
+
+interface Row {
+  id: string;
+  tenant_id: string;
+  pool_id: string;
+  state: LifecycleState;
+  request: Record<string, unknown>;
+  start: Date | null;
+  end: Date | null;
+  owner_identity_id: string;
+  idempotency_key: string;
+  project_id: string | null;
+  conditions: Condition[];
+  lease_seconds: number | null;
+  lease_expires_at: Date | null;
+  host_share: Record<string, number> | null;
+  end_reason: string | null;
+  version: number;
+  created_at: Date;
+  updated_at: Date;
+  allocations: Array<{
+    id: string;
+    nodeId: string;
+    state: string;
+    deviceIds: string[];
+    binding: Record<string, unknown> | null;
+  }>;
+}
+
+/** Reads reservations as the API shows them (allocations of the current placement included), in the order of `ids`. */
+export async function readReservationViews(db: Db, ids: readonly string[]): Promise<ReservationView[]> {
+  if (ids.length === 0) return [];
+  const { rows } = await sql<Row>`
+    SELECT r.id, r.tenant_id, r.pool_id, r.state, r.request, lower(r.during) AS start, upper(r.during) AS "end",
+           r.owner_identity_id, r.idempotency_key, r.project_id, r.conditions, r.lease_seconds, r.lease_expires_at,
+           r.host_share, r.end_reason, r.version, r.created_at, r.updated_at,
+           COALESCE((SELECT jsonb_agg(jsonb_build_object(
+               'id', a.id, 'nodeId', a.node_id, 'state', a.state, 'binding', a.binding,
+               'deviceIds', COALESCE((SELECT jsonb_agg(b.device_id ORDER BY b.device_id) FROM device_bookings b
+                                      WHERE b.allocation_id = a.id), '[]'::jsonb)) ORDER BY a.gang_index, a.id)
+             FROM allocations a WHERE a.reservation_id = r.id
+               AND (a.released_at IS NULL OR r.state IN ('released', 'cancelled', 'expired', 'failed'))
+               AND a.state <> 'failed'), '[]'::jsonb) AS allocations
+    FROM reservations r WHERE r.id = ANY(${ids as string[]}::text[])`.execute(db);
+  const byId = new Map(rows.map((r) => [r.id, r]));
+  return ids.flatMap((id) => {
+    const r = byId.get(id);
+    if (!r) return [];
+    const bound = r.allocations.find((a) => a.binding);
+    return [
+      {
+        id: r.id,
+        tenantId: r.tenant_id,
+        poolId: r.pool_id,
+        state: r.state,
+        request: r.request,
+        during: r.start && r.end ? { start: r.start.getTime(), end: r.end.getTime() } : null,
+        ownerIdentityId: r.owner_identity_id,
+        idempotencyKey: r.idempotency_key,
+        projectId: r.project_id,
+        conditions: r.conditions,
+        allocations: r.allocations.map(({ binding: _b, ...a }) => a),
+        binding: r.state === 'active' && bound?.binding ? { nodeId: bound.nodeId, ...bound.binding } : null,
+        lease: r.lease_seconds
+          ? { seconds: r.lease_seconds, expiresAt: r.lease_expires_at?.getTime() ?? null }
+          : null,
+        hostShare: r.host_share,
+        endReason: r.end_reason,
+        operation: operationOf(r.id, r.state, r.conditions, r.end_reason),
+        version: r.version,
+        createdAt: r.created_at.getTime(),
+        updatedAt: r.updated_at.getTime(),
+      },
+    ];
+  });
+}
+
+export async function readReservationView(db: Db, id: string): Promise<ReservationView | undefined> {
+  return (await readReservationViews(db, [id]))[0];
+}

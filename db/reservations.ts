@@ -1,0 +1,192 @@
+import { sql, type Transaction } from 'kysely';
+import { isTerminal } from '../domain/reservation-lifecycle.ts';
+import type { NormalizedRequest } from '../domain/reservation-request.ts';
+import { endCurrentAllocations, refundReservationQuota } from './lifecycle-release.ts';
+import { insertOutboxEvent } from './outbox.ts';
+import { findAndBook, placementRequestOf } from './placement.ts';
+import type { Database, Reservation } from './schema.ts';
+
+type Trx = Transaction<Database>;
+
+export async function lockReservation(trx: Trx, reservationId: string): Promise<Reservation | undefined> {
+  return trx
+    .selectFrom('reservations')
+    .selectAll()
+    .where('id', '=', reservationId)
+    .forUpdate()
+    .executeTakeFirst();
+}
+
+async function computeNow(trx: Trx): Promise<number> {
+  const { rows } = await sql<{ now: Date }>`SELECT compute_now() AS now`.execute(trx);
+  return rows[0]!.now.getTime();
+}
+
+export type PlaceOutcome =
+  | { outcome: 'placed'; nodeId: string; deviceIds: string[]; start: number; end: number; version: number }
+  | { outcome: 'pending'; message: string; earliestStart: number | null; version: number }
+  | { outcome: 'unchanged'; state: string | null };
+
+/**
+ * Places a `pending` reservation in the caller's transaction, with the inline placer: the window
+ * starts at the requested start while it is still ahead, else at compute_now(), for the full
+ * duration. Placed: one allocation with its device and scalar bookings, state `placed`, the lease
+ * deadline set, event `reservation.placed`. No fit: it stays `pending` with an `Unschedulable` /
+ * `NoFit` condition whose message is the placer's summary and the earliest start within 14 days
+ * (event `reservation.pending` only with `announcePending`). Idempotent: any other state changes
+ * nothing (`unchanged`). Throws PlacementContention when it lost a race (retry the transaction,
+ * e.g. through withPlacementTransaction). Codes: INTERNAL only.
+ */
+export async function placeReservation(
+  trx: Trx,
+  reservationId: string,
+  options: { announcePending?: boolean } = {},
+): Promise<PlaceOutcome> {
+  const row = await lockReservation(trx, reservationId);
+  if (row?.state !== 'pending') return { outcome: 'unchanged', state: row?.state ?? null };
+  const request = row.request as unknown as NormalizedRequest;
+  const now = await computeNow(trx);
+  const requested = row.requested_start?.getTime() ?? now;
+  const start = Math.max(now, requested);
+  const durationMs = Number(row.duration_ms);
+  const window = { start, end: start + durationMs };
+  const result = await findAndBook(trx, {
+    poolId: row.pool_id,
+    request: placementRequestOf(request),
+    window,
+    durationMs,
+    reservationId,
+  });
+  if (result.placed) {
+    const updated = await trx
+      .updateTable('reservations')
+      .set({
+        state: 'placed',
+        during: `[${new Date(start).toISOString()},${new Date(window.end).toISOString()})`,
+        conditions: '[]',
+        pending_since: null,
+        lease_expires_at: row.lease_seconds
+          ? sql<Date>`compute_now() + make_interval(secs => lease_seconds)`
+          : null,
+        version: sql<number>`version + 1`,
+        updated_at: sql<Date>`compute_now()`,
+      })
+      .where('id', '=', reservationId)
+      .returning('version')
+      .executeTakeFirstOrThrow();
+    await insertOutboxEvent(trx, {
+      type: 'reservation.placed',
+      subject: `reservation/${reservationId}`,
+      tenantId: row.tenant_id,
+      data: {
+        reservationId,
+        state: 'placed',
+        poolId: row.pool_id,
+        nodeIds: [result.fit.nodeId],
+        start,
+        end: window.end,
+      },
+    });
+    return {
+      outcome: 'placed',
+      nodeId: result.fit.nodeId,
+      deviceIds: result.fit.deviceIds,
+      start,
+      end: window.end,
+      version: updated.version,
+    };
+  }
+  const previous = (row.conditions as Array<{ type: string; message: string; since?: number }>).find(
+    (c) => c.type === 'Unschedulable',
+  );
+  const condition = {
+    type: 'Unschedulable',
+    reason: 'NoFit',
+    message: result.message,
+    since: previous?.since ?? now,
+    ...(result.earliestStart !== null ? { earliestStart: result.earliestStart } : {}),
+  };
+  const updated = await trx
+    .updateTable('reservations')
+    .set({
+      conditions: JSON.stringify([condition]),
+      pending_since: sql<Date>`COALESCE(pending_since, compute_now())`,
+      version: sql<number>`version + 1`,
+      updated_at: sql<Date>`compute_now()`,
+    })
+    .where('id', '=', reservationId)
+    .returning('version')
+    .executeTakeFirstOrThrow();
+  if (options.announcePending) {
+    await insertOutboxEvent(trx, {
+      type: 'reservation.pending',
+      subject: `reservation/${reservationId}`,
+      tenantId: row.tenant_id,
+      data: {
+        reservationId,
+        state: 'pending',
+        poolId: row.pool_id,
+        reason: 'NoFit',
+        message: result.message,
+      },
+    });
+  }
+  return {
+    outcome: 'pending',
+    message: result.message,
+    earliestStart: result.earliestStart,
+    version: updated.version,
+  };
+}
+
+export type ReleaseReason = 'release' | 'cancel' | 'expired' | 'lease-lapsed' | 'preempted';
+
+/**
+ * Ends a reservation at compute_now() in the caller's transaction: the current booking of every
+ * allocation is truncated, future ones deleted, allocations leave their node's NodeSpec, quota is
+ * refunded once. A placed/binding/active reservation becomes `released` (`end_reason` = reason);
+ * a draft, pending or awaiting-confirmation one (or any with reason `cancel`) becomes `cancelled`.
+ * Idempotent: a terminal reservation changes nothing (`changed: false`). Writes
+ * `reservation.released` (with `reason`) or `reservation.cancelled` to the outbox.
+ */
+export async function releaseReservation(
+  trx: Trx,
+  reservationId: string,
+  reason: ReleaseReason,
+): Promise<{ changed: boolean; state: string | null; poolId: string | null; freed: boolean }> {
+  const row = await lockReservation(trx, reservationId);
+  if (!row) return { changed: false, state: null, poolId: null, freed: false };
+  if (isTerminal(row.state)) return { changed: false, state: row.state, poolId: row.pool_id, freed: false };
+  const wasPlaced = ['placed', 'binding', 'active', 'releasing'].includes(row.state);
+  const state = wasPlaced && reason !== 'cancel' ? 'released' : 'cancelled';
+  const ended = await endCurrentAllocations(trx, reservationId, 'released');
+  await trx
+    .updateTable('allocations')
+    .set({
+      during: sql<string>`CASE WHEN lower(during) >= compute_now() THEN during
+        WHEN upper(during) > compute_now() THEN tstzrange(lower(during), compute_now(), '[)') ELSE during END`,
+    })
+    .where('reservation_id', '=', reservationId)
+    .execute();
+  await trx
+    .updateTable('reservations')
+    .set({
+      state,
+      end_reason: reason,
+      during: sql<string>`CASE WHEN during IS NULL OR upper(during) <= compute_now() OR lower(during) >= compute_now()
+        THEN during ELSE tstzrange(lower(during), compute_now(), '[)') END`,
+      version: sql<number>`version + 1`,
+      updated_at: sql<Date>`compute_now()`,
+    })
+    .where('id', '=', reservationId)
+    .execute();
+  await sql`DELETE FROM extend_holds WHERE reservation_id = ${reservationId}`.execute(trx);
+  await insertOutboxEvent(trx, {
+    type: state === 'released' ? 'reservation.released' : 'reservation.cancelled',
+    subject: `reservation/${reservationId}`,
+    tenantId: row.tenant_id,
+    data: { reservationId, state, poolId: row.pool_id, reason },
+  });
+  await refundReservationQuota(trx, reservationId);
+  return { changed: true, state, poolId: row.pool_id, freed: ended.length > 0 };
+}

@@ -1,0 +1,283 @@
+import type { DeviceClass, HostResourceAmounts, Topology } from './reservation-request.ts';
+
+/**
+ * The inline placer's pure part: which nodes fit a request over a window, how good each fit is,
+ * and why the others do not. No I/O: db/placement.ts loads the nodes and commits the booking.
+ */
+
+export interface Interval {
+  start: number;
+  end: number;
+}
+
+export interface PlacerDevice {
+  id: string;
+  class: string;
+  attributes: Record<string, unknown>;
+  healthy: boolean;
+  /** Bookings of this device (epoch ms, end exclusive) that may overlap windows asked about. */
+  bookings: Interval[];
+}
+
+export interface PlacerNode {
+  id: string;
+  name: string;
+  ready: boolean;
+  cordoned: boolean;
+  maintenance: boolean;
+  draining: boolean;
+  connected: boolean;
+  converged: boolean;
+  /** The type of a NoSchedule condition, if the node has one. */
+  noSchedule: string | null;
+  /** Labels that count: every non-`bc.dev/` label, and `bc.dev/` ones only from the system. */
+  labels: Record<string, string>;
+  devices: PlacerDevice[];
+  /** Host resource rows (absent: the host books none). */
+  host: Partial<
+    Record<keyof HostResourceAmounts, { allocatable: number; bookings: Array<Interval & { amount: number }> }>
+  >;
+}
+
+export interface PlacementRequest {
+  deviceClass: DeviceClass;
+  count: number;
+  topology: Topology;
+  selector?: { attributes?: Record<string, string | number | boolean>; nodeLabels?: Record<string, string> };
+  /** Per node; zero books nothing. */
+  resources: HostResourceAmounts;
+  /** Labels a node must carry (any value), e.g. `bc.dev/cap.binding.kubernetes`. */
+  requiredLabels: string[];
+}
+
+export type Rejection =
+  | 'not-ready'
+  | 'cordoned'
+  | 'maintenance'
+  | 'draining'
+  | 'unreachable'
+  | 'not-converged'
+  | 'no-schedule'
+  | 'labels'
+  | 'selector'
+  | 'devices'
+  | 'nvlink'
+  | 'host-resources';
+
+export interface NodeFit {
+  nodeId: string;
+  nodeName: string;
+  deviceIds: string[];
+  /** Free atoms of the class left on the node after this fit: lower is a better (tighter) fit. */
+  leftover: number;
+  /** Booked host resources (only those the node has rows for). */
+  resources: Partial<HostResourceAmounts>;
+}
+
+export interface PlacementPlan {
+  fits: NodeFit[];
+  rejections: Partial<Record<Rejection, number>>;
+  nodes: number;
+  /** The label a `labels` rejection lacked (for the summary). */
+  missingLabel?: string;
+}
+
+export const capDevicesLimitsLabel = 'bc.dev/cap.devices.limits';
+
+const overlaps = (a: Interval, b: Interval) => a.start < b.end && b.start < a.end;
+
+function schedulingRejection(node: PlacerNode): Rejection | null {
+  if (node.cordoned) return 'cordoned';
+  if (node.maintenance) return 'maintenance';
+  if (node.draining) return 'draining';
+  if (!node.ready) return 'not-ready';
+  if (!node.connected) return 'unreachable';
+  if (!node.converged) return 'not-converged';
+  if (node.noSchedule) return 'no-schedule';
+  return null;
+}
+
+function matchesSelector(device: PlacerDevice, selector: PlacementRequest['selector']): boolean {
+  for (const [key, value] of Object.entries(selector?.attributes ?? {})) {
+    if (device.attributes[key] !== value) return false;
+  }
+  return true;
+}
+
+function hostFree(node: PlacerNode, resource: keyof HostResourceAmounts, window: Interval): number | null {
+  const row = node.host[resource];
+  if (!row) return null;
+  const booked = row.bookings.filter((b) => overlaps(b, window)).reduce((n, b) => n + b.amount, 0);
+  return row.allocatable - booked;
+}
+
+/** A small stable hash, so equally good fits are spread across callers instead of all taking the first. */
+function spread(seed: string, id: string): number {
+  let h = 2166136261;
+  for (const ch of seed + id) h = Math.imul(h ^ ch.charCodeAt(0), 16777619);
+  return h >>> 0;
+}
+
+type FitResult = { fit: NodeFit } | { rejection: Rejection; label?: string };
+
+/** Whether one node fits the request over `window`, and with which atoms. */
+export function fitNode(node: PlacerNode, request: PlacementRequest, window: Interval): FitResult {
+  const scheduling = schedulingRejection(node);
+  if (scheduling) return { rejection: scheduling };
+  const hasHostRows = Object.keys(node.host).length > 0;
+  const booksHost =
+    hasHostRows &&
+    (request.resources.vcpu > 0 || request.resources.memoryGiB > 0 || request.resources.hugepages1Gi > 0);
+  const labels = [...request.requiredLabels, ...(booksHost ? [capDevicesLimitsLabel] : [])];
+  const missing = labels.find((l) => node.labels[l] === undefined);
+  if (missing) return { rejection: 'labels', label: missing };
+  for (const [key, value] of Object.entries(request.selector?.nodeLabels ?? {})) {
+    if (node.labels[key] !== value) return { rejection: 'selector' };
+  }
+  const ofClass = node.devices.filter((d) => d.class === request.deviceClass && d.healthy);
+  const matching = ofClass.filter((d) => matchesSelector(d, request.selector));
+  if (matching.length < request.count)
+    return { rejection: ofClass.length >= request.count ? 'selector' : 'devices' };
+  const free = matching.filter((d) => !d.bookings.some((b) => overlaps(b, window)));
+  if (free.length < request.count) return { rejection: 'devices' };
+
+  // Group free atoms by NVLink domain; take from the tightest domain that holds them all.
+  const domains = new Map<string, PlacerDevice[]>();
+  for (const d of free) {
+    const key = String(d.attributes.nvlinkDomain ?? '');
+    domains.set(key, [...(domains.get(key) ?? []), d]);
+  }
+  const byIndex = (a: PlacerDevice, b: PlacerDevice) =>
+    Number(a.attributes.index ?? 0) - Number(b.attributes.index ?? 0) || (a.id < b.id ? -1 : 1);
+  const tight = [...domains.values()]
+    .filter((ds) => ds.length >= request.count)
+    .sort((a, b) => a.length - b.length)[0];
+  let chosen: PlacerDevice[];
+  if (tight) chosen = [...tight].sort(byIndex).slice(0, request.count);
+  else if (request.topology === 'nvlink-all') return { rejection: 'nvlink' };
+  else chosen = [...free].sort(byIndex).slice(0, request.count);
+
+  const resources: Partial<HostResourceAmounts> = {};
+  for (const key of ['vcpu', 'memoryGiB', 'hugepages1Gi'] as const) {
+    const amount = request.resources[key];
+    if (amount <= 0) continue;
+    const available = hostFree(node, key, window);
+    if (available === null) continue;
+    if (available < amount) return { rejection: 'host-resources' };
+    resources[key] = amount;
+  }
+  return {
+    fit: {
+      nodeId: node.id,
+      nodeName: node.name,
+      deviceIds: chosen.map((d) => d.id),
+      leftover: free.length - request.count,
+      resources,
+    },
+  };
+}
+
+/**
+ * Every node that fits, best first: the tightest fit (fewest free atoms left, so whole nodes stay
+ * free), ties spread by `seed`; and every other node counted by why it does not fit.
+ */
+export function planPlacement(
+  nodes: readonly PlacerNode[],
+  request: PlacementRequest,
+  window: Interval,
+  seed = '',
+): PlacementPlan {
+  const fits: NodeFit[] = [];
+  const rejections: Partial<Record<Rejection, number>> = {};
+  let missingLabel: string | undefined;
+  for (const node of nodes) {
+    const result = fitNode(node, request, window);
+    if ('fit' in result) fits.push(result.fit);
+    else {
+      rejections[result.rejection] = (rejections[result.rejection] ?? 0) + 1;
+      if (result.label) missingLabel ??= result.label;
+    }
+  }
+  fits.sort((a, b) => a.leftover - b.leftover || spread(seed, a.nodeId) - spread(seed, b.nodeId));
+  return { fits, rejections, nodes: nodes.length, ...(missingLabel ? { missingLabel } : {}) };
+}
+
+const classNoun: Record<DeviceClass, [string, string]> = {
+  gpu: ['GPU', 'GPUs'],
+  'gpu.mig': ['MIG instance', 'MIG instances'],
+  'gpu.slot': ['GPU slot', 'GPU slots'],
+};
+
+function phrase(rejection: Rejection, n: number, request: PlacementRequest, label?: string): string {
+  const one = n === 1;
+  const noun = classNoun[request.deviceClass][request.count === 1 ? 0 : 1];
+  const lack = one ? 'lacks' : 'lack';
+  const be = one ? 'is' : 'are';
+  const have = one ? 'has' : 'have';
+  switch (rejection) {
+    case 'not-ready':
+      return `${n} ${be} not ready`;
+    case 'cordoned':
+      return `${n} ${be} cordoned`;
+    case 'maintenance':
+      return `${n} ${be} in maintenance`;
+    case 'draining':
+      return `${n} ${be} draining`;
+    case 'unreachable':
+      return `${n} ${be} not connected`;
+    case 'not-converged':
+      return `${n} ${have} not converged`;
+    case 'no-schedule':
+      return `${n} ${have} a NoSchedule condition`;
+    case 'labels':
+      return `${n} ${lack} label ${label ?? 'required'}=*`;
+    case 'selector':
+      return `${n} ${one ? 'does' : 'do'} not match the selector`;
+    case 'devices':
+      return `${n} ${lack} ${request.count} free ${noun}`;
+    case 'nvlink':
+      return `${n} ${lack} ${request.count} free ${noun} in one NVLink domain`;
+    case 'host-resources': {
+      const r = request.resources;
+      return `${n} ${lack} the host resources (${r.vcpu} vCPU, ${r.memoryGiB} GiB memory${r.hugepages1Gi ? `, ${r.hugepages1Gi} 1Gi huge pages` : ''})`;
+    }
+  }
+}
+
+/** `0 of 12 nodes fit: 9 lack 4 free GPUs in one NVLink domain, 3 are cordoned` (largest reason first). */
+export function summarizeNoFit(plan: PlacementPlan, request: PlacementRequest): string {
+  if (plan.nodes === 0) return '0 of 0 nodes fit: the pool has no nodes';
+  const parts = (Object.entries(plan.rejections) as Array<[Rejection, number]>)
+    .sort((a, b) => b[1] - a[1])
+    .map(([rejection, n]) => phrase(rejection, n, request, plan.missingLabel));
+  return `${plan.fits.length} of ${plan.nodes} node${plan.nodes === 1 ? '' : 's'} fit: ${parts.join(', ')}`;
+}
+
+/**
+ * The earliest start within [from, from + horizonMs] at which the request fits for `durationMs`,
+ * from the bookings the nodes carry: a fit can only begin at `from` or when some booking ends, so
+ * those are the only instants tried, in order. Null when nothing fits within the horizon.
+ */
+export function earliestStart(
+  nodes: readonly PlacerNode[],
+  request: PlacementRequest,
+  durationMs: number,
+  from: number,
+  horizonMs: number,
+  maxCandidates = 400,
+): number | null {
+  const ends = new Set<number>([from]);
+  for (const node of nodes) {
+    for (const d of node.devices)
+      for (const b of d.bookings) if (b.end > from && b.end <= from + horizonMs) ends.add(b.end);
+    for (const row of Object.values(node.host)) {
+      for (const b of row?.bookings ?? []) if (b.end > from && b.end <= from + horizonMs) ends.add(b.end);
+    }
+  }
+  const candidates = [...ends].sort((a, b) => a - b).slice(0, maxCandidates);
+  for (const start of candidates) {
+    const window = { start, end: start + durationMs };
+    if (nodes.some((node) => 'fit' in fitNode(node, request, window))) return start;
+  }
+  return null;
+}

@@ -1,0 +1,130 @@
+import { createHash } from 'node:crypto';
+import { parseDuration } from './duration.ts';
+import { ComputeError } from './errors.ts';
+import { maxDurationMs, minDurationMs, type PreviewInput } from './reservation-schema.ts';
+
+export type DeviceClass = 'gpu' | 'gpu.mig' | 'gpu.slot';
+export type Topology = 'any' | 'nvlink-all';
+
+export interface HostResourceAmounts {
+  vcpu: number;
+  memoryGiB: number;
+  hugepages1Gi: number;
+}
+
+/** The validated request as stored: durations in milliseconds, defaults filled in. */
+export interface NormalizedRequest {
+  poolId: string;
+  devices: Array<{
+    class: DeviceClass;
+    count: number;
+    topology: Topology;
+    selector?: {
+      attributes?: Record<string, string | number | boolean>;
+      nodeLabels?: Record<string, string>;
+    };
+  }>;
+  /** `'<ms>ms'`, as the reservation object shows it. */
+  duration: string;
+  durationMs: number;
+  binding: 'hold' | 'kubernetes' | 'node' | 'instance';
+  start?: number;
+  resources?: Partial<HostResourceAmounts>;
+  leaseSeconds?: number;
+  projectId?: string;
+  spot?: boolean;
+}
+
+/**
+ * Normalizes a create (or preview) input: the duration in milliseconds within its bounds, `binding`
+ * defaulting to `hold`, `topology` to `any`. `'2h'` and `7200000` normalize to the same request.
+ * INVALID_INPUT names the field; UNSUPPORTED for what this version does not serve.
+ */
+export function normalizeRequest(input: PreviewInput): NormalizedRequest {
+  if (input.gang) {
+    throw new ComputeError(
+      'UNSUPPORTED',
+      'gang: gang reservations are not served yet; reserve one node at a time',
+    );
+  }
+  if (input.binding === 'instance') {
+    throw new ComputeError(
+      'UNSUPPORTED',
+      "binding: 'instance' is not a reservation binding; VPS instances are created with instances.create",
+    );
+  }
+  if (input.node && input.binding !== 'node') {
+    throw new ComputeError('INVALID_INPUT', "node: only a binding: 'node' reservation takes node");
+  }
+  const durationMs = parseDuration(input.duration, 'duration');
+  if (durationMs < minDurationMs || durationMs > maxDurationMs) {
+    throw new ComputeError('INVALID_INPUT', `duration: must be between 1m and 90d, got ${durationMs}ms`);
+  }
+  const resources = input.resources
+    ? Object.fromEntries(Object.entries(input.resources).filter(([, v]) => v !== undefined))
+    : undefined;
+  return {
+    poolId: input.poolId,
+    devices: input.devices.map((d) => ({
+      class: d.class,
+      count: d.count,
+      topology: d.topology ?? 'any',
+      ...(d.selector ? { selector: d.selector } : {}),
+    })),
+    duration: `${durationMs}ms`,
+    durationMs,
+    binding: input.binding ?? 'hold',
+    ...(input.start !== undefined ? { start: input.start } : {}),
+    ...(resources ? { resources } : {}),
+    ...(input.leaseSeconds !== undefined ? { leaseSeconds: input.leaseSeconds } : {}),
+    ...(input.projectId !== undefined ? { projectId: input.projectId } : {}),
+    ...(input.spot ? { spot: true } : {}),
+  };
+}
+
+function canonical(value: unknown): string {
+  if (Array.isArray(value)) return `[${value.map(canonical).join(',')}]`;
+  if (value && typeof value === 'object') {
+    const entries = Object.entries(value as Record<string, unknown>)
+      .filter(([, v]) => v !== undefined)
+      .sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
+    return `{${entries.map(([k, v]) => `${JSON.stringify(k)}:${canonical(v)}`).join(',')}}`;
+  }
+  return JSON.stringify(value);
+}
+
+/**
+ * The stored request hash: SHA-256 of the canonical JSON of the tenant and the normalized request
+ * (so without `wait` and `idempotencyKey`). Equal requests hash equal whatever their key order.
+ */
+export function requestHash(tenantId: string, request: NormalizedRequest): string {
+  return createHash('sha256').update(canonical({ tenantId, request })).digest('hex');
+}
+
+/** The attributes IAM decides on (the seed's table), for one reservation. */
+export function authzAttributes(input: {
+  request: NormalizedRequest;
+  gpuModel: string;
+  region: string;
+  resources: HostResourceAmounts;
+  durationMs?: number;
+}): Record<string, unknown> {
+  const gang = 1;
+  const whole = input.request.devices.filter((d) => d.class === 'gpu').reduce((n, d) => n + d.count, 0);
+  const slices = input.request.devices.filter((d) => d.class !== 'gpu').reduce((n, d) => n + d.count, 0);
+  const durationMs = input.durationMs ?? input.request.durationMs;
+  return {
+    gpuModel: input.gpuModel || 'other',
+    gpuCount: whole * gang,
+    gpuSlices: slices * gang,
+    gangSize: gang,
+    durationHours: Math.round((durationMs / 3_600_000) * 1000) / 1000,
+    region: input.region,
+    binding: input.request.binding,
+    spot: input.request.spot ?? false,
+    renewable: input.request.leaseSeconds !== undefined,
+    projectId: input.request.projectId ?? null,
+    vcpu: input.resources.vcpu * gang,
+    memoryGiB: (input.resources.memoryGiB + input.resources.hugepages1Gi) * gang,
+  };
+}

@@ -1,0 +1,141 @@
+import { z } from 'zod';
+
+/**
+ * The reservations API's input schemas: the single source of the server types, the typed client,
+ * the CLI's validation and the OpenAPI document. Bounds are part of the contract: anything outside
+ * them is INVALID_INPUT naming the field.
+ */
+
+export const tenantIdSchema = z
+  .string()
+  .regex(/^[a-z0-9][a-z0-9_-]{0,62}$/, "a tenant id: lower-case letters, digits, '-' or '_'");
+
+/** A duration as `'8h'`, `'90m'`, `'2d'`, `'28800000ms'` or whole milliseconds. */
+export const durationInputSchema = z.union([
+  z.number().int('a whole number of milliseconds').positive(),
+  z
+    .string()
+    .regex(/^\s*\d+(\.\d+)?(ms|s|m|h|d|w)\s*$/, "a duration such as '8h', '90m', '2d' or milliseconds"),
+]);
+
+export const minDurationMs = 60_000;
+export const maxDurationMs = 90 * 86_400_000;
+
+const attributeValue = z.union([z.string().max(200), z.number(), z.boolean()]);
+
+export const deviceRequestSchema = z.strictObject({
+  class: z.enum(['gpu', 'gpu.mig', 'gpu.slot']),
+  count: z.number().int().min(1).max(64),
+  /** `nvlink-all`: every device on one node in one NVLink domain; `any`: on one node. */
+  topology: z.enum(['any', 'nvlink-all']).optional(),
+  selector: z
+    .strictObject({
+      attributes: z.record(z.string().min(1).max(100), attributeValue).optional(),
+      nodeLabels: z.record(z.string().min(1).max(200), z.string().max(200)).optional(),
+    })
+    .optional(),
+});
+
+export const hostResourcesSchema = z.strictObject({
+  vcpu: z.number().min(0).max(4096).optional(),
+  memoryGiB: z.number().min(0).max(65_536).optional(),
+  hugepages1Gi: z.number().int().min(0).max(65_536).optional(),
+});
+
+export const idempotencyKeySchema = z
+  .string()
+  .min(1)
+  .max(200)
+  .regex(/^[\x21-\x7e]+$/, 'printable ASCII without spaces');
+
+/** What a reservation asks for; shared by `reservations.create` and `capacity.preview`. */
+export const reservationRequestShape = {
+  tenantId: tenantIdSchema,
+  poolId: z.string().min(1).max(100),
+  devices: z.array(deviceRequestSchema).min(1).max(1, 'one device request per reservation (v0.1)'),
+  duration: durationInputSchema,
+  /** Epoch milliseconds; a start in the future books the window now (a calendar reservation). */
+  start: z.number().int().positive().optional(),
+  binding: z.enum(['hold', 'kubernetes', 'node', 'instance']).optional(),
+  resources: hostResourcesSchema.optional(),
+  leaseSeconds: z.number().int().min(60).max(86_400).optional(),
+  projectId: z.string().min(1).max(100).optional(),
+  spot: z.boolean().optional(),
+  gang: z
+    .strictObject({ size: z.number().int().min(2).max(64), topologyKey: z.string().max(200).optional() })
+    .optional(),
+  node: z
+    .strictObject({ profileId: z.string().min(1), profileVersion: z.number().int().positive().optional() })
+    .optional(),
+};
+
+export const createReservationInput = z.strictObject({
+  ...reservationRequestShape,
+  idempotencyKey: idempotencyKeySchema,
+  wait: z.strictObject({ timeoutMs: z.number().int().min(0).max(600_000) }).optional(),
+});
+export type CreateReservationInput = z.infer<typeof createReservationInput>;
+
+export const previewInput = z.strictObject(reservationRequestShape);
+export type PreviewInput = z.infer<typeof previewInput>;
+
+export const reservationRefInput = z.strictObject({
+  tenantId: tenantIdSchema,
+  reservationId: z.string().min(1).max(100),
+});
+
+export const listReservationsInput = z.strictObject({
+  tenantId: tenantIdSchema,
+  scope: z.enum(['mine', 'all']).optional(),
+  state: z
+    .union([
+      z.enum([
+        'denied',
+        'awaiting-confirmation',
+        'pending',
+        'placed',
+        'binding',
+        'active',
+        'releasing',
+        'released',
+        'failed',
+        'cancelled',
+        'expired',
+      ]),
+      z
+        .array(
+          z.enum([
+            'denied',
+            'awaiting-confirmation',
+            'pending',
+            'placed',
+            'binding',
+            'active',
+            'releasing',
+            'released',
+            'failed',
+            'cancelled',
+            'expired',
+          ]),
+        )
+        .min(1)
+        .max(12),
+    ])
+    .optional(),
+  poolId: z.string().min(1).max(100).optional(),
+  limit: z.number().int().min(1).max(200).optional(),
+  cursor: z.string().min(1).max(100).optional(),
+});
+
+export const extendInput = z
+  .strictObject({
+    tenantId: tenantIdSchema,
+    reservationId: z.string().min(1).max(100),
+    until: z.number().int().positive().optional(),
+    by: durationInputSchema.optional(),
+    idempotencyKey: idempotencyKeySchema,
+  })
+  .refine((v) => (v.until === undefined) !== (v.by === undefined), {
+    message: 'give exactly one of until (epoch milliseconds) or by (a duration)',
+    path: ['until'],
+  });
