@@ -1,3 +1,5 @@
+import { writeFileSync } from 'node:fs';
+import path from 'node:path';
 import { type ClientDuplexStream, credentials, Metadata, status } from '@grpc/grpc-js';
 import { attestedReportPurpose, signAllocationReport } from '../domain/attestation.ts';
 import { applySpecPatch, type DeviceAssignment, nodeSpecSchema } from '../domain/node-spec.ts';
@@ -100,6 +102,20 @@ export class NodeAgent {
     this.silenced = on;
   }
 
+  /** What `bcd status` reads about the session. */
+  private writeSession(): void {
+    const body = {
+      connected: this.status.connected,
+      epoch: this.status.epoch,
+      updatedAt: new Date().toISOString(),
+    };
+    try {
+      writeFileSync(path.join(this.options.stateDir, 'session.json'), JSON.stringify(body));
+    } catch {
+      // status is best effort
+    }
+  }
+
   private closeStream(): void {
     if (this.heartbeat) clearInterval(this.heartbeat);
     this.heartbeat = null;
@@ -107,7 +123,10 @@ export class NodeAgent {
     this.stream = null;
     this.client?.close();
     this.client = null;
-    this.status.connected = false;
+    if (this.status.connected) {
+      this.status.connected = false;
+      this.writeSession();
+    }
   }
 
   private async run(): Promise<void> {
@@ -223,6 +242,7 @@ export class NodeAgent {
         this.status.connected = true;
         this.status.epoch = body.value.epoch;
         this.status.sessions++;
+        this.writeSession();
         this.sendInventory(body.value.wantSections);
         const interval = Math.max(100, body.value.heartbeatIntervalMs);
         this.heartbeat = setInterval(() => {

@@ -40,10 +40,12 @@ export function parseGpuQuery(
 export function parseTopology(
   matrix: string,
 ): Map<number, { nvlinkDomain: string | null; numaNode: number }> {
-  const lines = matrix.split('\n').filter((l) => /^\s*GPU\d+\s/.test(l));
-  const header = matrix.split('\n').find((l) => /^\s+GPU0\b/.test(l)) ?? '';
-  const columns = header.trim().split(/\s+/);
-  const numaColumn = columns.indexOf('NUMA');
+  const all = matrix.split('\n');
+  const header = (all.find((l) => /^\s*GPU0\b/.test(l) && !/^GPU0\s/.test(l)) ?? '')
+    .split('\t')
+    .map((c) => c.trim());
+  const rows = all.filter((l) => /^GPU\d+\s/.test(l)).map((l) => l.split('\t').map((c) => c.trim()));
+  const numaColumn = header.indexOf('NUMA Affinity');
   const parent = new Map<number, number>();
   const find = (x: number): number => {
     const p = parent.get(x) ?? x;
@@ -54,21 +56,18 @@ export function parseTopology(
   };
   const numa = new Map<number, number>();
   const linked = new Set<number>();
-  for (const line of lines) {
-    const cells = line.trim().split(/\s+/);
+  for (const cells of rows) {
     const gpu = Number(cells[0]!.slice(3));
-    parent.set(gpu, parent.get(gpu) ?? gpu);
-    for (let col = 0; col < columns.length; col++) {
-      const name = columns[col]!;
-      const cell = cells[col + 1] ?? '';
-      if (name.startsWith('GPU') && /^NV\d+$/.test(cell)) {
+    if (!parent.has(gpu)) parent.set(gpu, gpu);
+    header.forEach((name, col) => {
+      if (/^GPU\d+$/.test(name) && /^NV\d+$/.test(cells[col] ?? '')) {
         const other = Number(name.slice(3));
+        if (!parent.has(other)) parent.set(other, other);
         parent.set(find(other), find(gpu));
         linked.add(gpu).add(other);
       }
-    }
-    // NUMA Affinity is the column titled "NUMA Affinity" (header split in two words).
-    const value = numaColumn >= 0 ? Number(cells[numaColumn + 1]) : Number.NaN;
+    });
+    const value = numaColumn >= 0 ? Number.parseInt(cells[numaColumn] ?? '', 10) : Number.NaN;
     numa.set(gpu, Number.isFinite(value) ? value : -1);
   }
   const out = new Map<number, { nvlinkDomain: string | null; numaNode: number }>();
