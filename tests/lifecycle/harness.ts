@@ -68,6 +68,7 @@ export async function startLifecycleHarness(options: {
   nodes?: number;
   worker?: boolean;
   activityTimeoutMs?: number;
+  historyLimit?: number;
   /** Run the orphan-sweeper Schedule (a Schedule of this harness's own) every `everyMs`. */
   sweeper?: { everyMs: number; graceMs: number };
 }): Promise<LifecycleHarness> {
@@ -97,6 +98,7 @@ export async function startLifecycleHarness(options: {
     taskQueue,
     timers,
     ...(options.activityTimeoutMs ? { activityTimeoutMs: options.activityTimeoutMs } : {}),
+    ...(options.historyLimit ? { historyLimit: options.historyLimit } : {}),
   };
   const startInProcessWorker = () =>
     startWorker({
