@@ -13,7 +13,8 @@ export async function tenantWithMember(
   tenantId: string,
   options: { role?: string; name?: string; kind?: 'person' | 'service' } = {},
 ): Promise<TenantFixture> {
-  if (!(await h.iam.admin.getTenant(tenantId))) await h.iam.admin.createTenant({ id: tenantId, name: tenantId });
+  if (!(await h.iam.admin.getTenant(tenantId)))
+    await h.iam.admin.createTenant({ id: tenantId, name: tenantId });
   const identity = await h.iam.admin.createIdentity({
     tenantId,
     kind: options.kind ?? 'person',
@@ -27,7 +28,14 @@ export async function tenantWithMember(
 /** A site and an H100 pool of `nodes` ready 8-GPU nodes, offered to `tenants` with `gpuQuota` each. */
 export async function h100Pool(
   h: AdmissionHarness,
-  input: { nodes: number; tenants: string[]; gpuQuota: number; region?: string; name?: string; policy?: Record<string, unknown> },
+  input: {
+    nodes: number;
+    tenants: string[];
+    gpuQuota: number;
+    region?: string;
+    name?: string;
+    policy?: Record<string, unknown>;
+  },
 ) {
   const name = input.name ?? 'h100';
   const siteId = await insertSite(h.t.db, { name: `site-${name}`, region: input.region ?? 'eu-central-1' });

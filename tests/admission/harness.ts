@@ -20,6 +20,8 @@ export interface AdmissionHarness {
   compute: ReturnType<typeof createCompute>;
   rootToken: string;
   lifecycle: LifecycleCalls;
+  /** Every IAM decision the API asked for (require), in order. */
+  decisions: Array<{ action: string; resourceId: string }>;
   /** POST /api/compute/{group}/{method} through the Hono app; answers status and parsed body. */
   call(
     token: string | null,
@@ -46,7 +48,16 @@ export async function createAdmissionHarness(options: { max?: number } = {}): Pr
       calls.wokenPools.push(poolId);
     },
   };
-  const deps: Deps = { config: parseConfig({}), db: t.db, log, iam, lifecycle };
+  const decisions: Array<{ action: string; resourceId: string }> = [];
+  // The real IAM, with its decisions counted on the way through.
+  const counted: EmbeddedIam = {
+    ...iam,
+    require: async (principal, action, resource, context) => {
+      decisions.push({ action, resourceId: resource.id });
+      return iam.require(principal, action, resource, context);
+    },
+  };
+  const deps: Deps = { config: parseConfig({}), db: t.db, log, iam: counted, lifecycle };
   const compute = createCompute(deps);
   const { rootAdminToken } = await bootstrapPlatform(iam);
   return {
@@ -56,6 +67,7 @@ export async function createAdmissionHarness(options: { max?: number } = {}): Pr
     compute,
     rootToken: rootAdminToken,
     lifecycle: calls,
+    decisions,
     async call(token, path, body, headers = {}) {
       const response = await compute.app.request(`/api/compute/${path}`, {
         method: 'POST',
