@@ -1,7 +1,9 @@
 import { Command } from 'commander';
 import { usageExits } from './command.ts';
 import { registerAccessCommands } from './commands/access.ts';
+import { registerCapacityCommands } from './commands/capacity.ts';
 import { registerEventCommands } from './commands/events.ts';
+import { registerReservationCommands } from './commands/reservations.ts';
 import { registerServerCommands } from './commands/server.ts';
 
 /**
@@ -14,6 +16,8 @@ export function buildProgram(): Command {
     .showHelpAfterError('(run with --help for usage)')
     .enablePositionalOptions();
   registerServerCommands(program);
+  registerReservationCommands(program);
+  registerCapacityCommands(program);
   registerAccessCommands(program);
   registerEventCommands(program);
   usageExits(program);

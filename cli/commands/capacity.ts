@@ -1,0 +1,73 @@
+import type { Command } from 'commander';
+import { formatDuration } from '../../domain/duration.ts';
+import { apiAction, withConnection } from '../command.ts';
+import { formatTime, renderFields, renderTable } from '../output.ts';
+import { type RequestOptions, requestFromOptions, withRequestOptions } from '../reservation-request.ts';
+import { tenantOf } from './reservations.ts';
+
+/** `capacity [--pool P]`, `capacity --preview …` (the flags of reserve). */
+export function registerCapacityCommands(program: Command) {
+  const capacity = withConnection(
+    withRequestOptions(
+      program
+        .command('capacity')
+        .description(
+          'Per pool: allocatable, allocated, reserved and available devices. With --preview and the flags of reserve: what a reservation would get now, booking nothing.',
+        )
+        .enablePositionalOptions()
+        .option('--tenant <tenant>', 'the tenant (default: your token’s)')
+        .option('--preview', 'preview a reservation instead (takes the flags of reserve)'),
+      false,
+    ),
+  ).action(
+    apiAction<Partial<RequestOptions> & { preview?: boolean }>(async ({ options, client, out }) => {
+      const tenantId = await tenantOf(client, options);
+      if (options.preview) {
+        const preview = await client.capacity.preview(
+          requestFromOptions(options as RequestOptions, tenantId),
+        );
+        out.result(preview, (p) => {
+          const fields: Array<[string, string | number | null]> = [
+            ['fits', p.fits ? 'yes' : 'no'],
+            [
+              'window',
+              `${formatTime(p.window.start)} → ${formatTime(p.window.end)} (${formatDuration(p.window.end - p.window.start)})`,
+            ],
+          ];
+          if (p.nodeId) fields.push(['node', p.nodeId]);
+          if (p.deviceIds) fields.push(['devices', p.deviceIds.join(', ')]);
+          fields.push(['host share', `${p.resources.vcpu} vCPU, ${p.resources.memoryGiB} GiB`]);
+          if (p.message) fields.push(['why not', p.message]);
+          if (!p.fits) fields.push(['earliest start', formatTime(p.earliestStart) ?? 'none within 14 days']);
+          const quota = p.quota.map((q) => `${q.resource}: needs ${q.needed}, ${q.used} of ${q.limit} used`);
+          return [
+            renderFields(fields),
+            ...(quota.length ? ['quota:', ...quota.map((q) => `  ${q}`)] : []),
+          ].join('\n');
+        });
+        return;
+      }
+      const result = await client.capacity.get({
+        tenantId,
+        ...(options.pool ? { poolId: options.pool } : {}),
+      });
+      out.result(result, (r) =>
+        r.pools.length === 0
+          ? `no pool is offered to tenant ${tenantId}`
+          : renderTable(r.pools, [
+              { header: 'POOL', value: (p) => p.poolId },
+              { header: 'NAME', value: (p) => p.name },
+              { header: 'MODEL', value: (p) => p.gpuModel },
+              { header: 'REGION', value: (p) => p.region },
+              { header: 'NODES', value: (p) => `${p.schedulableNodes}/${p.nodes}`, right: true },
+              { header: 'ALLOCATABLE', value: (p) => p.allocatable, right: true },
+              { header: 'ALLOCATED', value: (p) => p.allocated, right: true },
+              { header: 'RESERVED', value: (p) => p.reserved, right: true },
+              { header: 'AVAILABLE', value: (p) => p.available, right: true },
+              { header: 'QUOTA', value: (p) => `${p.quota.used}/${p.quota.limit}`, right: true },
+            ]),
+      );
+    }),
+  );
+  return capacity;
+}

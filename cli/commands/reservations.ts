@@ -1,0 +1,246 @@
+import type { Command } from 'commander';
+import { ulid } from 'ulid';
+import type { ComputeClient } from '../../client/index.ts';
+import { apiAction, type CommandContext, parse, withConnection } from '../command.ts';
+import type { ConnectionOptions } from '../context.ts';
+import { CliError, exitCodes } from '../errors.ts';
+import { formatTime } from '../output.ts';
+import { type RequestOptions, requestFromOptions, withRequestOptions } from '../reservation-request.ts';
+import {
+  queryPath,
+  type Reservation,
+  renderReservation,
+  renderReservationTable,
+  terminalStates,
+} from '../reservation-view.ts';
+
+/** `--tenant`, or the token's own tenant. */
+export async function tenantOf(client: ComputeClient, options: ConnectionOptions): Promise<string> {
+  if (options.tenant) return options.tenant;
+  return (await client.system.whoami()).tenantId;
+}
+
+const tenantOption = '--tenant <tenant>';
+const tenantHelp = 'the tenant (default: your token’s)';
+
+/** A failed operation exits with the refusal class, after printing the reservation. */
+function settle(ctx: CommandContext<unknown>, reservation: Reservation) {
+  if (reservation.operation.state === 'failed') {
+    const error = reservation.operation.error;
+    process.stderr.write(
+      `better-compute: reservation ${reservation.id} ${reservation.state}: ${error?.code ?? ''} ${error?.message ?? ''}\n`,
+    );
+    process.exitCode = exitCodes.refused;
+  }
+  void ctx;
+}
+
+async function pollUntil(
+  client: ComputeClient,
+  tenantId: string,
+  reservation: Reservation,
+  deadline: number,
+  progress: (line: string) => void,
+): Promise<Reservation> {
+  let current = reservation;
+  let delay = 250;
+  while (current.operation.state === 'running' && Date.now() < deadline) {
+    const why = current.conditions.map((c) => `${c.type}: ${c.message}`).join('; ');
+    progress(`… ${current.id} is ${current.state}${why ? ` (${why})` : ''}; waiting`);
+    await new Promise((r) => setTimeout(r, Math.min(delay, Math.max(0, deadline - Date.now()))));
+    delay = Math.min(delay * 2, 2000);
+    current = await client.reservations.get({ tenantId, reservationId: current.id });
+  }
+  return current;
+}
+
+/** `reserve`, `extend`, `renew`, `release`, `cancel`, `reservations get|list|watch`. */
+export function registerReservationCommands(program: Command) {
+  withConnection(
+    withRequestOptions(
+      program
+        .command('reserve')
+        .description(
+          'Reserve devices of a pool. Sends a new idempotency key unless --key is given, and prints it so you can retry.',
+        )
+        .option(tenantOption, tenantHelp),
+      true,
+    )
+      .option('--key <key>', 'the idempotency key (reuse it to retry the same request safely)')
+      .option(
+        '--wait <duration>',
+        'how long to wait while it is queued (default 20s)',
+        parse.duration,
+        20_000,
+      ),
+  ).action(
+    apiAction<RequestOptions & { key?: string; wait: number }>(async (ctx) => {
+      const { options, client, out } = ctx;
+      const tenantId = await tenantOf(client, options);
+      const key = options.key ?? `cli-${ulid().toLowerCase()}`;
+      if (!options.key) out.progress(`idempotency key: ${key} (pass --key ${key} to retry this request)`);
+      const deadline = Date.now() + options.wait;
+      let reservation = await client.reservations.create({
+        ...requestFromOptions(options, tenantId),
+        idempotencyKey: key,
+        wait: { timeoutMs: Math.min(options.wait, 30_000) },
+      });
+      reservation = await pollUntil(client, tenantId, reservation, deadline, out.progress);
+      out.result(reservation, renderReservation);
+      settle(ctx as CommandContext<unknown>, reservation);
+    }),
+  );
+
+  withConnection(
+    program
+      .command('extend')
+      .description('Move a reservation’s end later, all or nothing.')
+      .argument('<reservation-id>')
+      .option(tenantOption, tenantHelp)
+      .option('--until <when>', "the new end: ISO date-time, epoch ms, or '+12h' from now", parse.instant)
+      .option('--by <duration>', 'how much later, e.g. 4h', parse.duration)
+      .option('--key <key>', 'the idempotency key (default: a new one, printed)'),
+  ).action(
+    apiAction<{ until?: number; by?: number; key?: string }>(async ({ options, client, out }, id) => {
+      if ((options.until === undefined) === (options.by === undefined)) {
+        throw new CliError('give exactly one of --until (e.g. +12h) or --by (e.g. 4h)');
+      }
+      const tenantId = await tenantOf(client, options);
+      const key = options.key ?? `cli-${ulid().toLowerCase()}`;
+      if (!options.key) out.progress(`idempotency key: ${key}`);
+      const result = await client.reservations.extend({
+        tenantId,
+        reservationId: id!,
+        ...(options.until !== undefined ? { until: options.until } : { by: options.by! }),
+        idempotencyKey: key,
+      });
+      out.result(result, (r) =>
+        r.extended
+          ? `extended ${r.reservation.id} to ${formatTime(r.reservation.during?.end)}`
+          : `not extended: ${r.reservation.id} ends ${formatTime(r.reservation.during?.end)}${
+              r.availableUntil
+                ? `; it can reach at most ${formatTime(r.availableUntil)} (another booking starts then)`
+                : ''
+            }`,
+      );
+    }),
+  );
+
+  for (const [verb, description] of [
+    ['renew', 'Move a leased reservation’s lease deadline to now + its lease.'],
+    ['release', 'End a reservation now (a pending one is cancelled; a terminal one is unchanged).'],
+    ['cancel', 'Withdraw a reservation that has not started (pending or placed).'],
+  ] as const) {
+    withConnection(
+      program
+        .command(verb)
+        .description(description)
+        .argument('<reservation-id>')
+        .option(tenantOption, tenantHelp),
+    ).action(
+      apiAction(async ({ options, client, out }, id) => {
+        const tenantId = await tenantOf(client, options);
+        const reservation = await client.reservations[verb]({ tenantId, reservationId: id! });
+        out.result(reservation, (r) =>
+          verb === 'renew'
+            ? `renewed ${r.id}: the lease now expires ${formatTime(r.lease?.expiresAt)}`
+            : `${r.id} is ${r.state}${r.during ? `, ending ${formatTime(r.during.end)}` : ''}`,
+        );
+      }),
+    );
+  }
+
+  const reservations = program.command('reservations').description('Read and follow reservations.');
+  withConnection(
+    reservations
+      .command('get')
+      .description('One reservation; --query PATH prints one field (e.g. binding, during.end).')
+      .argument('<reservation-id>')
+      .option(tenantOption, tenantHelp)
+      .option('--query <path>', 'print only this field, e.g. binding or allocations[0].nodeId'),
+  ).action(
+    apiAction<{ query?: string }>(async ({ options, client, out }, id) => {
+      const tenantId = await tenantOf(client, options);
+      const reservation = await client.reservations.get({ tenantId, reservationId: id! });
+      if (!options.query) return out.result(reservation, renderReservation);
+      const { found, value } = queryPath(reservation, options.query);
+      if (!found) throw new CliError(`--query: the reservation has no field ${options.query}`);
+      if (out.json || (value !== null && typeof value === 'object')) {
+        process.stdout.write(`${JSON.stringify(value, null, 2)}\n`);
+      } else {
+        process.stdout.write(`${value === null ? 'null' : String(value)}\n`);
+      }
+    }),
+  );
+  withConnection(
+    reservations
+      .command('list')
+      .description('Your reservations (--all: the tenant’s), newest first.')
+      .option(tenantOption, tenantHelp)
+      .option('--state <state>', 'only in this state')
+      .option('--pool <pool>', 'only of this pool')
+      .option('--all', 'every reservation of the tenant, not only yours')
+      .option('--limit <n>', 'at most this many (1 to 200, default 50)', parse.positiveInt)
+      .option('--cursor <id>', 'continue after this reservation (printed as "more:")'),
+  ).action(
+    apiAction<{ state?: string; pool?: string; all?: boolean; limit?: number; cursor?: string }>(
+      async ({ options, client, out }) => {
+        const tenantId = await tenantOf(client, options);
+        const page = await client.reservations.list({
+          tenantId,
+          ...(options.all ? { scope: 'all' as const } : {}),
+          ...(options.state ? { state: options.state as never } : {}),
+          ...(options.pool ? { poolId: options.pool } : {}),
+          ...(options.limit ? { limit: options.limit } : {}),
+          ...(options.cursor ? { cursor: options.cursor } : {}),
+        });
+        out.result(page, (p) =>
+          [
+            p.reservations.length === 0 ? 'no reservations' : renderReservationTable(p.reservations),
+            ...(p.nextCursor ? [`more: --cursor ${p.nextCursor}`] : []),
+          ].join('\n'),
+        );
+      },
+    ),
+  );
+  withConnection(
+    reservations
+      .command('watch')
+      .description('Follow a reservation’s events live until it ends (or you interrupt).')
+      .argument('<reservation-id>')
+      .option(tenantOption, tenantHelp),
+  ).action(
+    apiAction(async ({ options, client, out }, id) => {
+      const tenantId = await tenantOf(client, options);
+      const reservation = await client.reservations.get({ tenantId, reservationId: id! });
+      const subject = `reservation/${reservation.id}`;
+      const print = (line: Record<string, unknown>, human: string) =>
+        process.stdout.write(`${out.json ? JSON.stringify(line) : human}\n`);
+      print(
+        { kind: 'state', reservationId: reservation.id, state: reservation.state },
+        `${reservation.id} is ${reservation.state}`,
+      );
+      if (terminalStates.includes(reservation.state)) return;
+      const stop = new AbortController();
+      process.once('SIGINT', () => stop.abort());
+      // History first, then live from the last event seen: nothing is missed in between.
+      let after = 0;
+      for (let next: number | null = 0; next !== null; ) {
+        const page = await client.events.list({ tenantId, subject, limit: 500, after: next });
+        after = page.items.at(-1)?.seq ?? after;
+        next = page.next;
+      }
+      for await (const event of client.$stream({ subject, after, signal: stop.signal })) {
+        const state =
+          typeof event.data.state === 'string' ? event.data.state : event.type.replace(/^reservation\./, '');
+        print(
+          { kind: 'event', ...event },
+          `${formatTime(event.createdAt)}  ${event.type}${state ? `  → ${state}` : ''}${
+            event.data.reason ? ` (${String(event.data.reason)})` : ''
+          }`,
+        );
+        if (terminalStates.includes(state)) stop.abort();
+      }
+    }),
+  );
+}

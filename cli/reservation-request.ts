@@ -1,0 +1,70 @@
+import { type Command, Option } from 'commander';
+import { parse, required } from './command.ts';
+import { CliError } from './errors.ts';
+
+/** The flags `reserve` and `capacity --preview` share. */
+export interface RequestOptions {
+  tenant?: string;
+  pool: string;
+  gpus: number;
+  class: 'gpu' | 'gpu.mig' | 'gpu.slot';
+  for: number;
+  nvlink?: boolean;
+  cpus?: number;
+  memory?: number;
+  start?: number;
+  lease?: number;
+  spot?: boolean;
+  kubernetes?: boolean;
+}
+
+/** Adds the request flags (seed: `reserve --tenant T --pool P --gpus N --for 8h …`). */
+export function withRequestOptions(command: Command, mandatory: boolean): Command {
+  const req = (flags: string, description: string) =>
+    mandatory ? required(flags, description) : new Option(flags, description);
+  return command
+    .addOption(req('--pool <pool>', 'the pool, e.g. pool_01k…'))
+    .addOption(req('--gpus <n>', 'how many devices').argParser(parse.positiveInt))
+    .addOption(req('--for <duration>', 'how long, e.g. 8h, 90m, 2d').argParser(parse.duration))
+    .addOption(
+      new Option('--class <class>', 'device class').choices(['gpu', 'gpu.mig', 'gpu.slot']).default('gpu'),
+    )
+    .option('--nvlink', 'all devices on one node in one NVLink domain')
+    .option('--cpus <n>', 'host vCPUs to book with them (0 to 4096)', parse.nonNegativeNumber)
+    .option('--memory <GiB>', 'host memory in GiB to book with them (0 to 65536)', parse.nonNegativeNumber)
+    .option('--start <when>', "a later start: ISO date-time, epoch ms or '+2h'", parse.instant)
+    .option('--lease <seconds>', 'a renewable lease of this many seconds (60 to 86400)', parse.positiveInt)
+    .option('--spot', 'spot capacity (may be preempted)')
+    .option('--kubernetes', "binding: 'kubernetes' (the pool's owner only)");
+}
+
+/** The API request the flags describe (shared by reservations.create and capacity.preview). */
+export function requestFromOptions(options: RequestOptions, tenantId: string) {
+  if (options.pool === undefined || options.gpus === undefined || options.for === undefined) {
+    throw new CliError('--preview needs --pool, --gpus and --for, as reserve does');
+  }
+  const resources =
+    options.cpus !== undefined || options.memory !== undefined
+      ? {
+          ...(options.cpus !== undefined ? { vcpu: options.cpus } : {}),
+          ...(options.memory !== undefined ? { memoryGiB: options.memory } : {}),
+        }
+      : undefined;
+  return {
+    tenantId,
+    poolId: options.pool,
+    devices: [
+      {
+        class: options.class,
+        count: options.gpus,
+        ...(options.nvlink ? { topology: 'nvlink-all' as const } : {}),
+      },
+    ],
+    duration: options.for,
+    ...(options.start !== undefined ? { start: options.start } : {}),
+    ...(resources ? { resources } : {}),
+    ...(options.lease !== undefined ? { leaseSeconds: options.lease } : {}),
+    ...(options.spot ? { spot: true } : {}),
+    ...(options.kubernetes ? { binding: 'kubernetes' as const } : {}),
+  };
+}
