@@ -235,7 +235,8 @@ export async function startLocalPostgres(options: LocalPostgresOptions): Promise
   };
 }
 
-async function isPortFree(port: number): Promise<boolean> {
+/** Whether `port` on 127.0.0.1 can be listened on right now. */
+export async function isPortFree(port: number): Promise<boolean> {
   return new Promise((resolve) => {
     const server = net.createServer();
     server.once('error', () => resolve(false));
@@ -254,13 +255,4 @@ export function stopChild(child: ChildProcess, signal: NodeJS.Signals, timeoutMs
     });
     child.kill(signal);
   });
-}
-
-export function canWrite(dir: string): boolean {
-  try {
-    accessSync(dir, constants.W_OK);
-    return true;
-  } catch {
-    return false;
-  }
 }

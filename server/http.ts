@@ -28,7 +28,9 @@ export function listen(app: Hono<any>, host: string, port: number): Promise<Http
     server.once('error', (error: NodeJS.ErrnoException) => {
       reject(
         error.code === 'EADDRINUSE'
-          ? new Error(`port ${port} on ${host} is already in use: stop what uses it or set BETTER_COMPUTE_API_PORT`)
+          ? new Error(
+              `port ${port} on ${host} is already in use: stop what uses it or set BETTER_COMPUTE_API_PORT`,
+            )
           : error,
       );
     });

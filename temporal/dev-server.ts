@@ -3,7 +3,7 @@ import { createWriteStream, existsSync, mkdirSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { Connection } from '@temporalio/client';
-import { freePort, stopChild } from '../db/local-postgres.ts';
+import { freePort, isPortFree, stopChild } from '../db/local-postgres.ts';
 import type { Logger } from '../server/logger.ts';
 import { searchAttributeFlags } from './search-attributes.ts';
 
@@ -82,6 +82,10 @@ export async function ensureTemporalCli(toolsDir: string, log: Logger): Promise<
   return cached;
 }
 
+async function preferredPort(port: number): Promise<number> {
+  return (await isPortFree(port)) ? port : freePort();
+}
+
 /** Waits until a Temporal frontend at `address` answers. */
 export async function waitForTemporal(
   address: string,
@@ -126,8 +130,9 @@ export async function startTemporalDevServer(options: {
 }): Promise<TemporalDevServer> {
   const cli = await ensureTemporalCli(options.toolsDir, options.log);
   mkdirSync(options.dataDir, { recursive: true });
-  const port = options.port ?? (await freePort());
-  const uiPort = options.headless ? undefined : (options.uiPort ?? (await freePort()));
+  // The usual ports (7233, and 8233 for the Web UI) when they are free, so bookmarks keep working.
+  const port = options.port ?? (options.headless ? await freePort() : await preferredPort(7233));
+  const uiPort = options.headless ? undefined : (options.uiPort ?? (await preferredPort(8233)));
   const args = [
     'server',
     'start-dev',

@@ -1,27 +1,140 @@
 import type { Command } from 'commander';
 import { migrateToLatest } from '../../db/migrate.ts';
 import { createDb } from '../../db/pool.ts';
-import { parseConfig } from '../../server/config.ts';
-import { createLogger } from '../../server/logger.ts';
+import { type ProcessMode, parseConfig, processModes } from '../../server/config.ts';
+import { startDevStack } from '../../server/dev-stack.ts';
+import { createLogger, type Logger } from '../../server/logger.ts';
+import { startControlPlane } from '../../server/serve.ts';
 
-/** Commands that run the control plane itself: `migrate` (and `dev`, `serve`). */
+/** Stops `stop` once on SIGINT/SIGTERM, then exits. */
+function stopOnSignal(log: Logger, stop: () => Promise<void>) {
+  let stopping = false;
+  const handler = (signal: NodeJS.Signals) => {
+    if (stopping) return;
+    stopping = true;
+    log.info({ signal }, 'stopping everything this process started');
+    stop().then(
+      () => process.exit(0),
+      (err) => {
+        log.error({ err }, 'error while stopping');
+        process.exit(1);
+      },
+    );
+  };
+  process.once('SIGINT', handler);
+  process.once('SIGTERM', handler);
+}
+
+function fail(message: string): never {
+  console.error(`error: ${message}`);
+  process.exit(1);
+}
+
+/** Commands that run the control plane itself: `dev`, `serve`, `migrate`. */
 export function registerServerCommands(program: Command) {
+  program
+    .command('dev')
+    .description(
+      'Run everything locally: PostgreSQL, the Temporal dev server and Web UI, the control plane and simulated GPU servers.',
+    )
+    .option('--sim <n>', 'simulated GPU servers to start (8 GPUs each)', '8')
+    .option('--json', 'print the stack as JSON instead of a summary')
+    .action(async (options: { sim: string; json?: boolean }) => {
+      const sim = Number(options.sim);
+      if (!Number.isInteger(sim) || sim < 0 || sim > 10_000)
+        fail(`--sim must be a whole number from 0 to 10000, got '${options.sim}'`);
+      let config: ReturnType<typeof parseConfig>;
+      try {
+        config = parseConfig();
+      } catch (error) {
+        fail((error as Error).message);
+      }
+      const log = createLogger({ level: config.LOG_LEVEL, pretty: !options.json && process.stdout.isTTY });
+      let stack: Awaited<ReturnType<typeof startDevStack>>;
+      try {
+        stack = await startDevStack({ config, log, sim });
+      } catch (error) {
+        log.debug({ err: error }, 'the dev stack did not start');
+        fail(`${(error as Error).message} (nothing was left running)`);
+      }
+      stopOnSignal(log, stack.stop);
+      const { info } = stack;
+      if (options.json) console.log(JSON.stringify(info));
+      else {
+        console.log(
+          [
+            '',
+            'Better Compute dev stack is running (Ctrl-C stops everything).',
+            `  API:          ${info.apiUrl}`,
+            `  Temporal UI:  ${info.temporalUiUrl ?? `(external Temporal at ${info.temporalAddress})`}`,
+            `  Temporal:     ${info.temporalAddress}`,
+            `  Gateway:      ${info.gatewayAddress ?? '-'}`,
+            `  PostgreSQL:   ${info.databaseUrl}`,
+            `  root token:   ${info.tenants.root.token}   (tenant ${info.tenants.root.id})`,
+            `  acme token:   ${info.tenants.acme.token}   (tenant ${info.tenants.acme.id})`,
+            ...info.pools.map(
+              (p) => `  pool:         ${p.id}  ${p.name}: ${p.nodes} nodes, ${p.gpus} ${p.gpuModel} GPUs`,
+            ),
+            `  The same as JSON: ${config.BETTER_COMPUTE_DATA_DIR}/dev.json`,
+            '',
+          ].join('\n'),
+        );
+      }
+    });
+
+  program
+    .command('serve')
+    .description('Run one process of the control plane against DATABASE_URL and TEMPORAL_ADDRESS.')
+    .option('--mode <mode>', `what this process runs: ${processModes.join(', ')}`, 'all')
+    .action(async (options: { mode: string }) => {
+      if (!(processModes as readonly string[]).includes(options.mode)) {
+        fail(`--mode must be one of ${processModes.join(', ')}, got '${options.mode}'`);
+      }
+      let config: ReturnType<typeof parseConfig>;
+      try {
+        config = parseConfig();
+      } catch (error) {
+        fail((error as Error).message);
+      }
+      if (!config.DATABASE_URL)
+        fail('DATABASE_URL is not set: point it at the PostgreSQL database (or use `better-compute dev`)');
+      if (!config.TEMPORAL_ADDRESS)
+        fail('TEMPORAL_ADDRESS is not set: point it at a Temporal frontend (or use `better-compute dev`)');
+      const log = createLogger({ level: config.LOG_LEVEL });
+      try {
+        const plane = await startControlPlane({
+          mode: options.mode as ProcessMode,
+          config,
+          log,
+          databaseUrl: config.DATABASE_URL,
+          temporalAddress: config.TEMPORAL_ADDRESS,
+        });
+        stopOnSignal(log, plane.stop);
+      } catch (error) {
+        fail((error as Error).message);
+      }
+    });
+
   program
     .command('migrate')
     .description('Apply pending database migrations to DATABASE_URL (all or nothing).')
     .option('--json', 'print the result as JSON')
     .action(async (options: { json?: boolean }) => {
-      const config = parseConfig();
-      const log = createLogger({ level: config.LOG_LEVEL });
-      if (!config.DATABASE_URL) {
-        throw new Error('DATABASE_URL is not set: point it at the PostgreSQL database to migrate');
+      let config: ReturnType<typeof parseConfig>;
+      try {
+        config = parseConfig();
+      } catch (error) {
+        fail((error as Error).message);
       }
+      if (!config.DATABASE_URL)
+        fail('DATABASE_URL is not set: point it at the PostgreSQL database to migrate');
       const handle = createDb(config.DATABASE_URL, { max: 1 });
       try {
         const { applied } = await migrateToLatest(handle.db);
         if (options.json) console.log(JSON.stringify({ applied }));
         else console.log(applied.length ? `applied ${applied.join(', ')}` : 'the database is up to date');
-        log.debug({ applied }, 'migrations applied');
+      } catch (error) {
+        fail((error as Error).message);
       } finally {
         await handle.close();
       }
