@@ -2,7 +2,9 @@ import { confirmationMethods } from './admin/confirmations.ts';
 import { adminMethods } from './admin/index.ts';
 import { capacityMethods } from './capacity.ts';
 import { eventMethods } from './events.ts';
+import { joinTokenMethods } from './join-tokens.ts';
 import type { MethodRegistry } from './method.ts';
+import { nodeMethods } from './nodes.ts';
 import { reservationMethods } from './reservations/index.ts';
 import { systemMethods } from './system.ts';
 import { webhookMethods } from './webhooks.ts';
@@ -19,6 +21,8 @@ export const methods = {
   confirmations: confirmationMethods,
   reservations: reservationMethods,
   capacity: capacityMethods,
+  nodes: nodeMethods,
+  joinTokens: joinTokenMethods,
 } satisfies MethodRegistry;
 
 export type Methods = typeof methods;

@@ -114,16 +114,14 @@ describe('faults and refusals', () => {
     const db = fx.database.db;
     const node = fleet.nodes[0]!;
     const gpu = node.hardware.gpus().gpus[7]!.uuid;
-    const [refresh, diag] = await db
-      .transaction()
-      .execute(async (trx) => [
-        await enqueueNodeCommand(trx, { nodeId: node.nodeId, kind: 'inventory.refresh' }),
-        await enqueueNodeCommand(trx, {
-          nodeId: node.nodeId,
-          kind: 'diag.nvml',
-          payload: { level: 'quick' },
-        }),
-      ]);
+    const [refresh, diag] = await db.transaction().execute(async (trx) => [
+      await enqueueNodeCommand(trx, { nodeId: node.nodeId, kind: 'inventory.refresh' }),
+      await enqueueNodeCommand(trx, {
+        nodeId: node.nodeId,
+        kind: 'diag.nvml',
+        payload: { level: 'quick' },
+      }),
+    ]);
     expect(diag!.seq).toBe(refresh!.seq + 1);
     await eventually(async () => (await findNodeCommand(db, diag!.id))?.state === 'succeeded');
     expect((await findNodeCommand(db, refresh!.id))?.state).toBe('succeeded');

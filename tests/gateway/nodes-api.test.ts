@@ -1,0 +1,138 @@
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { SimHardware } from '../../daemon/hardware.ts';
+import { joinWithToken } from '../../daemon/identity.ts';
+import { type SimulatedFleet, startSimulatedFleet } from '../../daemon/sim.ts';
+import { type StartedGateway, startGateway } from '../../gateway/server.ts';
+import { type AdmissionHarness, createAdmissionHarness } from '../admission/harness.ts';
+import { eventually, testLog } from './fixture.ts';
+
+describe('the nodes and joinTokens API groups', () => {
+  let h: AdmissionHarness;
+  let gateway: StartedGateway;
+  let fleet: SimulatedFleet | undefined;
+  let dir: string;
+  let poolId: string;
+  beforeAll(async () => {
+    h = await createAdmissionHarness();
+    gateway = await startGateway({
+      ...h.deps,
+      host: '127.0.0.1',
+      port: 0,
+      options: { deliveryIntervalMs: 50 },
+    });
+    dir = mkdtempSync(path.join(tmpdir(), 'bc-nodes-api-'));
+    const site = await h.call(h.rootToken, 'admin/createSite', { name: 'dc-1', region: 'eu-1' });
+    const pool = await h.call(h.rootToken, 'admin/createPool', {
+      siteId: site.body.data.id,
+      name: 'h100',
+      gpuModel: 'h100',
+    });
+    poolId = pool.body.data.id;
+  });
+  afterAll(async () => {
+    await fleet?.stop();
+    await gateway?.stop();
+    await h?.close();
+    if (dir) rmSync(dir, { recursive: true, force: true });
+  });
+
+  it('creates a join token shown once, a node joins with it, and the operator lists, cordons, drains and uncordons it', async () => {
+    const created = await h.call(h.rootToken, 'joinTokens/create', { poolId, ttlSeconds: 600, maxUses: 1 });
+    expect(created.status).toBe(200);
+    expect(created.body.data).toMatchObject({ poolId, maxUses: 1, uses: 0, state: 'active' });
+    expect(created.body.data.token).toMatch(/^bcjt_[0-9a-z]{26}\.[A-Za-z0-9_-]{43}$/);
+    const listed = await h.call(h.rootToken, 'joinTokens/list', { poolId });
+    expect(listed.body.data.tokens).toHaveLength(1);
+    expect(JSON.stringify(listed.body)).not.toContain(created.body.data.token.split('.')[1]);
+
+    fleet = await startSimulatedFleet({
+      gatewayAddress: gateway.address,
+      caCertificatePem: gateway.caCertificatePem,
+      joinToken: created.body.data.token,
+      nodes: 1,
+      rootDir: dir,
+      log: testLog,
+    });
+    const nodeId = fleet.nodes[0]!.nodeId;
+    const ready = await eventually(async () => {
+      const got = await h.call(h.rootToken, 'nodes/get', { nodeId });
+      return got.body.data?.provisionState === 'ready' ? got.body.data : null;
+    });
+    expect(ready).toMatchObject({ connectivity: 'connected', gpuCount: 8, cordoned: false, poolId });
+    expect(ready.devices).toHaveLength(8);
+    expect(ready.labels).toContainEqual({
+      key: 'bc.dev/cap.devices.limits',
+      value: 'true',
+      source: 'system',
+    });
+    expect(ready.certificateNotAfter).toBeGreaterThan(Date.now());
+
+    const used = await h.call(h.rootToken, 'joinTokens/list', { poolId });
+    expect(used.body.data.tokens[0]).toMatchObject({ uses: 1, state: 'used' });
+
+    const list = await h.call(h.rootToken, 'nodes/list', { poolId });
+    expect(list.body.data.nodes.map((n: { id: string }) => n.id)).toEqual([nodeId]);
+
+    const cordoned = await h.call(h.rootToken, 'nodes/cordon', { nodeId, reason: 'disk swap' });
+    expect(cordoned.body.data.node).toMatchObject({
+      cordoned: true,
+      cordonReason: 'disk swap',
+      draining: false,
+    });
+    const drained = await h.call(h.rootToken, 'nodes/drain', { nodeId });
+    expect(drained.body.data).toMatchObject({ node: { cordoned: true, draining: true }, liveAllocations: 0 });
+    expect(drained.body.data.node.conditions.map((c: { type: string }) => c.type)).toContain('Draining');
+    const uncordoned = await h.call(h.rootToken, 'nodes/uncordon', { nodeId });
+    expect(uncordoned.body.data.node).toMatchObject({ cordoned: false, draining: false, conditions: [] });
+    const events = await h.t.db
+      .selectFrom('outbox_events')
+      .select('type')
+      .where('subject', '=', `node/${nodeId}`)
+      .execute();
+    expect(events.map((e) => e.type)).toEqual(['node.cordoned', 'node.draining', 'node.uncordoned']);
+  });
+
+  it('refuses bad input, strangers and revoked tokens, and changes nothing', async () => {
+    const bad = await h.call(h.rootToken, 'nodes/cordon', { nodeId: 'nope' });
+    expect(bad.body.error.code).toBe('INVALID_INPUT');
+    const extra = await h.call(h.rootToken, 'joinTokens/create', { poolId, ttlSeconds: 600, surprise: 1 });
+    expect(extra.body.error.code).toBe('INVALID_INPUT');
+    const missing = await h.call(h.rootToken, 'nodes/get', { nodeId: 'node_00000000000000000000000000' });
+    expect(missing.body.error.code).toBe('NOT_FOUND');
+
+    await h.call(h.rootToken, 'admin/createTenant', { id: 'acme', name: 'Acme' });
+    const person = await h.call(h.rootToken, 'admin/createIdentity', {
+      tenantId: 'acme',
+      kind: 'person',
+      name: 'ann',
+      roles: ['member'],
+    });
+    const token = (await h.call(h.rootToken, 'admin/createToken', { identityId: person.body.data.id })).body
+      .data.token;
+    const nodeId = fleet!.nodes[0]!.nodeId;
+    const stranger = await h.call(token, 'nodes/cordon', { nodeId });
+    expect(stranger.body.error.code).toBe('NOT_FOUND');
+    const strangerToken = await h.call(token, 'joinTokens/create', { poolId });
+    expect(strangerToken.body.error.code).toBe('NOT_FOUND');
+    const node = await h.call(h.rootToken, 'nodes/get', { nodeId });
+    expect(node.body.data.cordoned).toBe(false);
+
+    const created = await h.call(h.rootToken, 'joinTokens/create', { poolId, ttlSeconds: 600 });
+    const revoked = await h.call(h.rootToken, 'joinTokens/revoke', { tokenId: created.body.data.id });
+    expect(revoked.body.data.state).toBe('revoked');
+    await expect(
+      joinWithToken({
+        gateway: gateway.address,
+        token: created.body.data.token,
+        caCertificatePem: gateway.caCertificatePem,
+        dir: path.join(dir, 'late'),
+        evidence: new SimHardware('late').evidence(),
+        requestedName: 'late',
+        agentVersion: 'test',
+      }),
+    ).rejects.toMatchObject({ code: 16 });
+  });
+});
