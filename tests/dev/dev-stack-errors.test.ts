@@ -9,12 +9,20 @@ import { freePort, isPortFree } from '../../db/local-postgres.ts';
 const cli = path.resolve('bin/better-compute.js');
 const dirs: string[] = [];
 
-function runDev(env: Record<string, string>): Promise<{ code: number | null; stderr: string; stdout: string }> {
+function runDev(
+  env: Record<string, string>,
+): Promise<{ code: number | null; stderr: string; stdout: string }> {
   const dataDir = mkdtempSync(path.join(os.tmpdir(), 'bc-dev-'));
   dirs.push(dataDir);
   return new Promise((resolve) => {
     const child = spawn(process.execPath, [cli, 'dev', '--sim', '0'], {
-      env: { PATH: process.env.PATH, HOME: process.env.HOME, BETTER_COMPUTE_DATA_DIR: dataDir, LOG_LEVEL: 'warn', ...env },
+      env: {
+        PATH: process.env.PATH,
+        HOME: process.env.HOME,
+        BETTER_COMPUTE_DATA_DIR: dataDir,
+        LOG_LEVEL: 'warn',
+        ...env,
+      },
       stdio: ['ignore', 'pipe', 'pipe'],
     });
     let stdout = '';
@@ -36,7 +44,9 @@ describe('better-compute dev refuses to start with one sentence', () => {
     expect(result.code).toBe(1);
     const lines = result.stderr.trim().split('\n');
     expect(lines).toHaveLength(1);
-    expect(lines[0]).toMatch(/^error: DATABASE_URL is not reachable .*: start that PostgreSQL server or unset DATABASE_URL/);
+    expect(lines[0]).toMatch(
+      /^error: DATABASE_URL is not reachable .*: start that PostgreSQL server or unset DATABASE_URL/,
+    );
   });
 
   it('when TEMPORAL_ADDRESS is unreachable, and stops the PostgreSQL it started', async () => {
@@ -64,7 +74,9 @@ describe('better-compute dev refuses to start with one sentence', () => {
       expect(result.code).toBe(1);
       const lines = result.stderr.trim().split('\n');
       expect(lines).toHaveLength(1);
-      expect(lines[0]).toContain(`port ${apiPort} on 127.0.0.1 is already in use: stop what uses it or set BETTER_COMPUTE_API_PORT`);
+      expect(lines[0]).toContain(
+        `port ${apiPort} on 127.0.0.1 is already in use: stop what uses it or set BETTER_COMPUTE_API_PORT`,
+      );
       expect(existsSync(path.join(dirs.at(-1)!, 'postgres', 'postmaster.pid'))).toBe(false);
       expect(await isPortFree(gatewayPort)).toBe(true);
     } finally {

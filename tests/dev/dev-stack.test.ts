@@ -1,0 +1,99 @@
+import { type ChildProcess, spawn } from 'node:child_process';
+import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { afterAll, describe, expect, it } from 'vitest';
+import { freePort, isPortFree } from '../../db/local-postgres.ts';
+
+const cli = path.resolve('bin/better-compute.js');
+const dataDir = mkdtempSync(path.join(os.tmpdir(), 'bc-dev-stack-'));
+let child: ChildProcess | undefined;
+
+interface DevJson {
+  apiUrl: string;
+  temporalAddress: string;
+  temporalUiUrl: string | null;
+  databaseUrl: string;
+  tenants: { root: { id: string; token: string }; acme: { id: string; token: string } };
+  pools: Array<{ id: string; name: string; gpuModel: string; nodes: number; gpus: number }>;
+}
+
+async function startDev(ports: { api: number; gateway: number }): Promise<DevJson> {
+  const devJson = path.join(dataDir, 'dev.json');
+  rmSync(devJson, { force: true });
+  child = spawn(process.execPath, [cli, 'dev', '--sim', '2', '--json'], {
+    env: {
+      PATH: process.env.PATH,
+      HOME: process.env.HOME,
+      BETTER_COMPUTE_DATA_DIR: dataDir,
+      BETTER_COMPUTE_API_PORT: String(ports.api),
+      BETTER_COMPUTE_GATEWAY_PORT: String(ports.gateway),
+      LOG_LEVEL: 'warn',
+    },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let stderr = '';
+  child.stderr?.on('data', (d) => (stderr += d));
+  const deadline = Date.now() + 150_000;
+  while (!existsSync(devJson)) {
+    if (child.exitCode !== null) throw new Error(`dev exited with ${child.exitCode}: ${stderr}`);
+    if (Date.now() > deadline) throw new Error(`dev did not come up: ${stderr}`);
+    await new Promise((r) => setTimeout(r, 250));
+  }
+  return JSON.parse(readFileSync(devJson, 'utf8')) as DevJson;
+}
+
+async function stopDev() {
+  const running = child!;
+  const exited = new Promise<number | null>((resolve) => running.once('exit', (code) => resolve(code)));
+  running.kill('SIGINT');
+  return exited;
+}
+
+async function call(info: DevJson, token: string, method: string, body: unknown = {}) {
+  const response = await fetch(`${info.apiUrl}/api/compute/${method}`, {
+    method: 'POST',
+    headers: {
+      authorization: `Bearer ${token}`,
+      'x-better-compute': '1',
+      'content-type': 'application/json',
+    },
+    body: JSON.stringify(body),
+  });
+  return (await response.json()) as { data?: Record<string, unknown>; error?: { code: string } };
+}
+
+afterAll(async () => {
+  if (child && child.exitCode === null) await stopDev();
+  rmSync(dataDir, { recursive: true, force: true });
+});
+
+describe('npm run dev (better-compute dev)', () => {
+  it('starts everything, writes dev.json, stops everything on Ctrl-C, and reuses its data', async () => {
+    const ports = { api: await freePort(), gateway: await freePort() };
+    const first = await startDev(ports);
+    expect(first.apiUrl).toBe(`http://127.0.0.1:${ports.api}`);
+    expect(first.temporalUiUrl).toMatch(/^http:\/\/127\.0\.0\.1:\d+$/);
+    expect(first.pools).toEqual([
+      expect.objectContaining({ name: 'h100', gpuModel: 'h100', nodes: 2, gpus: 16 }),
+    ]);
+    expect((await fetch(first.temporalUiUrl!)).status).toBe(200);
+    const whoami = await call(first, first.tenants.acme.token, 'system/whoami');
+    expect(whoami.data).toMatchObject({ tenantId: 'acme' });
+
+    expect(await stopDev()).toBe(0);
+    expect(existsSync(path.join(dataDir, 'postgres', 'postmaster.pid'))).toBe(false);
+    expect(await isPortFree(ports.api)).toBe(true);
+    expect(await isPortFree(ports.gateway)).toBe(true);
+    expect(await isPortFree(Number(first.temporalAddress.split(':')[1]))).toBe(true);
+
+    const second = await startDev(ports);
+    expect(second.pools[0]!.id).toBe(first.pools[0]!.id);
+    expect(second.tenants.acme.id).toBe(first.tenants.acme.id);
+    expect(second.pools[0]!.nodes).toBe(2);
+    expect((await call(second, second.tenants.acme.token, 'system/whoami')).data).toMatchObject({
+      tenantId: 'acme',
+    });
+    expect(await stopDev()).toBe(0);
+  }, 400_000);
+});
