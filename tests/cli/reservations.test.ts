@@ -1,0 +1,196 @@
+import { spawn } from 'node:child_process';
+import path from 'node:path';
+import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { createComputeClient } from '../../client/index.ts';
+import { insertPool, insertSite, offerPool, registerReadyNodes } from '../../db/fleet.ts';
+import { startTestApi, type TestApi } from './harness.ts';
+import { json, runCli } from './run-cli.ts';
+
+let api: TestApi;
+let env: Record<string, string>;
+let poolId: string;
+beforeAll(async () => {
+  api = await startTestApi();
+  env = { BETTER_COMPUTE_URL: api.url, BETTER_COMPUTE_TOKEN: api.acme.token };
+  const db = api.database.db;
+  const siteId = await insertSite(db, { name: 'site-cli', region: 'eu-central-1' });
+  poolId = await insertPool(db, { siteId, ownerTenantId: api.root.tenantId, name: 'h100', gpuModel: 'h100' });
+  await registerReadyNodes(db, { siteId, poolId, count: 2, namePrefix: 'cli' });
+  await offerPool(db, { poolId, tenantId: 'acme', quota: { gpu: 8 } });
+});
+afterAll(async () => {
+  await api?.stop();
+});
+
+const reserveArgs = () => [
+  'reserve',
+  '--tenant',
+  'acme',
+  '--pool',
+  poolId,
+  '--gpus',
+  '4',
+  '--for',
+  '8h',
+  '--nvlink',
+];
+
+describe('capacity', () => {
+  test('per pool, and a preview that takes the flags of reserve', async () => {
+    const [table, asJson, preview, previewTable, tooBig] = await Promise.all([
+      runCli(['capacity', '--tenant', 'acme'], env),
+      runCli(['capacity', '--tenant', 'acme', '--pool', poolId, '--json'], env),
+      runCli(
+        [
+          'capacity',
+          '--tenant',
+          'acme',
+          '--preview',
+          '--pool',
+          poolId,
+          '--gpus',
+          '4',
+          '--for',
+          '8h',
+          '--nvlink',
+          '--json',
+        ],
+        env,
+      ),
+      runCli(['capacity', '--preview', '--pool', poolId, '--gpus', '2', '--for', '1h'], env),
+      runCli(['capacity', '--preview', '--pool', poolId, '--gpus', '9', '--for', '1h', '--json'], env),
+    ]);
+    expect(table.stdout.split('\n')[0]).toMatch(
+      /^POOL\s+NAME\s+MODEL\s+REGION\s+NODES\s+ALLOCATABLE\s+ALLOCATED\s+RESERVED\s+AVAILABLE\s+QUOTA$/,
+    );
+    expect(table.stdout).toMatch(/h100\s+h100\s+eu-central-1\s+2\/2\s+16\s+0\s+0\s+16\s+0\/8/);
+    expect(json(asJson).pools).toEqual([
+      expect.objectContaining({ poolId, allocatable: 16, available: 16, quota: { limit: 8, used: 0 } }),
+    ]);
+    const p = json(preview);
+    expect(p.fits).toBe(true);
+    expect(p.deviceIds).toHaveLength(4);
+    expect(previewTable.stdout).toMatch(/^fits:\s+yes$/m);
+    expect(json(tooBig).fits).toBe(false);
+  });
+});
+
+describe('reserve and the lifecycle commands', () => {
+  test('reserve prints a new key unless --key is given; the same key retries the same reservation', async () => {
+    const fresh = await runCli(reserveArgs(), env);
+    expect(fresh.code).toBe(0);
+    const key = /idempotency key: (cli-\S+)/.exec(fresh.stderr)?.[1];
+    expect(key).toBeDefined();
+    expect(fresh.stdout).toMatch(/^state:\s+placed$/m);
+    const retried = json(await runCli([...reserveArgs(), '--key', key!, '--json'], env));
+    expect(retried.idempotencyKey).toBe(key);
+    expect(fresh.stdout).toContain(retried.id);
+    // The same key with a different request is a conflict that names the reservation.
+    const conflict = await runCli([...reserveArgs().slice(0, -1), '--key', key!], env);
+    expect(conflict.code).toBe(3);
+    expect(conflict.stderr).toMatch(/^better-compute: CONFLICT: .*Next: run it again with a new --key/);
+    await runCli(['release', retried.id, '--tenant', 'acme'], env);
+  });
+
+  test('refusals and bad input: quota, unknown pool, malformed duration and date', async () => {
+    const [quota, unknownPool, badDuration, badStart, missing] = await Promise.all([
+      runCli(['reserve', '--tenant', 'acme', '--pool', poolId, '--gpus', '12', '--for', '1h'], env),
+      runCli(['reserve', '--tenant', 'acme', '--pool', 'pool_missing', '--gpus', '1', '--for', '1h'], env),
+      runCli(['reserve', '--pool', poolId, '--gpus', '1', '--for', 'eight hours'], env),
+      runCli(['reserve', '--pool', poolId, '--gpus', '1', '--for', '1h', '--start', 'tomorrow-ish'], env),
+      runCli(['reserve', '--pool', poolId, '--for', '1h'], env),
+    ]);
+    expect(quota.code).toBe(3);
+    expect(quota.stderr).toMatch(/QUOTA_EXCEEDED: .*Next: ask for fewer resources/);
+    expect(unknownPool.code).toBe(3);
+    expect(unknownPool.stderr).toMatch(/NOT_FOUND/);
+    expect(badDuration.code).toBe(2);
+    expect(badDuration.stderr).toMatch(/'--for <duration>' argument 'eight hours' is invalid/);
+    expect(badStart.code).toBe(2);
+    expect(badStart.stderr).toMatch(/expected a date such as 2026-12-01T09:00:00Z/);
+    expect(missing.code).toBe(2);
+    expect(missing.stderr).toMatch(/'--gpus <n>' not specified/);
+  });
+
+  test('extend, get --query, list, renew, cancel and release', async () => {
+    const created = json(await runCli([...reserveArgs(), '--key', 'walk-1', '--json'], env));
+    const id: string = created.id;
+    const end0: number = created.during.end;
+
+    const extended = json(await runCli(['extend', id, '--tenant', 'acme', '--by', '4h', '--json'], env));
+    expect(extended.extended).toBe(true);
+    expect(extended.reservation.during.end).toBe(end0 + 4 * 3_600_000);
+    const [earlier, both, queryEnd, queryBinding, queryMissing, listed, renew] = await Promise.all([
+      runCli(['extend', id, '--until', '+1h'], env),
+      runCli(['extend', id, '--until', '+1h', '--by', '1h'], env),
+      runCli(['reservations', 'get', id, '--tenant', 'acme', '--query', 'during.end'], env),
+      runCli(['reservations', 'get', id, '--query', 'binding'], env),
+      runCli(['reservations', 'get', id, '--query', 'nope.nothing'], env),
+      runCli(['reservations', 'list', '--tenant', 'acme', '--json'], env),
+      runCli(['renew', id], env),
+    ]);
+    expect(earlier.code).toBe(0);
+    expect(earlier.stdout).toMatch(/^not extended: /);
+    expect(both.code).toBe(2);
+    expect(both.stderr).toMatch(/exactly one of --until .* or --by/);
+    expect(queryEnd.stdout.trim()).toBe(String(end0 + 4 * 3_600_000));
+    expect(queryBinding.stdout.trim()).toBe('null');
+    expect(queryMissing.code).toBe(2);
+    expect(json(listed).reservations.map((r: { id: string }) => r.id)).toContain(id);
+    expect(renew.code).toBe(3);
+    expect(renew.stderr).toMatch(/INVALID_STATE: .*without leaseSeconds/);
+
+    const cancelled = await runCli(['cancel', id], env);
+    expect(cancelled.stdout.trim()).toMatch(new RegExp(`^${id} is cancelled`));
+    const again = await runCli(['cancel', id, '--json'], env);
+    expect(again.code).toBe(3);
+    expect(JSON.parse(again.stdout).error.code).toBe('INVALID_STATE');
+    const table = await runCli(['reservations', 'list', '--state', 'cancelled'], env);
+    expect(table.stdout.split('\n')[0]).toMatch(/^ID\s+STATE\s+POOL\s+DEVICES\s+START\s+END\s+CONDITIONS$/);
+    expect(table.stdout).toMatch(new RegExp(`${id}\\s+cancelled`));
+  });
+
+  test('reservations watch follows the events live and ends with the reservation', async () => {
+    const client = createComputeClient({ baseURL: api.url, token: api.acme.token });
+    const r = await client.reservations.create({
+      tenantId: 'acme',
+      poolId,
+      devices: [{ class: 'gpu', count: 1 }],
+      duration: '1h',
+      idempotencyKey: 'watch-1',
+    });
+    const child = spawn(
+      process.execPath,
+      [
+        path.resolve(import.meta.dirname, '../../bin/better-compute.js'),
+        'reservations',
+        'watch',
+        r.id,
+        '--json',
+      ],
+      { env: { PATH: process.env.PATH, ...env, BETTER_COMPUTE_DATA_DIR: '/nonexistent' } },
+    );
+    let stdout = '';
+    child.stdout.on('data', (c: Buffer) => {
+      stdout += c.toString();
+    });
+    const exited = new Promise<number | null>((resolve) => child.on('exit', resolve));
+    const deadline = Date.now() + 30_000;
+    while (!stdout.includes('"kind":"state"') && Date.now() < deadline)
+      await new Promise((x) => setTimeout(x, 50));
+    await new Promise((x) => setTimeout(x, 800));
+    await client.reservations.release({ tenantId: 'acme', reservationId: r.id });
+    const code = await exited;
+    expect(code).toBe(0);
+    const lines = stdout
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l));
+    expect(lines[0]).toMatchObject({ kind: 'state', state: 'placed' });
+    expect(lines.at(-1)).toMatchObject({
+      kind: 'event',
+      type: 'reservation.released',
+      subject: `reservation/${r.id}`,
+    });
+  });
+});
