@@ -57,7 +57,7 @@ export interface AttestedBinding {
 }
 
 export type AttestationVerdict =
-  | { ok: true; report: AllocationReport; binding: AttestedBinding }
+  | { ok: true; report: AllocationReport; binding: AttestedBinding | null }
   | { ok: false; reason: string };
 
 /**
@@ -65,7 +65,7 @@ export type AttestationVerdict =
  * certificates (any that match `keyId`). Accepts only when the report is signed by a certificate of
  * that node (current, or expired within the offline grace, never revoked) whose role runs
  * workloads, the signature verifies, and the signed body reports exactly this allocation bound
- * (and, when `expectedGpuUuids` is given, exactly those GPUs). Every refusal names its reason:
+ * (or `kind`; and, for a binding with `expectedGpuUuids`, exactly those GPUs). Every refusal names its reason:
  * `unsigned report`, `unknown signing key`, `signed by a key of another node`, `signing certificate
  * revoked`, `signing certificate expired`, `signing certificate role cannot run workloads`,
  * `signature does not verify`, `malformed report`, `the signed report is not this allocation bound`.
@@ -79,6 +79,8 @@ export function verifyAttestedReport(input: {
   certificates: readonly AttestationCertificate[];
   now: Date;
   expectedGpuUuids?: readonly string[];
+  /** The kind the report must be (default `bound`). */
+  kind?: 'bound' | 'failed' | 'released';
   offlineGraceMs?: number;
   roles?: readonly string[];
 }): AttestationVerdict {
@@ -106,15 +108,17 @@ export function verifyAttestedReport(input: {
   if (!verified) return { ok: false, reason: 'signature does not verify' };
   const report = decodeAllocationReport(body);
   if (!report) return { ok: false, reason: 'malformed report' };
-  const notThis = { ok: false, reason: 'the signed report is not this allocation bound' } as const;
+  const kind = input.kind ?? 'bound';
+  const notThis = { ok: false, reason: `the signed report is not this allocation ${kind}` } as const;
   if (
     report.purpose !== attestedReportPurpose ||
     report.nodeId !== input.nodeId ||
     report.allocationId !== input.allocationId ||
-    report.kind?.$case !== 'bound'
+    report.kind?.$case !== kind
   ) {
     return notThis;
   }
+  if (report.kind.$case !== 'bound') return { ok: true, report, binding: null };
   const bound: AllocationBound = report.kind.value;
   if (input.expectedGpuUuids) {
     const want = [...input.expectedGpuUuids].sort().join(',');
