@@ -104,7 +104,7 @@ const poolCapacity = z.object({
 
 const get = defineMethod({
   summary:
-    'Per pool the tenant can use: allocatable atoms (on schedulable nodes), allocated now, reserved for later, available now, and the tenant quota.',
+    'Per pool the tenant can use: allocatable atoms (on schedulable nodes), allocated (booked now), reserved (with a booking that starts later), available now, and the tenant quota.',
   action: 'compute:capacity:read',
   input: z.strictObject({ tenantId: tenantIdSchema, poolId: z.string().min(1).max(100).optional() }),
   output: z.object({ pools: z.array(poolCapacity) }),
@@ -160,7 +160,7 @@ const get = defineMethod({
                 AND COALESCE(n.observed_generation, 0) >= 1) AS schedulable_nodes,
              count(*) FILTER (WHERE a.ok) AS allocatable,
              count(*) FILTER (WHERE bk.now) AS allocated,
-             count(*) FILTER (WHERE bk.later AND NOT COALESCE(bk.now, false)) AS reserved,
+             count(*) FILTER (WHERE bk.later) AS reserved,
              count(*) FILTER (WHERE a.ok AND NOT COALESCE(bk.now, false)) AS available,
              (SELECT limit_amount FROM quotas q WHERE q.tenant_id = ${input.tenantId} AND q.pool_id = v.id AND q.resource = v.class) AS quota_limit,
              (SELECT used FROM quotas q WHERE q.tenant_id = ${input.tenantId} AND q.pool_id = v.id AND q.resource = v.class) AS quota_used
