@@ -1,4 +1,7 @@
+import { lockReservationAtVersion } from '../db/lifecycle.ts';
+import { withPlacementTransaction } from '../db/placement.ts';
 import type { Db } from '../db/pool.ts';
+import { placeReservation } from '../db/reservations.ts';
 import type { Logger } from '../server/logger.ts';
 import type { StepResult } from './reservation.ts';
 
@@ -7,15 +10,31 @@ export interface PlacementActivityDeps {
   log: Logger;
 }
 
-/** Placement from the lifecycle: a pending reservation tries again (admission's placer). */
-export function createPlacementActivities(_deps: PlacementActivityDeps) {
+/** Placement from the lifecycle: a pending reservation tries again with admission's placer. */
+export function createPlacementActivities({ db, log }: PlacementActivityDeps) {
   return {
-    /** Places a pending reservation (one transaction, guarded by its version). */
-    async placeReservationAgain(_input: {
+    /**
+     * Places a pending reservation (the retry every pendingRetry, or at once when capacity was
+     * freed) in one transaction guarded by its version, retried on a lost placement race. Placed:
+     * allocation, bookings, `reservation.placed`; no fit: it stays pending with `Unschedulable`.
+     */
+    async placeReservationAgain(input: {
       reservationId: string;
       expectedVersion: number;
     }): Promise<StepResult> {
-      return { applied: false, state: null };
+      return withPlacementTransaction(db, async (trx) => {
+        const row = await lockReservationAtVersion(trx, input.reservationId, input.expectedVersion);
+        if (row?.state !== 'pending') return { applied: false, state: row?.state ?? null };
+        const outcome = await placeReservation(trx, input.reservationId);
+        if (outcome.outcome === 'placed') {
+          log.info(
+            { reservationId: input.reservationId, nodeId: outcome.nodeId },
+            'pending reservation placed',
+          );
+          return { applied: true, state: 'placed' };
+        }
+        return { applied: false, state: outcome.outcome === 'pending' ? 'pending' : outcome.state };
+      });
     },
   };
 }

@@ -2,7 +2,11 @@ import type { Client } from '@temporalio/client';
 import { sql } from 'kysely';
 import type { Db } from '../db/pool.ts';
 import type { Logger } from '../server/logger.ts';
-import { type LifecycleOptions, startReservationLifecycle } from '../temporal/lifecycle.ts';
+import {
+  createTemporalLifecycle,
+  type LifecycleOptions,
+  startReservationLifecycle,
+} from '../temporal/lifecycle.ts';
 import { reservationWorkflowType } from '../workflows/reservation/messages.ts';
 
 export interface SweeperActivityDeps {
@@ -21,7 +25,13 @@ const liveStates = ['awaiting-confirmation', 'pending', 'placed', 'binding', 'ac
  * reservation that has none (harmless when visibility lags and one does run).
  */
 export function createSweeperActivities({ db, log, temporal, lifecycle }: SweeperActivityDeps) {
+  const lifecycles = createTemporalLifecycle(temporal, lifecycle);
   return {
+    /** Capacity was freed in a pool (a lifecycle released bookings): its pending reservations try now. */
+    async wakePoolPending(input: { poolId: string }): Promise<void> {
+      await lifecycles.wakePool(input.poolId);
+    },
+
     async sweepOrphanReservations(input: { graceMs: number; limit: number }): Promise<{ started: string[] }> {
       const candidates = await db
         .selectFrom('reservations')

@@ -34,50 +34,72 @@ async function nodeAssignments(nodeId: string): Promise<string[]> {
   );
 }
 
+async function bindAttempts(id: string): Promise<number> {
+  const row = await h.db
+    .selectFrom('reservations')
+    .where('id', '=', id)
+    .select('bind_attempts')
+    .executeTakeFirstOrThrow();
+  return row.bind_attempts;
+}
+
+async function currentAllocation(id: string) {
+  return h.db
+    .selectFrom('allocations')
+    .where('reservation_id', '=', id)
+    .where('released_at', 'is', null)
+    .select(['id', 'node_id', 'state'])
+    .executeTakeFirst();
+}
+
 describe('binding (hold)', () => {
-  it('releases the bookings and goes back to placement when no report comes in time', async () => {
+  it('releases the bookings and places again when no report comes in time, then binds on the new placement', async () => {
     const { id, allocationId } = await insertPlacedReservation(h, { node: h.nodes[0]! });
     await start(id);
     await waitForState(h, id, 'binding');
     expect(await nodeAssignments(h.nodes[0]!.id)).toEqual([allocationId]);
-    const pending = await waitForState(h, id, ['pending', 'placed', 'binding', 'failed'], 10_000).then(
-      async () => {
-        await expect
-          .poll(
-            async () =>
-              (
-                await h.db
-                  .selectFrom('reservations')
-                  .where('id', '=', id)
-                  .select('bind_attempts')
-                  .executeTakeFirstOrThrow()
-              ).bind_attempts,
-            {
-              timeout: 10_000,
-            },
-          )
-          .toBe(1);
-        return h.db.selectFrom('reservations').where('id', '=', id).selectAll().executeTakeFirstOrThrow();
-      },
-    );
-    expect(pending.conditions).toContainEqual(
-      expect.objectContaining({ type: 'BindTimeout', reason: 'NodeDidNotBind' }),
-    );
-    const allocation = await h.db
+    await expect.poll(() => bindAttempts(id), { timeout: 10_000 }).toBe(1);
+
+    const first = await h.db
       .selectFrom('allocations')
       .where('id', '=', allocationId)
       .selectAll()
       .executeTakeFirstOrThrow();
-    expect(allocation.state).toBe('failed');
-    expect(allocation.released_at).not.toBeNull();
-    expect(await nodeAssignments(h.nodes[0]!.id)).toEqual([]);
+    expect(first.state).toBe('failed');
+    expect(first.released_at).not.toBeNull();
     const { rows } = await sql<{ live: number }>`
       SELECT count(*)::int AS live FROM device_bookings WHERE allocation_id = ${allocationId} AND upper(during) > compute_now()`.execute(
       h.db,
     );
     expect(rows[0]!.live).toBe(0);
+
+    // Placed again (admission's placer) and bound this time.
+    const second = await expect
+      .poll(() => currentAllocation(id), { timeout: 10_000 })
+      .toMatchObject({ state: 'binding' })
+      .then(() => currentAllocation(id));
+    expect(second!.id).not.toBe(allocationId);
+    expect(await nodeAssignments(second!.node_id)).toContain(second!.id);
+    expect(await nodeAssignments(h.nodes[0]!.id)).not.toContain(allocationId);
+    await reportAllocation(h, id, second!.id, 'bound');
+    await waitForState(h, id, 'active');
+    const types = await eventTypes(h, id);
+    expect(types).toEqual([
+      'reservation.binding',
+      'reservation.pending',
+      'reservation.placed',
+      'reservation.binding',
+      'reservation.active',
+    ]);
+    const pendingEvent = await h.db
+      .selectFrom('outbox_events')
+      .where('subject', '=', `reservation/${id}`)
+      .where('type', '=', 'reservation.pending')
+      .select('data')
+      .executeTakeFirstOrThrow();
+    expect(pendingEvent.data).toMatchObject({ reason: 'NodeDidNotBind' });
     await h.lifecycle.signal(id, { type: 'release' });
-    await waitForState(h, id, ['released', 'cancelled']);
+    await waitForState(h, id, 'released');
   });
 
   it('counts a failure report as a failed attempt (NodeRejectedBinding)', async () => {
@@ -85,29 +107,14 @@ describe('binding (hold)', () => {
     await start(id);
     await waitForState(h, id, 'binding');
     await reportAllocation(h, id, allocationId, 'failed');
-    await expect
-      .poll(
-        async () =>
-          (
-            await h.db
-              .selectFrom('reservations')
-              .where('id', '=', id)
-              .select('bind_attempts')
-              .executeTakeFirstOrThrow()
-          ).bind_attempts,
-        {
-          timeout: 5_000,
-        },
-      )
-      .toBe(1);
-    const row = await h.db
-      .selectFrom('reservations')
-      .where('id', '=', id)
-      .select('conditions')
+    await expect.poll(() => bindAttempts(id), { timeout: 5_000 }).toBe(1);
+    const pendingEvent = await h.db
+      .selectFrom('outbox_events')
+      .where('subject', '=', `reservation/${id}`)
+      .where('type', '=', 'reservation.pending')
+      .select('data')
       .executeTakeFirstOrThrow();
-    expect(row.conditions).toContainEqual(
-      expect.objectContaining({ type: 'BindTimeout', reason: 'NodeRejectedBinding' }),
-    );
+    expect(pendingEvent.data).toMatchObject({ reason: 'NodeRejectedBinding' });
     await h.lifecycle.signal(id, { type: 'release' });
     await waitForState(h, id, ['released', 'cancelled']);
   });

@@ -33,8 +33,9 @@ async function refunded(id: string): Promise<boolean> {
 
 describe('cancel and release from each state', () => {
   it('cancels or releases a pending reservation (release of a pending one cancels it)', async () => {
-    const a = await insertUnplacedReservation(h, { state: 'pending' });
-    const b = await insertUnplacedReservation(h, { state: 'pending' });
+    // More GPUs than any node has: they stay pending however often the placer tries.
+    const a = await insertUnplacedReservation(h, { state: 'pending', gpus: 16 });
+    const b = await insertUnplacedReservation(h, { state: 'pending', gpus: 16 });
     await start(a, 'pending');
     await start(b, 'pending');
     await h.lifecycle.signal(a, { type: 'cancel' });

@@ -16,6 +16,7 @@ import type { Db } from '../../db/pool.ts';
 import type { ReservationState } from '../../db/schema.ts';
 import { newId } from '../../domain/ids.ts';
 import type { LifecycleTimers } from '../../domain/reservation-lifecycle.ts';
+import type { NormalizedRequest } from '../../domain/reservation-request.ts';
 import { createEmbeddedIam } from '../../iam/embedded/index.ts';
 import { createLogger } from '../../server/logger.ts';
 import { connectTemporal, type TemporalClientHandle } from '../../temporal/client.ts';
@@ -143,6 +144,17 @@ export async function startLifecycleHarness(options: {
   return harness;
 }
 
+/** A stored request in admission's normalized form. */
+export function normalizedRequest(poolId: string, gpus: number, durationMs: number): NormalizedRequest {
+  return {
+    poolId,
+    devices: [{ class: 'gpu', count: gpus, topology: 'any' }],
+    duration: `${durationMs}ms`,
+    durationMs,
+    binding: 'hold',
+  };
+}
+
 /**
  * A reservation as admission leaves it after its second transaction: placed on `node` (all its
  * GPUs) for `[start, start + durationMs)`, its quota charged, its `reservation.placed` event written.
@@ -167,10 +179,9 @@ export async function insertPlacedReservation(
         pool_id: h.poolId,
         owner_identity_id: 'idn_test',
         idempotency_key: id,
-        request: JSON.stringify({
-          devices: [{ class: 'gpu', count: node.deviceIds.length }],
-          binding: 'hold',
-        }),
+        request: JSON.stringify(
+          normalizedRequest(h.poolId, node.deviceIds.length, end.getTime() - start.getTime()),
+        ),
         request_hash: 'test',
         state: 'placed',
         duration_ms: end.getTime() - start.getTime(),
@@ -287,6 +298,7 @@ export async function insertUnplacedReservation(
     state: 'pending' | 'awaiting-confirmation';
     confirmationExpiresInMs?: number;
     durationMs?: number;
+    gpus?: number;
   },
 ): Promise<string> {
   const id = newId('rsv');
@@ -298,7 +310,7 @@ export async function insertUnplacedReservation(
       pool_id: h.poolId,
       owner_identity_id: 'idn_test',
       idempotency_key: id,
-      request: JSON.stringify({ devices: [{ class: 'gpu', count: 2 }], binding: 'hold' }),
+      request: JSON.stringify(normalizedRequest(h.poolId, input.gpus ?? 2, input.durationMs ?? 3_600_000)),
       request_hash: 'test',
       state: input.state,
       duration_ms: input.durationMs ?? 3_600_000,

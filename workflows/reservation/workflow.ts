@@ -17,6 +17,8 @@ import type { PlacementActivities } from '../../activities/placement.ts';
 // biome-ignore lint/style/noRestrictedImports: a type-only import, erased before bundling
 import type { ReservationActivities } from '../../activities/reservation.ts';
 // biome-ignore lint/style/noRestrictedImports: a type-only import, erased before bundling
+import type { SweeperActivities } from '../../activities/sweeper.ts';
+// biome-ignore lint/style/noRestrictedImports: a type-only import, erased before bundling
 import type { UsageActivities } from '../../activities/usage.ts';
 import {
   decide,
@@ -38,7 +40,10 @@ import {
 } from './messages.ts';
 import { LifecycleHolder } from './state.ts';
 
-type Activities = ReservationActivities & UsageActivities & PlacementActivities;
+type Activities = ReservationActivities &
+  UsageActivities &
+  PlacementActivities &
+  Pick<SweeperActivities, 'wakePoolPending'>;
 
 /** The activity proxies; `startToCloseTimeout` bounds how long a crashed worker holds a step. */
 function activitiesFor(input: ReservationWorkflowInput) {
@@ -222,18 +227,27 @@ async function act(
       holder.memory.meteredThrough = s.now;
       await acts.activateReservation(guard);
       return;
-    case 'rebind':
+    case 'rebind': {
       holder.memory.lastPlaceAttemptAt = null;
-      await acts.rebindReservation({ ...guard, reason: action.reason, message: action.message });
+      const result = await acts.rebindReservation({
+        ...guard,
+        reason: action.reason,
+        message: action.message,
+      });
+      if (result.applied) await acts.wakePoolPending({ poolId: s.poolId });
       return;
-    case 'end':
-      await acts.endReservation({
+    }
+    case 'end': {
+      const result = await acts.endReservation({
         ...guard,
         state: action.state,
         reason: action.reason,
         ...(action.condition ? { condition: action.condition } : {}),
       });
+      // Freed capacity wakes the pool's pending reservations at once, not at their next retry.
+      if (result.applied && s.allocations.length > 0) await acts.wakePoolPending({ poolId: s.poolId });
       return;
+    }
     case 'setConditions':
       await acts.setReservationConditions({ ...guard, conditions: action.conditions });
       return;
