@@ -3,6 +3,7 @@ import { usageExits } from './command.ts';
 import { registerAccessCommands } from './commands/access.ts';
 import { registerCapacityCommands } from './commands/capacity.ts';
 import { registerEventCommands } from './commands/events.ts';
+import { registerNodeCommands } from './commands/nodes.ts';
 import { registerReservationCommands } from './commands/reservations.ts';
 import { registerServerCommands } from './commands/server.ts';
 
@@ -18,6 +19,7 @@ export function buildProgram(): Command {
   registerServerCommands(program);
   registerReservationCommands(program);
   registerCapacityCommands(program);
+  registerNodeCommands(program);
   registerAccessCommands(program);
   registerEventCommands(program);
   usageExits(program);

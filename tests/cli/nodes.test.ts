@@ -1,0 +1,87 @@
+import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import {
+  insertPool,
+  insertSite,
+  offerPool,
+  type RegisteredNode,
+  registerReadyNodes,
+} from '../../db/fleet.ts';
+import { newId } from '../../domain/ids.ts';
+import { startTestApi, type TestApi } from './harness.ts';
+import { json, runCli } from './run-cli.ts';
+
+let api: TestApi;
+let asRoot: Record<string, string>;
+let asAcme: Record<string, string>;
+let poolId: string;
+let nodes: RegisteredNode[];
+beforeAll(async () => {
+  api = await startTestApi();
+  asRoot = { BETTER_COMPUTE_URL: api.url, BETTER_COMPUTE_TOKEN: api.root.token };
+  asAcme = { BETTER_COMPUTE_URL: api.url, BETTER_COMPUTE_TOKEN: api.acme.token };
+  const db = api.database.db;
+  const siteId = await insertSite(db, { name: 'site-nodes', region: 'eu-central-1' });
+  poolId = await insertPool(db, { siteId, ownerTenantId: api.root.tenantId, name: 'h100', gpuModel: 'h100' });
+  nodes = await registerReadyNodes(db, { siteId, poolId, count: 2, namePrefix: 'n' });
+  await offerPool(db, { poolId, tenantId: 'acme', quota: { gpu: 8 } });
+});
+afterAll(async () => {
+  await api?.stop();
+});
+
+describe('nodes', () => {
+  test('list, get, cordon, drain and uncordon; refusals', async () => {
+    const node = nodes[0]!;
+    const [table, listed, got] = await Promise.all([
+      runCli(['nodes', 'list', '--pool', poolId], asRoot),
+      runCli(['nodes', 'list', '--json'], asRoot),
+      runCli(['nodes', 'get', node.id], asRoot),
+    ]);
+    expect(table.stdout.split('\n')[0]).toMatch(/^ID\s+NAME\s+POOL\s+GPUS\s+ACCEPTS\s+WHY NOT\s+HEARTBEAT$/);
+    expect(
+      json(listed)
+        .nodes.map((n: { id: string }) => n.id)
+        .sort(),
+    ).toEqual(nodes.map((n) => n.id).sort());
+    expect(got.stdout).toMatch(new RegExp(`^id:\\s+${node.id}$`, 'm'));
+    expect(got.stdout).toMatch(/^devices:$/m);
+
+    const cordoned = json(
+      await runCli(['nodes', 'cordon', node.id, '--reason', 'bad fan', '--json'], asRoot),
+    );
+    expect(cordoned.node).toMatchObject({ cordoned: true, cordonReason: 'bad fan' });
+    const drained = await runCli(['nodes', 'drain', node.id], asRoot);
+    expect(drained.stdout.trim()).toMatch(/draining; 0 live allocation\(s\)$/);
+    const uncordoned = await runCli(['nodes', 'uncordon', node.id], asRoot);
+    expect(uncordoned.stdout.trim()).toMatch(/: accepts work; 0 live allocation\(s\)$/);
+
+    const [missing, denied] = await Promise.all([
+      runCli(['nodes', 'get', newId('node')], asRoot),
+      runCli(['nodes', 'cordon', node.id], asAcme),
+    ]);
+    expect(missing.code).toBe(3);
+    expect(missing.stderr).toMatch(/^better-compute: NOT_FOUND: /);
+    expect(denied.code).toBe(3);
+    expect(denied.stderr).toMatch(/(ACCESS_DENIED|NOT_FOUND): /);
+  });
+
+  test('join-tokens create, list and revoke', async () => {
+    const created = json(
+      await runCli(
+        ['join-tokens', 'create', '--pool', poolId, '--ttl', '2h', '--max-uses', '3', '--json'],
+        asRoot,
+      ),
+    );
+    expect(created).toMatchObject({ poolId, maxUses: 3, uses: 0, state: 'active' });
+    expect(created.expiresAt - created.createdAt).toBe(2 * 3_600_000);
+    expect(typeof created.token).toBe('string');
+    const [listed, badTtl, revoked] = await Promise.all([
+      runCli(['join-tokens', 'list', '--pool', poolId], asRoot),
+      runCli(['join-tokens', 'create', '--pool', poolId, '--ttl', 'soon'], asRoot),
+      runCli(['join-tokens', 'revoke', created.id], asRoot),
+    ]);
+    expect(listed.stdout).toMatch(new RegExp(`${created.id}\\s+${poolId}\\s+(active|revoked)\\s+0/3`));
+    expect(badTtl.code).toBe(2);
+    expect(revoked.stdout.trim()).toBe(`revoked ${created.id}`);
+  });
+});
