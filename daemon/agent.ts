@@ -86,6 +86,7 @@ export class NodeAgent {
   }
 
   start(): void {
+    this.stopped = false;
     this.loop = this.run();
   }
 

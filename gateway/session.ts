@@ -98,7 +98,13 @@ export class NodeSession implements RegisteredSession {
           this.pending--;
         });
     });
-    this.call.on('error', () => this.finish());
+    this.call.on('error', (err: Error) => {
+      this.log.warn(
+        { err: err.message, epoch: this.epoch },
+        'session stream failed (malformed or oversized message?)',
+      );
+      this.finish();
+    });
     this.call.on('end', () => {
       clearTimeout(helloTimer);
       this.finish();

@@ -1,0 +1,273 @@
+import { readFileSync } from 'node:fs';
+import { Client, credentials, Metadata } from '@grpc/grpc-js';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { loadIdentity, renewCertificate } from '../../daemon/identity.ts';
+import { type SimulatedFleet, startSimulatedFleet } from '../../daemon/sim.ts';
+import { enqueueNodeCommand, findNodeCommand } from '../../db/commands.ts';
+import { revokeNodeCertificates } from '../../db/nodes.ts';
+import { startGateway } from '../../gateway/server.ts';
+import { AgentMessage, CommandOutcome, type ControlMessage } from '../../proto/gen/agent/v1/agent.ts';
+import { parseConfig } from '../../server/config.ts';
+import { insertBareAllocation } from '../support/allocations.ts';
+import { eventually, type GatewayFixture, gatewayFixture, testLog } from './fixture.ts';
+import { openRawSession } from './raw-session.ts';
+
+const refusalsOf = (received: ControlMessage[]) =>
+  received.flatMap((m) => (m.body?.$case === 'refusal' ? [m.body.value] : []));
+
+describe('bad input on sessions', () => {
+  let fx: GatewayFixture;
+  let fleet: SimulatedFleet;
+  beforeAll(async () => {
+    fx = await gatewayFixture({
+      maxMessageBytes: 64 * 1024,
+      messagesPerSecond: 50,
+      messageBurst: 50,
+      maxRefusals: 200,
+    });
+    fleet = await startSimulatedFleet({
+      gatewayAddress: fx.gateway.address,
+      caCertificatePem: fx.gateway.caCertificatePem,
+      joinToken: await fx.token(3),
+      nodes: 3,
+      rootDir: fx.dir,
+      log: testLog,
+      minBackoffMs: 100,
+    });
+    await eventually(async () => fx.gateway.sessionCount() === 3);
+  });
+  afterAll(async () => {
+    await fleet?.stop();
+    await fx?.close();
+  });
+
+  it('refuses unknown commands, sequences that go backwards, and generations that go backwards', async () => {
+    const db = fx.database.db;
+    const node = fleet.nodes[0]!;
+    await node.agent.stop();
+    const identity = { ...loadIdentity(node.dir), gateway: fx.gateway.address };
+    const raw = await openRawSession(identity, fx.gateway.address, journalOf(node.dir));
+    try {
+      await raw.wait(() => raw.received.find((m) => m.body?.$case === 'spec'));
+      const command = await db
+        .transaction()
+        .execute((trx) => enqueueNodeCommand(trx, { nodeId: node.nodeId, kind: 'inventory.refresh' }));
+      await raw.wait(() => raw.received.find((m) => m.body?.$case === 'command'));
+      const result = (id: string, seq: number) => ({
+        body: {
+          $case: 'commandResult' as const,
+          value: {
+            commandId: id,
+            seq,
+            outcome: CommandOutcome.COMMAND_OUTCOME_SUCCEEDED,
+            resultJson: Buffer.alloc(0),
+            error: '',
+          },
+        },
+      });
+      raw.send(result('cmd_01unknown000000000000000000', 1));
+      raw.send(result(command.id, command.seq - 1));
+      raw.send({ body: { $case: 'specStatus', value: { observedGeneration: 1, error: '' } } });
+      raw.send({ body: { $case: 'specStatus', value: { observedGeneration: 0, error: '' } } });
+      raw.send({ body: { $case: 'specStatus', value: { observedGeneration: 99, error: '' } } });
+      raw.send({ body: undefined as never });
+      await raw.wait(() => refusalsOf(raw.received).length >= 5);
+      expect(refusalsOf(raw.received).map((r) => r.code)).toEqual([
+        'NOT_FOUND',
+        'INVALID_INPUT',
+        'INVALID_INPUT',
+        'INVALID_INPUT',
+        'INVALID_INPUT',
+      ]);
+      expect((await findNodeCommand(db, command.id))?.state).toBe('delivered');
+      const row = await db
+        .selectFrom('nodes')
+        .select('observed_generation')
+        .where('id', '=', node.nodeId)
+        .executeTakeFirstOrThrow();
+      expect(row.observed_generation).toBe('1');
+      raw.send(result(command.id, command.seq));
+      await eventually(async () => (await findNodeCommand(db, command.id))?.state === 'succeeded');
+    } finally {
+      raw.close();
+    }
+  });
+
+  it('a malformed or oversized message ends the session and changes nothing', async () => {
+    const db = fx.database.db;
+    const node = fleet.nodes[1]!;
+    await node.agent.stop();
+    const identity = loadIdentity(node.dir);
+    const client = new Client(
+      fx.gateway.address,
+      credentials.createSsl(
+        Buffer.from(identity.caCertificatePem),
+        Buffer.from(identity.privateKeyPem),
+        Buffer.from(identity.certificatePem),
+      ),
+    );
+    const hello = Buffer.from(
+      AgentMessage.encode({
+        body: {
+          $case: 'hello',
+          value: {
+            nodeId: node.nodeId,
+            agentVersion: 'raw',
+            capabilities: [],
+            journalId: journalOf(node.dir),
+            lastAckedSeq: 0,
+            observedGeneration: 0,
+            inventory: [],
+          },
+        },
+      }).finish(),
+    );
+    const before = await db
+      .selectFrom('devices')
+      .select(['id', 'health'])
+      .where('node_id', '=', node.nodeId)
+      .execute();
+    for (const payload of [
+      Buffer.from([0x0a, 0xff, 0xff, 0xff, 0xff, 0x0f]),
+      Buffer.alloc(128 * 1024, 0x41),
+    ]) {
+      const stream = client.makeBidiStreamRequest(
+        '/agent.v1.AgentService/Session',
+        (b: Buffer) => b,
+        (b: Buffer) => b,
+        new Metadata(),
+      );
+      const ended = new Promise<number>((resolve) => {
+        stream.on('error', (e: { code: number }) => resolve(e.code));
+        stream.on('data', () => {});
+      });
+      stream.write(hello);
+      await new Promise((r) => setTimeout(r, 100));
+      stream.write(payload);
+      expect(await ended).not.toBe(0);
+    }
+    client.close();
+    const after = await db
+      .selectFrom('devices')
+      .select(['id', 'health'])
+      .where('node_id', '=', node.nodeId)
+      .execute();
+    expect(after).toEqual(before);
+    expect(
+      await db.selectFrom('inventory_snapshots').select('id').where('node_id', '=', node.nodeId).execute(),
+    ).toHaveLength(2);
+  });
+
+  it('a flood from one node is cut off and cannot starve the others', async () => {
+    const db = fx.database.db;
+    const flooder = fleet.nodes[2]!;
+    await flooder.agent.stop();
+    const raw = await openRawSession(
+      { ...loadIdentity(flooder.dir), gateway: fx.gateway.address },
+      fx.gateway.address,
+      journalOf(flooder.dir),
+    );
+    await raw.wait(() => raw.received.find((m) => m.body?.$case === 'welcome'));
+    const victim = fleet.nodes[0]!;
+    await victim.agent.stop();
+    victim.agent.start();
+    await eventually(async () => fx.gateway.sessionCount() >= 2);
+    for (let i = 0; i < 1_000; i++)
+      raw.send({ body: { $case: 'heartbeat', value: { sentAtMs: Date.now(), observedGeneration: 0 } } });
+    const started = Date.now();
+    const command = await db
+      .transaction()
+      .execute((trx) => enqueueNodeCommand(trx, { nodeId: victim.nodeId, kind: 'diag.nvml', payload: {} }));
+    await eventually(async () => (await findNodeCommand(db, command.id))?.state === 'succeeded', 5_000);
+    expect(Date.now() - started).toBeLessThan(2_000);
+    const ended = await raw.wait(() => raw.ended(), 5_000);
+    expect(ended.code).toBe(8);
+    expect(refusalsOf(raw.received).every((r) => r.code === 'RATE_LIMITED')).toBe(true);
+    raw.close();
+  });
+
+  it('a report on a session fenced by another gateway changes nothing', async () => {
+    const db = fx.database.db;
+    const node = fleet.nodes[0]!;
+    await node.agent.stop();
+    const second = await startGateway({
+      config: parseConfig({}),
+      db,
+      log: testLog,
+      host: '127.0.0.1',
+      port: 0,
+      options: { deliveryIntervalMs: 50 },
+    });
+    const identity = loadIdentity(node.dir);
+    const journal = journalOf(node.dir);
+    const first = await openRawSession(
+      { ...identity, gateway: fx.gateway.address },
+      fx.gateway.address,
+      journal,
+    );
+    try {
+      await first.wait(() => first.received.find((m) => m.body?.$case === 'welcome'));
+      const other = await openRawSession({ ...identity, gateway: second.address }, second.address, journal);
+      await other.wait(() => other.received.find((m) => m.body?.$case === 'welcome'));
+      const allocationId = await db
+        .transaction()
+        .execute((trx) =>
+          insertBareAllocation(trx, {
+            poolId: fx.poolId,
+            nodeId: node.nodeId,
+            start: new Date(),
+            end: new Date(Date.now() + 3600_000),
+          }),
+        );
+      const { signAllocationReport, attestedReportPurpose } = await import('../../domain/attestation.ts');
+      first.send({
+        body: {
+          $case: 'report',
+          value: signAllocationReport(
+            {
+              purpose: attestedReportPurpose,
+              nodeId: node.nodeId,
+              allocationId,
+              specGeneration: 1,
+              atMs: Date.now(),
+              kind: { $case: 'failed', value: { reason: 'x', message: '' } },
+            },
+            identity.privateKeyPem,
+          ),
+        },
+      });
+      const ended = await first.wait(() => first.ended());
+      expect(ended.code).toBe(10);
+      expect(
+        await db
+          .selectFrom('allocation_reports')
+          .select('id')
+          .where('allocation_id', '=', allocationId)
+          .execute(),
+      ).toEqual([]);
+      other.close();
+    } finally {
+      first.close();
+      await second.stop();
+    }
+  });
+
+  it('renews a certificate over mutual TLS, and refuses a revoked one', async () => {
+    const db = fx.database.db;
+    const node = fleet.nodes[1]!;
+    const identity = { ...loadIdentity(node.dir), gateway: fx.gateway.address };
+    const before = readFileSync(`${node.dir}/cert.pem`, 'utf8');
+    const notAfter = await renewCertificate(identity, node.dir);
+    expect(readFileSync(`${node.dir}/cert.pem`, 'utf8')).not.toBe(before);
+    expect(notAfter.getTime()).toBeGreaterThan(Date.now() + 23 * 3600_000);
+    expect(
+      await db.selectFrom('node_certificates').select('serial').where('node_id', '=', node.nodeId).execute(),
+    ).toHaveLength(2);
+    await revokeNodeCertificates(db, node.nodeId);
+    await expect(renewCertificate(identity, node.dir)).rejects.toMatchObject({ code: 16 });
+  });
+});
+
+function journalOf(dir: string): string {
+  return JSON.parse(readFileSync(`${dir}/journal.json`, 'utf8')).journalId;
+}
