@@ -209,16 +209,13 @@ describe('bad input on sessions', () => {
       await first.wait(() => first.received.find((m) => m.body?.$case === 'welcome'));
       const other = await openRawSession({ ...identity, gateway: second.address }, second.address, journal);
       await other.wait(() => other.received.find((m) => m.body?.$case === 'welcome'));
-      const allocationId = await db
-        .transaction()
-        .execute((trx) =>
-          insertBareAllocation(trx, {
-            poolId: fx.poolId,
-            nodeId: node.nodeId,
-            start: new Date(),
-            end: new Date(Date.now() + 3600_000),
-          }),
-        );
+      const window = {
+        poolId: fx.poolId,
+        nodeId: node.nodeId,
+        start: new Date(),
+        end: new Date(Date.now() + 3600_000),
+      };
+      const allocationId = await db.transaction().execute((trx) => insertBareAllocation(trx, window));
       const { signAllocationReport, attestedReportPurpose } = await import('../../domain/attestation.ts');
       first.send({
         body: {
