@@ -18,6 +18,8 @@ export const exitCodes = {
   connection: 4,
   /** No credential, or the API did not accept it (UNAUTHENTICATED). */
   credential: 5,
+  /** A wait (`reservations watch --timeout`) ran out before what it waited for happened. */
+  timeout: 6,
 } as const;
 
 /** An error of the CLI's own, already phrased for people, with its exit status. */

@@ -3,7 +3,7 @@ import { formatDuration } from '../../domain/duration.ts';
 import { apiAction, withConnection } from '../command.ts';
 import { formatTime, renderFields, renderTable } from '../output.ts';
 import { type RequestOptions, requestFromOptions, withRequestOptions } from '../reservation-request.ts';
-import { tenantOf } from './reservations.ts';
+import { resolvePool, tenantOf } from './reservations.ts';
 
 /** `capacity [--pool P]`, `capacity --preview …` (the flags of reserve). */
 export function registerCapacityCommands(program: Command) {
@@ -22,6 +22,7 @@ export function registerCapacityCommands(program: Command) {
   ).action(
     apiAction<Partial<RequestOptions> & { preview?: boolean }>(async ({ options, client, out }) => {
       const tenantId = await tenantOf(client, options);
+      if (options.pool) options.pool = await resolvePool(client, tenantId, options.pool);
       if (options.preview) {
         const preview = await client.capacity.preview(
           requestFromOptions(options as RequestOptions, tenantId),

@@ -20,6 +20,34 @@ export async function tenantOf(client: ComputeClient, options: ConnectionOptions
   return (await client.system.whoami()).tenantId;
 }
 
+/**
+ * A pool given by name (`h100`) as its id: the pools offered to the tenant, from capacity.get.
+ * An id (`pool_…`) passes through untouched.
+ */
+export async function resolvePool(client: ComputeClient, tenantId: string, pool: string): Promise<string> {
+  if (pool.startsWith('pool_')) return pool;
+  const { pools } = await client.capacity.get({ tenantId });
+  const matches = pools.filter((p) => p.name === pool);
+  if (matches.length === 1) return matches[0]!.poolId;
+  const known = pools.map((p) => `${p.name} (${p.poolId})`).join(', ') || 'none';
+  throw new CliError(
+    matches.length === 0
+      ? `--pool: tenant ${tenantId} is offered no pool named ${pool}; its pools: ${known}`
+      : `--pool: several pools are named ${pool}; pass its id: ${known}`,
+  );
+}
+
+/** Prints one field of a result (`--query PATH`), or the whole of it. */
+function printQuery(out: CommandContext<unknown>['out'], value: unknown, path: string) {
+  const { found, value: picked } = queryPath(value, path);
+  if (!found) throw new CliError(`--query: the answer has no field ${path}`);
+  if (out.json || (picked !== null && typeof picked === 'object')) {
+    process.stdout.write(`${JSON.stringify(picked, null, 2)}\n`);
+  } else {
+    process.stdout.write(`${picked === null ? 'null' : String(picked)}\n`);
+  }
+}
+
 const tenantOption = '--tenant <tenant>';
 const tenantHelp = 'the tenant (default: your token’s)';
 
@@ -72,11 +100,13 @@ export function registerReservationCommands(program: Command) {
         'how long to wait while it is queued (default 20s)',
         parse.duration,
         20_000,
-      ),
+      )
+      .option('--query <path>', 'print only this field of the reservation, e.g. id'),
   ).action(
-    apiAction<RequestOptions & { key?: string; wait: number }>(async (ctx) => {
+    apiAction<RequestOptions & { key?: string; wait: number; query?: string }>(async (ctx) => {
       const { options, client, out } = ctx;
       const tenantId = await tenantOf(client, options);
+      options.pool = await resolvePool(client, tenantId, options.pool);
       const key = options.key ?? `cli-${ulid().toLowerCase()}`;
       if (!options.key) out.progress(`idempotency key: ${key} (pass --key ${key} to retry this request)`);
       const deadline = Date.now() + options.wait;
@@ -86,7 +116,8 @@ export function registerReservationCommands(program: Command) {
         wait: { timeoutMs: Math.min(options.wait, 30_000) },
       });
       reservation = await pollUntil(client, tenantId, reservation, deadline, out.progress);
-      out.result(reservation, renderReservation);
+      if (options.query) printQuery(out, reservation, options.query);
+      else out.result(reservation, renderReservation);
       settle(ctx as CommandContext<unknown>, reservation);
     }),
   );
@@ -163,13 +194,7 @@ export function registerReservationCommands(program: Command) {
       const tenantId = await tenantOf(client, options);
       const reservation = await client.reservations.get({ tenantId, reservationId: id! });
       if (!options.query) return out.result(reservation, renderReservation);
-      const { found, value } = queryPath(reservation, options.query);
-      if (!found) throw new CliError(`--query: the reservation has no field ${options.query}`);
-      if (out.json || (value !== null && typeof value === 'object')) {
-        process.stdout.write(`${JSON.stringify(value, null, 2)}\n`);
-      } else {
-        process.stdout.write(`${value === null ? 'null' : String(value)}\n`);
-      }
+      printQuery(out, reservation, options.query);
     }),
   );
   withConnection(
@@ -190,7 +215,7 @@ export function registerReservationCommands(program: Command) {
           tenantId,
           ...(options.all ? { scope: 'all' as const } : {}),
           ...(options.state ? { state: options.state as never } : {}),
-          ...(options.pool ? { poolId: options.pool } : {}),
+          ...(options.pool ? { poolId: await resolvePool(client, tenantId, options.pool) } : {}),
           ...(options.limit ? { limit: options.limit } : {}),
           ...(options.cursor ? { cursor: options.cursor } : {}),
         });
@@ -206,11 +231,13 @@ export function registerReservationCommands(program: Command) {
   withConnection(
     reservations
       .command('watch')
-      .description('Follow a reservation’s events live until it ends (or you interrupt).')
+      .description('Follow a reservation’s events live until it ends, or reaches --until STATE.')
       .argument('<reservation-id>')
-      .option(tenantOption, tenantHelp),
+      .option(tenantOption, tenantHelp)
+      .option('--until <state>', 'stop once it is in this state (e.g. active), or ended')
+      .option('--timeout <duration>', 'give up after this long (exit 6)', parse.duration),
   ).action(
-    apiAction(async ({ options, client, out }, id) => {
+    apiAction<{ until?: string; timeout?: number }>(async ({ options, client, out }, id) => {
       const tenantId = await tenantOf(client, options);
       const reservation = await client.reservations.get({ tenantId, reservationId: id! });
       const subject = `reservation/${reservation.id}`;
@@ -220,7 +247,8 @@ export function registerReservationCommands(program: Command) {
         { kind: 'state', reservationId: reservation.id, state: reservation.state },
         `${reservation.id} is ${reservation.state}`,
       );
-      if (terminalStates.includes(reservation.state)) return;
+      const done = (state: string) => terminalStates.includes(state) || state === options.until;
+      if (done(reservation.state)) return;
       const stop = new AbortController();
       process.once('SIGINT', () => stop.abort());
       // History first, then live from the last event seen: nothing is missed in between.
@@ -230,6 +258,21 @@ export function registerReservationCommands(program: Command) {
         after = page.items.at(-1)?.seq ?? after;
         next = page.next;
       }
+      // It may have moved on between the first read and the history: read it once more, so a
+      // state reached before `after` is not waited for in vain (later ones come on the stream).
+      const now = await client.reservations.get({ tenantId, reservationId: reservation.id });
+      if (now.state !== reservation.state) {
+        print({ kind: 'state', reservationId: now.id, state: now.state }, `${now.id} is ${now.state}`);
+        if (done(now.state)) return;
+      }
+      let timedOut = false;
+      const timer =
+        options.timeout === undefined
+          ? undefined
+          : setTimeout(() => {
+              timedOut = true;
+              stop.abort();
+            }, options.timeout);
       for await (const event of client.$stream({ subject, after, signal: stop.signal })) {
         const state =
           typeof event.data.state === 'string' ? event.data.state : event.type.replace(/^reservation\./, '');
@@ -239,7 +282,14 @@ export function registerReservationCommands(program: Command) {
             event.data.reason ? ` (${String(event.data.reason)})` : ''
           }`,
         );
-        if (terminalStates.includes(state)) stop.abort();
+        if (done(state)) stop.abort();
+      }
+      clearTimeout(timer);
+      if (timedOut) {
+        throw new CliError(
+          `${reservation.id} did not reach ${options.until ?? 'its end'} within the --timeout`,
+          exitCodes.timeout,
+        );
       }
     }),
   );

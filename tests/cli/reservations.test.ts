@@ -150,6 +150,26 @@ describe('reserve and the lifecycle commands', () => {
     expect(table.stdout).toMatch(new RegExp(`${id}\\s+cancelled`));
   });
 
+  test('a pool by name, --query on reserve, and watch --until a state already reached', async () => {
+    const id = await runCli(
+      ['reserve', '--pool', 'h100', '--gpus', '1', '--for', '1h', '--key', 'by-name', '--query', 'id'],
+      env,
+    );
+    expect(id.code).toBe(0);
+    expect(id.stdout.trim()).toMatch(/^rsv_[a-z2-7]+$/);
+    const [unknown, watched] = await Promise.all([
+      runCli(['reserve', '--pool', 'a100', '--gpus', '1', '--for', '1h'], env),
+      runCli(['reservations', 'watch', id.stdout.trim(), '--until', 'placed', '--timeout', '20s'], env),
+    ]);
+    expect(unknown.code).toBe(2);
+    expect(unknown.stderr).toMatch(
+      /--pool: tenant acme is offered no pool named a100; its pools: h100 \(pool_/,
+    );
+    expect(watched.code).toBe(0);
+    expect(watched.stdout.trim()).toBe(`${id.stdout.trim()} is placed`);
+    await runCli(['release', id.stdout.trim()], env);
+  });
+
   test('reservations watch follows the events live and ends with the reservation', async () => {
     const client = createComputeClient({ baseURL: api.url, token: api.acme.token });
     const r = await client.reservations.create({
