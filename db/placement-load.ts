@@ -16,17 +16,28 @@ const schedulable = sql`n.provision_state = 'ready' AND NOT n.cordoned AND NOT n
   AND n.connectivity = 'connected' AND COALESCE(n.observed_generation, 0) >= 1
   AND NOT EXISTS (SELECT 1 FROM node_conditions c WHERE c.node_id = n.id AND c.effect = 'NoSchedule')`;
 
-/** How many nodes a pool has (any state). */
-export async function countPoolNodes(db: Db, poolId: string): Promise<number> {
+/** Schedulable node ids per pool, cached a few seconds: the pool of candidates samples are drawn from. */
+const schedulableCache = new Map<string, { at: number; ids: string[] }>();
+
+/**
+ * The ids of a pool's schedulable nodes, cached for `ttlMs` (a heuristic input only: every
+ * candidate is re-read, and the booking is decided under locks and the constraint).
+ */
+export async function schedulableNodeIds(db: Db, poolId: string, ttlMs = 5_000): Promise<string[]> {
+  const hit = schedulableCache.get(poolId);
+  if (hit && Date.now() - hit.at < ttlMs) return hit.ids;
   const { rows } = await sql<{
-    n: string;
-  }>`SELECT count(*) AS n FROM nodes WHERE pool_id = ${poolId}`.execute(db);
-  return Number(rows[0]!.n);
+    id: string;
+  }>`SELECT n.id FROM nodes n WHERE n.pool_id = ${poolId} AND ${schedulable}`.execute(db);
+  if (schedulableCache.size > 10_000) schedulableCache.clear();
+  const ids = rows.map((r) => r.id);
+  schedulableCache.set(poolId, { at: Date.now(), ids });
+  return ids;
 }
 
 /**
- * A bounded set of candidate node ids for a window: the nodes of the pool's most recent live
- * allocations overlapping it (likely partly used, the tight fits best fit wants) and a random
+ * A bounded set of candidate node ids for a window: the nodes of the newest live allocations
+ * that overlap it in this pool (likely partly used: the tight fits best fit wants) and a random
  * sample of schedulable nodes. A heuristic only: the loaded bookings, the locks and the EXCLUDE
  * constraint decide.
  */
@@ -35,15 +46,18 @@ export async function sampleCandidateNodeIds(
   input: { poolId: string; window: Interval; recent?: number; random?: number },
 ): Promise<string[]> {
   const { rows } = await sql<{ id: string }>`
-    (SELECT DISTINCT recent.node_id AS id FROM (
-       SELECT a.node_id FROM allocations a JOIN nodes n ON n.id = a.node_id
-       WHERE n.pool_id = ${input.poolId} AND a.state NOT IN ('released', 'failed') AND a.during && ${range(input.window)}
-         AND ${schedulable}
-       ORDER BY a.created_at DESC LIMIT ${input.recent ?? 64}) AS recent)
-    UNION
-    (SELECT n.id FROM nodes n WHERE n.pool_id = ${input.poolId} AND ${schedulable}
-     ORDER BY random() LIMIT ${input.random ?? 32})`.execute(db);
-  return rows.map((r) => r.id);
+    SELECT DISTINCT a.node_id AS id
+    FROM (SELECT node_id, during FROM allocations WHERE state NOT IN ('released', 'failed')
+          ORDER BY created_at DESC LIMIT ${input.recent ?? 16}) a
+    JOIN nodes n ON n.id = a.node_id AND n.pool_id = ${input.poolId}
+    WHERE a.during && ${range(input.window)}`.execute(db);
+  const ids = new Set(rows.map((r) => r.id));
+  const all = await schedulableNodeIds(db, input.poolId);
+  const want = Math.min(all.length, ids.size + (input.random ?? 16));
+  for (let tries = 0; ids.size < want && tries < want * 4; tries++) {
+    ids.add(all[Math.floor(Math.random() * all.length)]!);
+  }
+  return [...ids];
 }
 
 interface NodeRow {
@@ -57,105 +71,82 @@ interface NodeRow {
   converged: boolean;
   no_schedule: string | null;
   labels: Record<string, string> | null;
+  devices: Array<{ id: string; a: Record<string, unknown>; h: boolean }> | null;
+  bookings: Array<{ d: string; s: string; e: string }> | null;
+  host: Record<string, string> | null;
+  scalars: Array<{ r: string; n: string; s: string; e: string }> | null;
 }
 
 /**
  * Loads nodes of a pool (all of them, or `nodeIds`) as the placer sees them, with their atoms of
- * `deviceClass` and every booking overlapping `horizon`.
+ * `deviceClass` and every booking overlapping `horizon`, in one round trip.
  */
 export async function loadPlacerNodes(
   db: Db,
   input: { poolId: string; deviceClass: DeviceClass; horizon: Interval; nodeIds?: readonly string[] },
 ): Promise<PlacerNode[]> {
-  const only = input.nodeIds ? sql`AND n.id = ANY(${input.nodeIds as string[]}::text[])` : sql``;
   if (input.nodeIds && input.nodeIds.length === 0) return [];
-  const { rows: nodeRows } = await sql<NodeRow>`
+  const only = input.nodeIds ? sql`AND n.id = ANY(${input.nodeIds as string[]}::text[])` : sql``;
+  const horizon = range(input.horizon);
+  const { rows } = await sql<NodeRow>`
     SELECT n.id, n.name, n.provision_state = 'ready' AS ready, n.cordoned, n.maintenance, n.draining,
            n.connectivity = 'connected' AS connected, COALESCE(n.observed_generation, 0) >= 1 AS converged,
            (SELECT c.type FROM node_conditions c WHERE c.node_id = n.id AND c.effect = 'NoSchedule' LIMIT 1) AS no_schedule,
-           (SELECT jsonb_object_agg(l.key, l.value) FROM node_labels l
-             WHERE l.node_id = n.id AND (l.key NOT LIKE 'bc.dev/%' OR l.source = 'system')) AS labels
+           (SELECT json_object_agg(l.key, l.value) FROM node_labels l
+             WHERE l.node_id = n.id AND (l.key NOT LIKE 'bc.dev/%' OR l.source = 'system')) AS labels,
+           (SELECT json_agg(json_build_object('id', d.id, 'a', d.attributes, 'h', d.health = 'healthy')) FROM devices d
+             WHERE d.node_id = n.id AND d.class = ${input.deviceClass} AND d.bookable AND d.removed_at IS NULL) AS devices,
+           (SELECT json_agg(json_build_object('d', b.device_id, 's', lower(b.during), 'e', upper(b.during)))
+              FROM allocations a JOIN device_bookings b ON b.allocation_id = a.id
+             WHERE a.node_id = n.id AND a.state NOT IN ('released', 'failed') AND a.during && ${horizon}
+               AND b.during && ${horizon}) AS bookings,
+           (SELECT json_object_agg(h.resource, h.allocatable) FROM host_resources h
+             WHERE h.node_id = n.id AND h.resource IN ('vcpu', 'memoryGiB', 'hugepages1Gi')) AS host,
+           (SELECT json_agg(json_build_object('r', s.resource, 'n', s.amount, 's', lower(s.during), 'e', upper(s.during)))
+              FROM scalar_bookings s WHERE s.node_id = n.id AND s.resource IN ('vcpu', 'memoryGiB', 'hugepages1Gi')
+               AND s.during && ${horizon}) AS scalars
     FROM nodes n WHERE n.pool_id = ${input.poolId} ${only} ORDER BY n.name`.execute(db);
-  if (nodeRows.length === 0) return [];
-  const ids = nodeRows.map((n) => n.id);
-  const [devices, bookings, hosts, scalars] = await Promise.all([
-    sql<{
-      id: string;
-      node_id: string;
-      class: string;
-      attributes: Record<string, unknown>;
-      healthy: boolean;
-    }>`
-      SELECT d.id, d.node_id, d.class, d.attributes, d.health = 'healthy' AS healthy FROM devices d
-      WHERE d.node_id = ANY(${ids}::text[]) AND d.class = ${input.deviceClass} AND d.bookable AND d.removed_at IS NULL`.execute(
-      db,
-    ),
-    sql<{ device_id: string; s: Date; e: Date }>`
-      SELECT b.device_id, lower(b.during) AS s, upper(b.during) AS e
-      FROM allocations a JOIN device_bookings b ON b.allocation_id = a.id
-      WHERE a.node_id = ANY(${ids}::text[]) AND a.state NOT IN ('released', 'failed')
-        AND a.during && ${range(input.horizon)} AND b.during && ${range(input.horizon)}`.execute(db),
-    sql<{ node_id: string; resource: string; allocatable: string }>`
-      SELECT node_id, resource, allocatable FROM host_resources
-      WHERE node_id = ANY(${ids}::text[]) AND resource IN ('vcpu', 'memoryGiB', 'hugepages1Gi')`.execute(db),
-    sql<{ node_id: string; resource: string; amount: string; s: Date; e: Date }>`
-      SELECT node_id, resource, amount, lower(during) AS s, upper(during) AS e FROM scalar_bookings
-      WHERE node_id = ANY(${ids}::text[]) AND resource IN ('vcpu', 'memoryGiB', 'hugepages1Gi')
-        AND during && ${range(input.horizon)}`.execute(db),
-  ]);
-  const byDevice = new Map<string, Interval[]>();
-  for (const b of bookings.rows) {
-    const list = byDevice.get(b.device_id) ?? [];
-    list.push({ start: b.s.getTime(), end: b.e.getTime() });
-    byDevice.set(b.device_id, list);
-  }
-  const nodes = new Map<string, PlacerNode>(
-    nodeRows.map((n) => [
-      n.id,
-      {
-        id: n.id,
-        name: n.name,
-        ready: n.ready,
-        cordoned: n.cordoned,
-        maintenance: n.maintenance,
-        draining: n.draining,
-        connected: n.connected,
-        converged: n.converged,
-        noSchedule: n.no_schedule,
-        labels: n.labels ?? {},
-        devices: [],
-        host: {},
-      },
-    ]),
-  );
-  for (const d of devices.rows) {
-    nodes.get(d.node_id)?.devices.push({
-      id: d.id,
-      class: d.class,
-      attributes: d.attributes,
-      healthy: d.healthy,
-      bookings: byDevice.get(d.id) ?? [],
-    });
-  }
-  for (const h of hosts.rows) {
-    const node = nodes.get(h.node_id);
-    if (node)
-      node.host[h.resource as keyof HostResourceAmounts] = {
-        allocatable: Number(h.allocatable),
-        bookings: [],
-      };
-  }
-  for (const s of scalars.rows) {
-    nodes.get(s.node_id)?.host[s.resource as keyof HostResourceAmounts]?.bookings.push({
-      start: s.s.getTime(),
-      end: s.e.getTime(),
-      amount: Number(s.amount),
-    });
-  }
-  return [...nodes.values()];
+  return rows.map((n) => {
+    const byDevice = new Map<string, Interval[]>();
+    for (const b of n.bookings ?? []) {
+      const list = byDevice.get(b.d) ?? [];
+      list.push({ start: Date.parse(b.s), end: Date.parse(b.e) });
+      byDevice.set(b.d, list);
+    }
+    const host: PlacerNode['host'] = {};
+    for (const [resource, allocatable] of Object.entries(n.host ?? {})) {
+      host[resource as keyof HostResourceAmounts] = { allocatable: Number(allocatable), bookings: [] };
+    }
+    for (const s of n.scalars ?? []) {
+      host[s.r as keyof HostResourceAmounts]?.bookings.push({
+        start: Date.parse(s.s),
+        end: Date.parse(s.e),
+        amount: Number(s.n),
+      });
+    }
+    return {
+      id: n.id,
+      name: n.name,
+      ready: n.ready,
+      cordoned: n.cordoned,
+      maintenance: n.maintenance,
+      draining: n.draining,
+      connected: n.connected,
+      converged: n.converged,
+      noSchedule: n.no_schedule,
+      labels: n.labels ?? {},
+      devices: (n.devices ?? []).map((d) => ({
+        id: d.id,
+        class: input.deviceClass,
+        attributes: d.a,
+        healthy: d.h,
+        bookings: byDevice.get(d.id) ?? [],
+      })),
+      host,
+    };
+  });
 }
 
-/** Per pool id (ids are unique across databases): a transaction object is new for every call. */
 const shareCache = new Map<string, { at: number; share: HostResourceAmounts }>();
 
 /**

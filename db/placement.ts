@@ -19,7 +19,7 @@ import {
   lockDevices,
 } from './bookings.ts';
 import { insertOutboxEvent } from './outbox.ts';
-import { countPoolNodes, loadPlacerNodes, sampleCandidateNodeIds } from './placement-load.ts';
+import { loadPlacerNodes, sampleCandidateNodeIds, schedulableNodeIds } from './placement-load.ts';
 import type { Db } from './pool.ts';
 import type { Database } from './schema.ts';
 
@@ -165,7 +165,7 @@ export async function findAndBook(
 ): Promise<
   { placed: true; fit: NodeFit } | { placed: false; message: string; earliestStart: number | null }
 > {
-  const large = (await countPoolNodes(trx, input.poolId)) > wholePoolLimit;
+  const large = (await schedulableNodeIds(trx, input.poolId)).length > wholePoolLimit;
   let contended = false;
   for (let round = 0; round < 3; round++) {
     let nodes: PlacerNode[];
@@ -234,7 +234,7 @@ export async function previewPlacement(
   db: Db,
   input: { poolId: string; request: PlacementRequest; window: Interval; durationMs: number },
 ): Promise<PlanOutcome> {
-  if ((await countPoolNodes(db, input.poolId)) > wholePoolLimit) {
+  if ((await schedulableNodeIds(db, input.poolId)).length > wholePoolLimit) {
     const ids = await sampleCandidateNodeIds(db, { poolId: input.poolId, window: input.window });
     const nodes = await loadPlacerNodes(db, {
       poolId: input.poolId,

@@ -6,8 +6,10 @@ import * as records from './2026-11-29T03-records.ts';
 import * as trustAndLifecycle from './2026-11-29T04-trust-and-lifecycle.ts';
 import * as iam from './2026-11-29T10-iam.ts';
 import * as placementIndexes from './2026-11-29T11-placement-indexes.ts';
+import * as allocationRecency from './2026-11-29T12-allocation-recency.ts';
 import * as gateway from './2026-11-29T20-gateway.ts';
 import * as lifecycle from './2026-11-29T30-lifecycle.ts';
+import * as allocationLifecycle from './2026-11-29T31-allocation-lifecycle.ts';
 import * as eventsAndWebhooks from './2026-11-29T40-events-and-webhooks.ts';
 
 /** Every migration in order; names are frozen once released. */
@@ -19,8 +21,10 @@ export const migrations: Record<string, Migration> = {
   '2026-11-29T04-trust-and-lifecycle': trustAndLifecycle,
   '2026-11-29T10-iam': iam,
   '2026-11-29T11-placement-indexes': placementIndexes,
+  '2026-11-29T12-allocation-recency': allocationRecency,
   '2026-11-29T20-gateway': gateway,
   '2026-11-29T30-lifecycle': lifecycle,
+  '2026-11-29T31-allocation-lifecycle': allocationLifecycle,
   '2026-11-29T40-events-and-webhooks': eventsAndWebhooks,
 };
 

@@ -14,7 +14,7 @@ import type { CreateReservationInput } from '../../domain/reservation-schema.ts'
 import type { ReservationView } from '../../domain/reservation-view.ts';
 import type { MethodContext } from '../method.ts';
 import { afterCommit, preCheckTenant, reservationResource } from './access.ts';
-import { poolForTenant, writeDraft } from './draft.ts';
+import { type PoolForTenant, poolForTenant, writeDraft } from './draft.ts';
 
 const action = 'compute:reservations:create';
 const decidable = new Set(['draft', 'awaiting-confirmation']);
@@ -88,8 +88,8 @@ async function markRefused(ctx: MethodContext, row: Reservation, error: ComputeE
   });
 }
 
-async function budgetCheck(ctx: MethodContext, row: Reservation) {
-  const pool = await poolForTenant(ctx.deps.db, row.tenant_id, row.pool_id);
+async function budgetCheck(ctx: MethodContext, row: Reservation, known?: PoolForTenant) {
+  const pool = known ?? (await poolForTenant(ctx.deps.db, row.tenant_id, row.pool_id));
   const policy = pool.policy as { admission?: { budgetCheck?: string } };
   const checks =
     policy.admission?.budgetCheck === 'meter' ||
@@ -184,7 +184,7 @@ export async function admitReservation(
     }
     throw error;
   }
-  await budgetCheck(ctx, row);
+  await budgetCheck(ctx, row, draft.kind === 'created' ? draft.pool : undefined);
 
   const context = admissionContext(ctx.principal, ctx.requestId);
   const outcome = await withPlacementTransaction(ctx.deps.db, async (trx) => {
