@@ -77,7 +77,7 @@ export function createReservationActivities({ db, log }: ReservationActivityDeps
           const allocations = await trx
             .selectFrom('allocations')
             .where('reservation_id', '=', row.id)
-            .where('released_at', 'is', null)
+            .where('superseded_at', 'is', null)
             .select(['id', 'node_id', 'state', sql<Date>`upper(during)`.as('until')])
             .orderBy('id')
             .execute();
@@ -89,7 +89,7 @@ export function createReservationActivities({ db, log }: ReservationActivityDeps
             .updateTable('allocations')
             .set({ state: 'binding', updated_at: sql<Date>`compute_now()` })
             .where('reservation_id', '=', row.id)
-            .where('released_at', 'is', null)
+            .where('superseded_at', 'is', null)
             .where('state', '=', 'planned')
             .execute();
           const byNode = new Map<string, DeviceAssignment[]>();
@@ -134,7 +134,7 @@ export function createReservationActivities({ db, log }: ReservationActivityDeps
           const allocations = await trx
             .selectFrom('allocations')
             .where('reservation_id', '=', row.id)
-            .where('released_at', 'is', null)
+            .where('superseded_at', 'is', null)
             .select(['id', 'node_id', 'state', 'binding'])
             .forUpdate()
             .execute();

@@ -8,7 +8,8 @@ type Trx = Transaction<Database>;
 /**
  * Ends the current placement of a reservation at compute_now(), in the caller's transaction: every
  * allocation the control plane has not released yet has its bookings truncated (future ones
- * deleted), is marked `state` with `released_at`, and leaves its node's NodeSpec. Idempotent: a
+ * deleted), is marked `state` with `released_at` and `superseded_at` (no longer the current
+ * placement), and leaves its node's NodeSpec. Idempotent: a
  * second call finds no current allocation. Answers the allocations it ended.
  */
 export async function endCurrentAllocations(
@@ -19,7 +20,7 @@ export async function endCurrentAllocations(
   const allocations = await trx
     .selectFrom('allocations')
     .where('reservation_id', '=', reservationId)
-    .where('released_at', 'is', null)
+    .where('superseded_at', 'is', null)
     .select(['id', 'node_id'])
     .orderBy('id')
     .forUpdate()
@@ -28,7 +29,12 @@ export async function endCurrentAllocations(
   if (allocations.length > 0) {
     await trx
       .updateTable('allocations')
-      .set({ state, released_at: sql<Date>`compute_now()`, updated_at: sql<Date>`compute_now()` })
+      .set({
+        state,
+        released_at: sql<Date>`COALESCE(released_at, compute_now())`,
+        superseded_at: sql<Date>`compute_now()`,
+        updated_at: sql<Date>`compute_now()`,
+      })
       .where(
         'id',
         'in',

@@ -85,8 +85,8 @@ export async function readReservationSnapshot(
   const allocations = await db
     .selectFrom('allocations')
     .where('reservation_id', '=', reservationId)
-    .where('released_at', 'is', null)
-    .select(['id', 'node_id', 'state', 'bound_at'])
+    .where('superseded_at', 'is', null)
+    .select(['id', 'node_id', 'state', 'bound_at', 'binding_lost_at'])
     .orderBy('gang_index')
     .orderBy('id')
     .execute();
@@ -118,7 +118,13 @@ export async function readReservationSnapshot(
     endReason: row.end_reason,
     conditions: (row.conditions ?? []) as Condition[],
     allocations: allocations.map(
-      (a): AllocationView => ({ id: a.id, nodeId: a.node_id, state: a.state, boundAt: ms(a.bound_at) }),
+      (a): AllocationView => ({
+        id: a.id,
+        nodeId: a.node_id,
+        state: a.state,
+        boundAt: ms(a.bound_at),
+        ...(a.binding_lost_at ? { bindingLost: true } : {}),
+      }),
     ),
     poolAvailable: row.pool_available,
     timers: effectiveTimers(policy, overrides),

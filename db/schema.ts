@@ -243,6 +243,10 @@ export interface AllocationsTable {
   bound_sig: Buffer | null;
   bound_at: Timestamp | null;
   released_at: Timestamp | null;
+  /** Set when the control plane ends the allocation (migration T31); null = current placement. */
+  superseded_at: ColumnType<Date | null, Date | string | null | undefined, Date | string | null>;
+  /** Set when a later report of a bound allocation failed verification (migration T31). */
+  binding_lost_at: ColumnType<Date | null, Date | string | null | undefined, Date | string | null>;
   created_at: TimestampDefault;
   updated_at: TimestampDefault;
 }

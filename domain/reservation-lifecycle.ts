@@ -71,6 +71,8 @@ export interface AllocationView {
   nodeId: string;
   state: 'planned' | 'binding' | 'bound' | 'releasing' | 'released' | 'failed';
   boundAt: number | null;
+  /** A later report of this bound allocation failed verification: its binding is not trusted. */
+  bindingLost?: boolean;
 }
 
 /** What PostgreSQL says about one reservation, all times epoch milliseconds of compute_now(). */
@@ -277,7 +279,8 @@ export function decide(
     case 'active': {
       const ending = endFor(s, intents);
       if (ending) return ending;
-      const lost = s.allocations.some((a) => a.state !== 'bound');
+      const lost =
+        s.allocations.length === 0 || s.allocations.some((a) => a.state !== 'bound' || a.bindingLost);
       const others = s.conditions.filter((c) => !(c.type === 'Degraded' && c.reason === 'BindingLost'));
       const wanted = lost ? [...others, { ...degradedLost, since: s.now }] : others;
       if (!sameConditions(wanted, s.conditions)) return { kind: 'setConditions', conditions: wanted };

@@ -9,6 +9,7 @@ import {
   type WorkflowBundleWithSourceMap,
 } from '@temporalio/worker';
 import { createPlacementActivities } from '../activities/placement.ts';
+import { createReportActivities } from '../activities/reports.ts';
 import { createReservationActivities } from '../activities/reservation.ts';
 import { createSweeperActivities } from '../activities/sweeper.ts';
 import { createUsageActivities } from '../activities/usage.ts';
@@ -113,6 +114,7 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
   const activities = {
     ...createReservationActivities({ db: deps.db, log }),
     ...createPlacementActivities({ db: deps.db, log }),
+    ...createReportActivities({ db: deps.db, log }),
     ...createUsageActivities({ db: deps.db, log, iam: deps.iam }),
     ...createSweeperActivities({ db: deps.db, log, temporal: temporal.client, lifecycle }),
   };

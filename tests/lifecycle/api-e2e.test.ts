@@ -130,7 +130,7 @@ describe('admission and lifecycle together', () => {
     const placedOn = await t.db
       .selectFrom('allocations')
       .where('reservation_id', '=', secondId)
-      .where('released_at', 'is', null)
+      .where('superseded_at', 'is', null)
       .select('node_id')
       .executeTakeFirstOrThrow();
     expect(placedOn.node_id).toBe(node.id);

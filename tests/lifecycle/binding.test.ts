@@ -47,7 +47,7 @@ async function currentAllocation(id: string) {
   return h.db
     .selectFrom('allocations')
     .where('reservation_id', '=', id)
-    .where('released_at', 'is', null)
+    .where('superseded_at', 'is', null)
     .select(['id', 'node_id', 'state'])
     .executeTakeFirst();
 }

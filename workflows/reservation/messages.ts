@@ -25,6 +25,7 @@ export interface ReservationWorkflowInput {
     cancel: boolean;
     confirmation: 'approved' | 'denied' | null;
     lastState: string | null;
+    reportsPending?: boolean;
   };
 }
 

@@ -32,6 +32,8 @@ export class LifecycleHolder {
   snapshot: ReservationSnapshot | null = null;
   intents: LifecycleIntents;
   memory: LifecycleMemory;
+  /** A node report arrived (or may have): judge stored reports before the next look. */
+  reportsPending: boolean;
   /** Set by every wake-up; cleared when the workflow looks again. */
   dirty = false;
   /** How many times the workflow has read the reservation (an update waits for the next look). */
@@ -51,6 +53,7 @@ export class LifecycleHolder {
       meteredThrough: carried?.meteredThrough ?? null,
     };
     this.lastState = carried?.lastState ?? null;
+    this.reportsPending = carried?.reportsPending ?? true;
   }
 
   wake(): void {
@@ -88,6 +91,7 @@ export class LifecycleHolder {
       cancel: this.intents.cancel,
       confirmation: this.intents.confirmation,
       lastState: this.lastState,
+      reportsPending: this.reportsPending,
     };
   }
 

@@ -15,6 +15,8 @@ import {
 // biome-ignore lint/style/noRestrictedImports: a type-only import, erased before bundling
 import type { PlacementActivities } from '../../activities/placement.ts';
 // biome-ignore lint/style/noRestrictedImports: a type-only import, erased before bundling
+import type { ReportActivities } from '../../activities/reports.ts';
+// biome-ignore lint/style/noRestrictedImports: a type-only import, erased before bundling
 import type { ReservationActivities } from '../../activities/reservation.ts';
 // biome-ignore lint/style/noRestrictedImports: a type-only import, erased before bundling
 import type { SweeperActivities } from '../../activities/sweeper.ts';
@@ -41,6 +43,7 @@ import {
 import { LifecycleHolder } from './state.ts';
 
 type Activities = ReservationActivities &
+  ReportActivities &
   UsageActivities &
   PlacementActivities &
   Pick<SweeperActivities, 'wakePoolPending'>;
@@ -81,6 +84,7 @@ export async function reservationLifecycle(input: ReservationWorkflowInput): Pro
       });
       return;
     }
+    holder.reportsPending = true;
     holder.wake();
   });
   setHandler(capacityFreedSignal, () => {
@@ -152,6 +156,11 @@ export async function reservationLifecycle(input: ReservationWorkflowInput): Pro
 
   for (;;) {
     holder.dirty = false;
+    // A stored report counts only once the worker has verified it: judge before looking.
+    if (holder.reportsPending || holder.state === 'binding') {
+      holder.reportsPending = false;
+      await acts.judgeReports({ reservationId });
+    }
     const snapshot = await acts.observeReservation({ reservationId, timers: input.timers });
     if (!snapshot) {
       log.warn('no such reservation; the lifecycle ends', { reservationId });
