@@ -1,6 +1,6 @@
 import type { AddressInfo } from 'node:net';
 import { serve } from '@hono/node-server';
-import type { Hono } from 'hono';
+import type { Env, Hono } from 'hono';
 
 export interface HttpServer {
   url: string;
@@ -12,7 +12,7 @@ export interface HttpServer {
  * Serves a Hono app on host:port (0 picks a free port). A busy port is one sentence that says
  * what to do, not a stack trace.
  */
-export function listen(app: Hono<any>, host: string, port: number): Promise<HttpServer> {
+export function listen<E extends Env>(app: Hono<E>, host: string, port: number): Promise<HttpServer> {
   return new Promise((resolve, reject) => {
     const server = serve({ fetch: app.fetch, hostname: host, port }, (info: AddressInfo) => {
       resolve({

@@ -2,7 +2,7 @@ import { type Kysely, sql } from 'kysely';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
 import { migrateToLatest } from '../../db/migrate.ts';
-import { createDb, type DbHandle } from '../../db/pool.ts';
+import { createDb, type Db, type DbHandle } from '../../db/pool.ts';
 import { migrations } from '../../migrations/index.ts';
 
 let admin: pg.Client;
@@ -17,7 +17,7 @@ async function emptyDatabase(): Promise<DbHandle> {
   return createDb(url.toString(), { max: 2 });
 }
 
-async function tableNames(db: Kysely<any>) {
+async function tableNames(db: Db) {
   const { rows } = await sql<{ tablename: string }>`
     SELECT tablename FROM pg_tables WHERE schemaname NOT IN ('pg_catalog', 'information_schema')`.execute(db);
   return rows.map((r) => r.tablename);
@@ -55,7 +55,7 @@ describe('migrations', () => {
       const broken = {
         ...migrations,
         '2099-01-01T00-broken': {
-          up: async (db: Kysely<any>) => {
+          up: async (db: Kysely<unknown>) => {
             await sql`CREATE TABLE half_done (id int)`.execute(db);
             await sql`SELECT no_such_function()`.execute(db);
           },
