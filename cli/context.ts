@@ -14,6 +14,7 @@ export interface ConnectionOptions {
 /** What the dev stack writes to `.data/dev.json` (`npm run dev`). */
 interface DevStackFile {
   apiUrl?: string;
+  temporalUiUrl?: string | null;
   tenants?: Record<string, { id: string; token: string } | undefined>;
 }
 
@@ -73,4 +74,12 @@ export function resolveConnection(
 export function clientFor(options: ConnectionOptions, env: NodeJS.ProcessEnv = process.env): ComputeClient {
   const connection = resolveConnection(options, env);
   return createComputeClient({ baseURL: connection.url, token: connection.token, retryOnRateLimit: true });
+}
+
+/**
+ * The Temporal Web UI's URL: --temporal-ui, BETTER_COMPUTE_TEMPORAL_UI, or the dev stack's; null
+ * when none is known.
+ */
+export function temporalUiUrl(flag: string | undefined, env: NodeJS.ProcessEnv = process.env): string | null {
+  return flag ?? env.BETTER_COMPUTE_TEMPORAL_UI ?? readDevStack(devStackFile(env))?.temporalUiUrl ?? null;
 }

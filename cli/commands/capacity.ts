@@ -3,7 +3,7 @@ import { formatDuration } from '../../domain/duration.ts';
 import { apiAction, withConnection } from '../command.ts';
 import { formatTime, renderFields, renderTable } from '../output.ts';
 import { type RequestOptions, requestFromOptions, withRequestOptions } from '../reservation-request.ts';
-import { resolvePool, tenantOf } from './reservations.ts';
+import { resolvePool, tenantOf } from '../tenant.ts';
 
 /** `capacity [--pool P]`, `capacity --preview …` (the flags of reserve). */
 export function registerCapacityCommands(program: Command) {

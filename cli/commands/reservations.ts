@@ -2,7 +2,6 @@ import type { Command } from 'commander';
 import { ulid } from 'ulid';
 import type { ComputeClient } from '../../client/index.ts';
 import { apiAction, type CommandContext, parse, withConnection } from '../command.ts';
-import type { ConnectionOptions } from '../context.ts';
 import { CliError, exitCodes } from '../errors.ts';
 import { formatTime } from '../output.ts';
 import { type RequestOptions, requestFromOptions, withRequestOptions } from '../reservation-request.ts';
@@ -13,29 +12,8 @@ import {
   renderReservationTable,
   terminalStates,
 } from '../reservation-view.ts';
-
-/** `--tenant`, or the token's own tenant. */
-export async function tenantOf(client: ComputeClient, options: ConnectionOptions): Promise<string> {
-  if (options.tenant) return options.tenant;
-  return (await client.system.whoami()).tenantId;
-}
-
-/**
- * A pool given by name (`h100`) as its id: the pools offered to the tenant, from capacity.get.
- * An id (`pool_…`) passes through untouched.
- */
-export async function resolvePool(client: ComputeClient, tenantId: string, pool: string): Promise<string> {
-  if (pool.startsWith('pool_')) return pool;
-  const { pools } = await client.capacity.get({ tenantId });
-  const matches = pools.filter((p) => p.name === pool);
-  if (matches.length === 1) return matches[0]!.poolId;
-  const known = pools.map((p) => `${p.name} (${p.poolId})`).join(', ') || 'none';
-  throw new CliError(
-    matches.length === 0
-      ? `--pool: tenant ${tenantId} is offered no pool named ${pool}; its pools: ${known}`
-      : `--pool: several pools are named ${pool}; pass its id: ${known}`,
-  );
-}
+import { resolvePool, tenantOf } from '../tenant.ts';
+import { registerTraceCommand } from './trace.ts';
 
 /** Prints one field of a result (`--query PATH`), or the whole of it. */
 function printQuery(out: CommandContext<unknown>['out'], value: unknown, path: string) {
@@ -182,6 +160,7 @@ export function registerReservationCommands(program: Command) {
   }
 
   const reservations = program.command('reservations').description('Read and follow reservations.');
+  registerTraceCommand(reservations);
   withConnection(
     reservations
       .command('get')
