@@ -74,7 +74,7 @@ export function createEmbeddedIam(deps: { db: Db; log: Logger; confirmationTtlMs
     resource: ResourceRef,
   ): Promise<Confirmation | null> {
     const delegation = await delegationOf(principal);
-    if (!delegation || !delegation.confirmActions.some((a) => actionMatches(a, action))) return null;
+    if (!delegation?.confirmActions.some((a) => actionMatches(a, action))) return null;
     const open = await latestConfirmation(db, principal.identityId, action, resource);
     if (open && open.state === 'pending') return open;
     const id = newId('cnf');
