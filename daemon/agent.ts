@@ -134,6 +134,7 @@ export class NodeAgent {
     const minBackoff = this.options.minBackoffMs ?? 500;
     const maxBackoff = this.options.maxBackoffMs ?? 30_000;
     let backoff = minBackoff;
+    await this.journal.persist();
     while (!this.stopped) {
       await this.maybeRenew();
       const outcome = await this.session();
@@ -324,7 +325,9 @@ export class NodeAgent {
       this.converge(parsed.devices, generation);
       this.spec = next;
       this.generation = generation;
-      this.journal.converged(generation);
+      void this.journal
+        .converged(generation)
+        .catch((err: unknown) => this.options.log.warn({ err }, 'journal write failed'));
       this.status.convergedGeneration = generation;
       this.send({ body: { $case: 'specStatus', value: { observedGeneration: generation, error: '' } } });
     } catch (err) {

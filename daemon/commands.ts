@@ -41,8 +41,15 @@ export async function runCommand(host: CommandHost, command: Command, nowMs: num
       error: seen.error ?? '',
     };
   }
-  const finish = (r: CommandResult): CommandResult => {
-    journal.finish(command.id, command.seq, command.kind, r.outcome, r.resultJson.toString('utf8'), r.error);
+  const finish = async (r: CommandResult): Promise<CommandResult> => {
+    await journal.finish(
+      command.id,
+      command.seq,
+      command.kind,
+      r.outcome,
+      r.resultJson.toString('utf8'),
+      r.error,
+    );
     return r;
   };
   if (!isCommandKind(command.kind)) {
@@ -70,7 +77,8 @@ export async function runCommand(host: CommandHost, command: Command, nowMs: num
   } catch {
     return finish(result(command, CommandOutcome.COMMAND_OUTCOME_REJECTED, undefined, 'bad payload'));
   }
-  journal.start(command.id, command.seq, command.kind);
+  // A retry-safe kind may run again after a crash, so only side effects wait for a durable start.
+  if (!kind.retrySafe) await journal.start(command.id, command.seq, command.kind);
   try {
     const body = await execute(host, command.kind, payload as Record<string, unknown>);
     return finish(result(command, CommandOutcome.COMMAND_OUTCOME_SUCCEEDED, body));

@@ -1,22 +1,16 @@
 import { randomBytes } from 'node:crypto';
-import {
-  closeSync,
-  existsSync,
-  fsyncSync,
-  mkdirSync,
-  openSync,
-  readFileSync,
-  renameSync,
-  writeSync,
-} from 'node:fs';
+import { existsSync, mkdirSync, readFileSync } from 'node:fs';
+import { open, rename } from 'node:fs/promises';
 import path from 'node:path';
 
 /**
  * The daemon's journal: every command it accepted and how far it got, and the NodeSpec generation
  * it converged, under a `journalId`. Written atomically (temp file, fsync, rename) before and after
- * each side effect, so a restarted bcd never runs one twice. A missing or unreadable journal starts
- * a new id, which tells the gateway to fail what the old one had in flight. Bounded: the oldest
- * finished entries are dropped past `maxEntries`.
+ * each side effect, so a restarted bcd never runs one twice. Writes are asynchronous (many agents
+ * share one event loop in `bcd sim`) and coalesced: each change's promise resolves once a write
+ * containing it is durable. A missing or unreadable journal starts a new id, which tells the
+ * gateway to fail what the old one had in flight. Bounded: the oldest finished entries are dropped
+ * past `maxEntries`.
  */
 
 export type JournalState = 'started' | 'done';
@@ -40,6 +34,9 @@ interface JournalFile {
 export class Journal {
   private data: JournalFile;
   private readonly file: string;
+  private chain: Promise<void> = Promise.resolve();
+  private version = 0;
+  private written = 0;
 
   constructor(
     dir: string,
@@ -47,13 +44,14 @@ export class Journal {
   ) {
     mkdirSync(dir, { recursive: true });
     this.file = path.join(dir, 'journal.json');
-    this.data = Journal.read(this.file) ?? {
+    const existing = Journal.read(this.file);
+    this.data = existing ?? {
       journalId: `jrn_${randomBytes(12).toString('hex')}`,
       convergedGeneration: 0,
       lastAckedSeq: 0,
       commands: {},
     };
-    this.flush();
+    if (!existing) this.version = 1;
   }
 
   private static read(file: string): JournalFile | null {
@@ -83,10 +81,10 @@ export class Journal {
     return this.data.commands[commandId];
   }
 
-  /** Records that a side effect is about to run (durable before it runs). */
-  start(commandId: string, seq: number, kind: string): void {
+  /** Records that a side effect is about to run; resolves once that is durable. */
+  start(commandId: string, seq: number, kind: string): Promise<void> {
     this.data.commands[commandId] = { seq, kind, state: 'started' };
-    this.flush();
+    return this.persist();
   }
 
   finish(
@@ -96,17 +94,29 @@ export class Journal {
     outcome: number,
     result?: string,
     error?: string,
-  ): void {
+  ): Promise<void> {
     this.data.commands[commandId] = { seq, kind, state: 'done', outcome, result, error };
     if (seq > this.data.lastAckedSeq) this.data.lastAckedSeq = seq;
     this.trim();
-    this.flush();
+    return this.persist();
   }
 
-  converged(generation: number): void {
-    if (generation === this.data.convergedGeneration) return;
+  converged(generation: number): Promise<void> {
+    if (generation === this.data.convergedGeneration) return Promise.resolve();
     this.data.convergedGeneration = generation;
-    this.flush();
+    return this.persist();
+  }
+
+  /** Resolves once everything recorded so far is on disk (a fresh journal included). */
+  persist(): Promise<void> {
+    const target = ++this.version;
+    this.chain = this.chain.then(async () => {
+      if (this.written >= target) return;
+      const version = this.version;
+      await this.write(JSON.stringify(this.data));
+      this.written = version;
+    });
+    return this.chain;
   }
 
   private trim(): void {
@@ -118,15 +128,15 @@ export class Journal {
     for (const id of done.slice(0, ids.length - this.maxEntries)) delete this.data.commands[id];
   }
 
-  private flush(): void {
+  private async write(content: string): Promise<void> {
     const tmp = `${this.file}.tmp`;
-    const fd = openSync(tmp, 'w');
+    const handle = await open(tmp, 'w');
     try {
-      writeSync(fd, JSON.stringify(this.data));
-      fsyncSync(fd);
+      await handle.writeFile(content);
+      await handle.sync();
     } finally {
-      closeSync(fd);
+      await handle.close();
     }
-    renameSync(tmp, this.file);
+    await rename(tmp, this.file);
   }
 }

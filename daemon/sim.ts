@@ -35,6 +35,7 @@ export async function startSimulatedFleet(input: {
   namePrefix?: string;
   joinConcurrency?: number;
   minBackoffMs?: number;
+  maxBackoffMs?: number;
 }): Promise<SimulatedFleet> {
   const shape = { ...defaultSimShape, ...input.shape };
   const prefix = input.namePrefix ?? 'sim';
@@ -65,6 +66,7 @@ export async function startSimulatedFleet(input: {
         hardware,
         log: input.log.child({ nodeId: identity.nodeId, node: name }),
         ...(input.minBackoffMs !== undefined ? { minBackoffMs: input.minBackoffMs } : {}),
+        ...(input.maxBackoffMs !== undefined ? { maxBackoffMs: input.maxBackoffMs } : {}),
       });
       agent.start();
       nodes[index] = { nodeId: identity.nodeId, name: identity.nodeName, dir, agent, hardware };

@@ -49,22 +49,23 @@ export async function createJoinToken(
   return { token: `bcjt_${id.slice(3)}.${secret}`, id, expiresAt: row.expires_at, maxUses: row.max_uses };
 }
 
+const refused = (why: string) =>
+  new ComputeError('UNAUTHENTICATED', 'the join token is invalid, expired, revoked or used up', {
+    reason: why,
+  });
+
 /**
- * Spends one use of a token under its row lock and answers its pool. UNAUTHENTICATED for a token
- * that is malformed, unknown, revoked, expired or used up (one answer for all, so it tells nothing).
+ * Checks a token without locking it and answers its pool. UNAUTHENTICATED for a token that is
+ * malformed, unknown, revoked, expired or used up (one answer for all, so it tells nothing).
  */
-export async function consumeJoinToken(
-  trx: Transaction<Database>,
+export async function checkJoinToken(
+  db: Db | Transaction<Database>,
   token: string,
 ): Promise<{ tokenId: string; poolId: string }> {
-  const refused = (why: string) =>
-    new ComputeError('UNAUTHENTICATED', 'the join token is invalid, expired, revoked or used up', {
-      reason: why,
-    });
   const match = tokenPattern.exec(token.trim());
   if (!match) throw refused('malformed');
   const id = `jt_${match[1]}`;
-  const row = await trx
+  const row = await db
     .selectFrom('join_tokens')
     .where('id', '=', id)
     .select([
@@ -75,7 +76,6 @@ export async function consumeJoinToken(
       'revoked_at',
       sql<boolean>`expires_at <= compute_now()`.as('expired'),
     ])
-    .forUpdate()
     .executeTakeFirst();
   if (!row) throw refused('unknown');
   const given = Buffer.from(hashSecret(match[2]!), 'hex');
@@ -84,8 +84,33 @@ export async function consumeJoinToken(
   if (row.revoked_at) throw refused('revoked');
   if (row.expired) throw refused('expired');
   if (row.uses >= row.max_uses) throw refused('used');
-  await trx.updateTable('join_tokens').set({ uses: sql<number>`uses + 1` }).where('id', '=', id).execute();
   return { tokenId: id, poolId: row.pool_id };
+}
+
+/**
+ * Spends one use of a checked token, atomically: only while it is still unrevoked, unexpired and
+ * not used up (the row lock lasts from this statement to the commit, so callers run it last).
+ */
+export async function spendJoinToken(trx: Transaction<Database>, tokenId: string): Promise<void> {
+  const spent = await trx
+    .updateTable('join_tokens')
+    .set({ uses: sql<number>`uses + 1` })
+    .where('id', '=', tokenId)
+    .where('revoked_at', 'is', null)
+    .where(sql<boolean>`expires_at > compute_now()`)
+    .where(sql<boolean>`uses < max_uses`)
+    .executeTakeFirst();
+  if (Number(spent.numUpdatedRows) === 0) throw refused('used');
+}
+
+/** Checks and spends one use of a token in the caller's transaction. */
+export async function consumeJoinToken(
+  trx: Transaction<Database>,
+  token: string,
+): Promise<{ tokenId: string; poolId: string }> {
+  const checked = await checkJoinToken(trx, token);
+  await spendJoinToken(trx, checked.tokenId);
+  return checked;
 }
 
 function view(row: {

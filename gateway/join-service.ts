@@ -1,6 +1,6 @@
 import { type handleUnaryCall, Metadata, status } from '@grpc/grpc-js';
 import { sql } from 'kysely';
-import { consumeJoinToken } from '../db/join-tokens.ts';
+import { checkJoinToken, spendJoinToken } from '../db/join-tokens.ts';
 import { findPeerCertificate, insertJoinedNode, revokeNodeCertificates } from '../db/nodes.ts';
 import type { Db } from '../db/pool.ts';
 import { ComputeError, errorCodeTraits, isComputeError } from '../domain/errors.ts';
@@ -55,8 +55,9 @@ function sanitizeName(requested: string, hostname: string): string {
 }
 
 /**
- * Join: spends the token, computes the hardware key, creates the node or reclaims the one the key
- * names (revoking its old certificates), and signs the node certificate, all in one transaction.
+ * Join: checks the token, computes the hardware key, creates the node or reclaims the one the key
+ * names (revoking its old certificates), signs the node certificate and spends one use of the
+ * token, all in one transaction.
  */
 export async function joinNode(options: JoinServiceOptions, request: JoinRequest): Promise<JoinResponse> {
   if (request.token.length > 200 || request.csrPem.length > 8192 || request.requestedName.length > 253) {
@@ -71,7 +72,9 @@ export async function joinNode(options: JoinServiceOptions, request: JoinRequest
     gpuUuids: evidence?.gpuUuids.slice(0, 64),
   });
   return options.db.transaction().execute(async (trx) => {
-    const token = await consumeJoinToken(trx, request.token);
+    // The token is spent last: its row lock lasts only from that statement to the commit, so
+    // concurrent joins with one token do not queue behind each other's certificate signing.
+    const token = await checkJoinToken(trx, request.token);
     const pool = await trx
       .selectFrom('pools')
       .where('id', '=', token.poolId)
@@ -139,6 +142,7 @@ export async function joinNode(options: JoinServiceOptions, request: JoinRequest
         not_after: cert.notAfter,
       })
       .execute();
+    await spendJoinToken(trx, token.tokenId);
     options.log.info(
       {
         nodeId: node.id,

@@ -98,10 +98,11 @@ export class NodeSession implements RegisteredSession {
           this.pending--;
         });
     });
-    this.call.on('error', (err: Error) => {
-      this.log.warn(
-        { err: err.message, epoch: this.epoch },
-        'session stream failed (malformed or oversized message?)',
+    this.call.on('error', (err: Error & { code?: number }) => {
+      const badInput = err.code === status.INTERNAL || err.code === status.RESOURCE_EXHAUSTED;
+      this.log[badInput ? 'warn' : 'debug'](
+        { err: err.message, code: err.code, epoch: this.epoch },
+        badInput ? 'session ended: malformed or oversized message' : 'session stream ended',
       );
       this.finish();
     });

@@ -54,6 +54,7 @@ describe('faults and refusals', () => {
       rootDir: fx.dir,
       log: testLog,
       minBackoffMs: 100,
+      maxBackoffMs: 1_000,
     });
     await eventually(async () => fx.gateway.sessionCount() === 3);
   });

@@ -25,7 +25,7 @@ describe('inventory changes and retry pushback', () => {
 
   it('a gateway at its limit refuses with a retry pushback that bcd honours', async () => {
     await eventually(async () => fleet.nodes.some((n) => n.agent.status.lastPushbackMs !== null));
-    expect(fx.gateway.sessionCount()).toBe(2);
+    await eventually(async () => fx.gateway.sessionCount() === 2);
     const refused = fleet.nodes.find((n) => n.agent.status.lastPushbackMs !== null)!;
     expect(refused.agent.status.lastPushbackMs).toBeGreaterThanOrEqual(500);
     expect(refused.agent.status.connected).toBe(false);
