@@ -18,8 +18,8 @@ const ms = (value: Date | string | null | undefined): number | null =>
 const timerKeys = Object.keys(defaultTimers) as Array<keyof LifecycleTimers>;
 
 /**
- * The timers of a pool: `policy.timers` (milliseconds, any subset) over the defaults, with the
- * pool's `maxPending` (a duration in ms) as the pending limit, then the workflow's own overrides.
+ * The timers of a pool: the defaults, the pool's `maxPendingSeconds` as the pending limit, any of
+ * `policy.timers` (milliseconds), then the workflow's own overrides (the lifecycle's `timers`).
  */
 export function effectiveTimers(
   policy: Record<string, unknown>,
@@ -27,7 +27,9 @@ export function effectiveTimers(
 ): LifecycleTimers {
   const timers = { ...defaultTimers };
   const fromPolicy = (policy.timers ?? {}) as Record<string, unknown>;
-  if (typeof policy.maxPendingMs === 'number') timers.maxPendingMs = policy.maxPendingMs;
+  if (typeof policy.maxPendingSeconds === 'number' && policy.maxPendingSeconds > 0) {
+    timers.maxPendingMs = policy.maxPendingSeconds * 1000;
+  }
   for (const key of timerKeys) {
     const value = fromPolicy[key];
     if (typeof value === 'number' && value > 0) timers[key] = value;
