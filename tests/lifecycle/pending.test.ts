@@ -1,0 +1,54 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import {
+  eventTypes,
+  insertPlacedReservation,
+  insertUnplacedReservation,
+  type LifecycleHarness,
+  startLifecycleHarness,
+  waitForState,
+} from './harness.ts';
+
+let h: LifecycleHarness;
+
+beforeAll(async () => {
+  h = await startLifecycleHarness({
+    name: 'pending',
+    nodes: 1,
+    timers: { maxPendingMs: 3_000, pendingRetryMs: 500 },
+  });
+});
+
+afterAll(async () => {
+  await h?.stop();
+});
+
+const start = (id: string, state: string) =>
+  h.lifecycle.start({ id, tenantId: h.tenantId, poolId: h.poolId, state });
+
+describe('pending reservations', () => {
+  it('are placed as soon as a release frees the capacity they wait for', async () => {
+    const holder = await insertPlacedReservation(h, { startInMs: 0 });
+    const waiting = await insertUnplacedReservation(h, { state: 'pending', gpus: 2 });
+    await start(waiting, 'pending');
+    await new Promise((r) => setTimeout(r, 1_200));
+    expect((await waitForState(h, waiting, 'pending')).state).toBe('pending');
+    // The holder's lifecycle never ran; releasing it through the workflow frees the node.
+    await start(holder.id, 'placed');
+    await h.lifecycle.signal(holder.id, { type: 'release' });
+    await waitForState(h, waiting, ['placed', 'binding'], 5_000);
+    expect(await eventTypes(h, waiting)).toContain('reservation.placed');
+    await h.lifecycle.signal(waiting, { type: 'release' });
+    await waitForState(h, waiting, 'released');
+  });
+
+  it('fail with Unschedulable/MaxPendingExceeded past maxPending', async () => {
+    const id = await insertUnplacedReservation(h, { state: 'pending', gpus: 16 });
+    await start(id, 'pending');
+    const failed = await waitForState(h, id, 'failed', 10_000);
+    expect(failed.end_reason).toBe('max-pending-exceeded');
+    expect(failed.conditions).toContainEqual(
+      expect.objectContaining({ type: 'Unschedulable', reason: 'MaxPendingExceeded' }),
+    );
+    expect(await eventTypes(h, id)).toEqual(['reservation.failed']);
+  });
+});
