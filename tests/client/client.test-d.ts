@@ -101,3 +101,60 @@ describe('createComputeClient', () => {
     expectTypeOf<ComputeClientError['status']>().toEqualTypeOf<number>();
   });
 });
+
+describe('the real registry', () => {
+  const client = createComputeClient<Compute>({ baseURL: 'http://x', token: 't' });
+
+  test('reservations.create takes the seed’s request and answers the reservation object', () => {
+    const created = client.reservations.create({
+      tenantId: 'acme',
+      poolId: 'pool_1',
+      devices: [{ class: 'gpu', count: 4, topology: 'nvlink-all' }],
+      duration: '8h',
+      idempotencyKey: 'train-2026-09-24',
+      wait: { timeoutMs: 20_000 },
+    });
+    expectTypeOf(created).resolves.toHaveProperty('state').toEqualTypeOf<string>();
+    expectTypeOf(created)
+      .resolves.toHaveProperty('operation')
+      .toHaveProperty('state')
+      .toEqualTypeOf<'running' | 'pending' | 'succeeded' | 'failed'>();
+    void client.reservations.create({
+      tenantId: 'acme',
+      poolId: 'p',
+      // @ts-expect-error an unknown field of a device request
+      devices: [{ class: 'gpu', count: 1, colour: 'red' }],
+      duration: '1h',
+      idempotencyKey: 'k',
+    });
+    void client.reservations.create({
+      tenantId: 'acme',
+      poolId: 'p',
+      // @ts-expect-error a device class that does not exist
+      devices: [{ class: 'tpu', count: 1 }],
+      duration: '1h',
+      idempotencyKey: 'k',
+    });
+    // @ts-expect-error the idempotency key is required
+    void client.reservations.create({
+      tenantId: 'acme',
+      poolId: 'p',
+      devices: [{ class: 'gpu', count: 1 }],
+      duration: '1h',
+    });
+    void client.reservations.extend({
+      tenantId: 'acme',
+      reservationId: 'r',
+      // @ts-expect-error extend takes until or by, not a duration
+      duration: '1h',
+      idempotencyKey: 'k',
+    });
+  });
+
+  test('events and webhooks are typed the same way', () => {
+    expectTypeOf(client.events.list).returns.resolves.toHaveProperty('next').toEqualTypeOf<number | null>();
+    // @ts-expect-error limit is a number
+    void client.events.list({ limit: '10' });
+    expectTypeOf(client.webhooks.create).returns.resolves.toHaveProperty('secret').toEqualTypeOf<string>();
+  });
+});
