@@ -2,7 +2,7 @@ import { sql } from 'kysely';
 import type { Db } from '../db/pool.ts';
 import { newId } from '../domain/ids.ts';
 import type { Logger } from '../server/logger.ts';
-import { type OutboxEvent, readOutbox } from './outbox.ts';
+import { type OutboxEvent, outboxHead, readOutbox } from './outbox.ts';
 import type {} from './schema.ts';
 import { signatureHeaders, signWebhook } from './webhook-signature.ts';
 
@@ -150,6 +150,9 @@ export function startWebhookDispatcher(
     let cursor = { xid: subscription.cursor_xid, seq: Number(subscription.cursor_seq) };
     let attempts = subscription.attempts;
     while (!stopping.signal.aborted) {
+      // The head first, then the read: when nothing up to the head is of interest, the cursor
+      // moves to the head, so later passes never scan the skipped events again.
+      const head = await outboxHead(db);
       const page = await readOutbox(
         db,
         cursor,
@@ -157,7 +160,12 @@ export function startWebhookDispatcher(
         20,
       );
       if (page.events.length === 0) {
-        // Nothing of interest: move the cursor past what was skipped.
+        if (head.xid !== cursor.xid || head.seq !== cursor.seq) {
+          await sql`
+            UPDATE webhook_subscriptions SET cursor_xid = ${head.xid}::xid8, cursor_seq = ${head.seq}
+            WHERE id = ${subscription.id} AND lease_owner = ${owner} AND attempts = 0
+              AND (cursor_xid, cursor_seq) < (${head.xid}::xid8, ${head.seq}::bigint)`.execute(db);
+        }
         return;
       }
       for (const event of page.events) {
