@@ -18,7 +18,6 @@ import {
   insertScalarBookings,
   lockDevices,
 } from './bookings.ts';
-import { insertOutboxEvent } from './outbox.ts';
 import { loadPlacerNodes, sampleCandidateNodeIds, schedulableNodeIds } from './placement-load.ts';
 import type { Db } from './pool.ts';
 import type { Database } from './schema.ts';
@@ -80,6 +79,15 @@ export async function planWholePool(
   });
   const plan = planPlacement(nodes, input.request, input.window, input.seed);
   if (plan.fits.length > 0) return { fits: true, fit: plan.fits[0]!, window: input.window, nodes };
+  return { fits: false, ...noFitOutcome(nodes, plan, input), window: input.window, nodes };
+}
+
+/** The NoFit summary with the counter-offer (the earliest start within 14 days), from loaded nodes. */
+function noFitOutcome(
+  nodes: readonly PlacerNode[],
+  plan: ReturnType<typeof planPlacement>,
+  input: { request: PlacementRequest; window: Interval; durationMs: number },
+): { message: string; earliestStart: number | null } {
   const earliest = earliestStart(
     nodes,
     input.request,
@@ -94,7 +102,7 @@ export async function planWholePool(
       : earliest === null
         ? `${summary}; nothing fits within the next 14 days`
         : summary;
-  return { fits: false, message, earliestStart: earliest, window: input.window, nodes };
+  return { message, earliestStart: earliest };
 }
 
 async function tryBook(
@@ -166,42 +174,37 @@ export async function findAndBook(
   { placed: true; fit: NodeFit } | { placed: false; message: string; earliestStart: number | null }
 > {
   const large = (await schedulableNodeIds(trx, input.poolId)).length > wholePoolLimit;
+  // The whole pool is read over the counter-offer's horizon, so a NoFit needs no second read.
+  const horizon = {
+    start: input.window.start,
+    end: input.window.start + counterOfferHorizonMs + input.durationMs,
+  };
   let contended = false;
   for (let round = 0; round < 3; round++) {
-    let nodes: PlacerNode[];
-    if (large && round < 2) {
-      const ids = await sampleCandidateNodeIds(trx, { poolId: input.poolId, window: input.window });
-      nodes = await loadPlacerNodes(trx, {
-        poolId: input.poolId,
-        deviceClass: input.request.deviceClass,
-        horizon: input.window,
-        nodeIds: ids,
-      });
-    } else {
-      nodes = await loadPlacerNodes(trx, {
-        poolId: input.poolId,
-        deviceClass: input.request.deviceClass,
-        horizon: input.window,
-      });
-    }
+    const whole = !large || round === 2;
+    const nodes = await loadPlacerNodes(trx, {
+      poolId: input.poolId,
+      deviceClass: input.request.deviceClass,
+      horizon: whole ? horizon : input.window,
+      ...(whole
+        ? {}
+        : { nodeIds: await sampleCandidateNodeIds(trx, { poolId: input.poolId, window: input.window }) }),
+    });
     const plan = planPlacement(nodes, input.request, input.window, input.reservationId);
     if (plan.fits.length === 0) {
-      if (large && round < 2) continue;
-      break;
+      if (!whole) continue;
+      if (contended) break;
+      const outcome = noFitOutcome(nodes, plan, input);
+      return { placed: false, message: outcome.message, earliestStart: outcome.earliestStart };
     }
-    let stale = false;
     for (const fit of plan.fits.slice(0, 16)) {
       const outcome = await tryBook(trx, { fit, window: input.window, reservationId: input.reservationId });
       if (outcome === 'booked') return { placed: true, fit };
       if (outcome === 'locked') contended = true;
-      else stale = true;
     }
-    if (!stale && !contended) break;
   }
-  if (contended) throw new PlacementContention();
-  const whole = await planWholePool(trx, input);
-  if (whole.fits) throw new PlacementContention();
-  return { placed: false, message: whole.message, earliestStart: whole.earliestStart };
+  // Every fit was taken or locked by concurrent placements: roll back and try again.
+  throw new PlacementContention();
 }
 
 /**

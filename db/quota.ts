@@ -33,6 +33,18 @@ function exceeded(resource: string, requested: number, limit: number, used: numb
   );
 }
 
+/** The same check from the free amounts read with the reservation's lock (no extra round trip). */
+export function precheckQuotaFree(
+  needs: Record<string, number>,
+  quota: Record<string, { limit: number | string; used: number | string }> | null,
+): void {
+  for (const resource of Object.keys(needs).sort()) {
+    const limit = Number(quota?.[resource]?.limit ?? 0);
+    const used = Number(quota?.[resource]?.used ?? 0);
+    if (used + needs[resource]! > limit) throw exceeded(resource, needs[resource]!, limit, used);
+  }
+}
+
 /** A read-only check (no locks) so a request sure to exceed its quota is refused before placement. */
 export async function precheckQuota(
   db: Db,
@@ -66,26 +78,29 @@ export async function chargeQuota(
   trx: Trx,
   input: { reservationId: string; tenantId: string; poolId: string; needs: Record<string, number> },
 ): Promise<void> {
-  const already = await trx
-    .selectFrom('quota_charges')
-    .select('resource')
-    .where('reservation_id', '=', input.reservationId)
-    .where('refunded_at', 'is', null)
-    .executeTakeFirst();
-  if (already) return;
   for (const resource of Object.keys(input.needs).sort()) {
     const amount = input.needs[resource]!;
     if (amount <= 0) continue;
-    const charged = await trx
-      .updateTable('quotas')
-      .set({ used: sql<string>`used + ${amount}::numeric` })
-      .where('tenant_id', '=', input.tenantId)
-      .where('pool_id', '=', input.poolId)
-      .where('resource', '=', resource)
-      .where(sql<boolean>`used + ${amount}::numeric <= limit_amount`)
-      .returning('used')
-      .executeTakeFirst();
-    if (!charged) {
+    // One round trip: the guarded update and its charge row; a reservation already charged for
+    // this resource (an unrefunded row) is not charged again.
+    const { rows } = await sql<{ charged: boolean }>`
+      WITH already AS (
+        SELECT 1 FROM quota_charges WHERE reservation_id = ${input.reservationId} AND resource = ${resource}
+          AND refunded_at IS NULL
+      ), up AS (
+        UPDATE quotas SET used = used + ${amount}::numeric
+        WHERE tenant_id = ${input.tenantId} AND pool_id = ${input.poolId} AND resource = ${resource}
+          AND used + ${amount}::numeric <= limit_amount AND NOT EXISTS (SELECT 1 FROM already)
+        RETURNING 1
+      ), charge AS (
+        INSERT INTO quota_charges (reservation_id, tenant_id, pool_id, resource, amount)
+        SELECT ${input.reservationId}, ${input.tenantId}, ${input.poolId}, ${resource}, ${amount} FROM up
+        ON CONFLICT (reservation_id, resource) DO UPDATE
+          SET amount = EXCLUDED.amount, refunded_at = NULL, charged_at = compute_now()
+        RETURNING 1
+      )
+      SELECT EXISTS (SELECT 1 FROM charge) OR EXISTS (SELECT 1 FROM already) AS charged`.execute(trx);
+    if (!rows[0]?.charged) {
       const row = await trx
         .selectFrom('quotas')
         .select(['limit_amount', 'used'])
@@ -95,20 +110,5 @@ export async function chargeQuota(
         .executeTakeFirst();
       throw exceeded(resource, amount, Number(row?.limit_amount ?? 0), Number(row?.used ?? 0));
     }
-    await trx
-      .insertInto('quota_charges')
-      .values({
-        reservation_id: input.reservationId,
-        tenant_id: input.tenantId,
-        pool_id: input.poolId,
-        resource,
-        amount,
-      })
-      .onConflict((oc) =>
-        oc
-          .columns(['reservation_id', 'resource'])
-          .doUpdateSet({ amount, refunded_at: null, charged_at: sql`compute_now()` }),
-      )
-      .execute();
   }
 }

@@ -8,6 +8,9 @@ import type { Database, Reservation } from './schema.ts';
 
 type Trx = Transaction<Database>;
 
+/** Quota rows of a tenant in a pool, by resource. */
+export type QuotaRows = Record<string, { limit: number | string; used: number | string }>;
+
 export async function lockReservation(trx: Trx, reservationId: string): Promise<Reservation | undefined> {
   return trx
     .selectFrom('reservations')
@@ -17,9 +20,17 @@ export async function lockReservation(trx: Trx, reservationId: string): Promise<
     .executeTakeFirst();
 }
 
-async function computeNow(trx: Trx): Promise<number> {
-  const { rows } = await sql<{ now: Date }>`SELECT compute_now() AS now`.execute(trx);
-  return rows[0]!.now.getTime();
+/** The row locked, with compute_now() and the tenant's free quota in its pool, in one round trip. */
+export async function lockReservationForPlacement(
+  trx: Trx,
+  reservationId: string,
+): Promise<(Reservation & { now: Date; quota: QuotaRows | null }) | undefined> {
+  const { rows } = await sql<Reservation & { now: Date; quota: QuotaRows | null }>`
+    SELECT r.*, compute_now() AS now,
+           (SELECT json_object_agg(q.resource, json_build_object('limit', q.limit_amount, 'used', q.used)) FROM quotas q
+             WHERE q.tenant_id = r.tenant_id AND q.pool_id = r.pool_id) AS quota
+    FROM reservations r WHERE r.id = ${reservationId} FOR UPDATE OF r`.execute(trx);
+  return rows[0];
 }
 
 export type PlaceOutcome =
@@ -42,10 +53,23 @@ export async function placeReservation(
   reservationId: string,
   options: { announcePending?: boolean } = {},
 ): Promise<PlaceOutcome> {
-  const row = await lockReservation(trx, reservationId);
+  const row = await lockReservationForPlacement(trx, reservationId);
   if (row?.state !== 'pending') return { outcome: 'unchanged', state: row?.state ?? null };
+  return placeLockedReservation(trx, row, row.now.getTime(), options);
+}
+
+/**
+ * placeReservation's body for a row the caller already locked (admission places its draft
+ * directly): whatever its state before, it ends `placed` or `pending`.
+ */
+export async function placeLockedReservation(
+  trx: Trx,
+  row: Reservation,
+  now: number,
+  options: { announcePending?: boolean; extra?: Record<string, unknown> } = {},
+): Promise<PlaceOutcome> {
+  const reservationId = row.id;
   const request = row.request as unknown as NormalizedRequest;
-  const now = await computeNow(trx);
   const requested = row.requested_start?.getTime() ?? now;
   const start = Math.max(now, requested);
   const durationMs = Number(row.duration_ms);
@@ -61,6 +85,7 @@ export async function placeReservation(
     const updated = await trx
       .updateTable('reservations')
       .set({
+        ...options.extra,
         state: 'placed',
         during: `[${new Date(start).toISOString()},${new Date(window.end).toISOString()})`,
         conditions: '[]',
@@ -109,6 +134,8 @@ export async function placeReservation(
   const updated = await trx
     .updateTable('reservations')
     .set({
+      ...options.extra,
+      state: 'pending',
       conditions: JSON.stringify([condition]),
       pending_since: sql<Date>`COALESCE(pending_since, compute_now())`,
       version: sql<number>`version + 1`,

@@ -3,9 +3,13 @@ import { admissionContext, insertAuditEvent } from '../../db/audit.ts';
 import { readAuthzResource } from '../../db/authz.ts';
 import { insertOutboxEvent } from '../../db/outbox.ts';
 import { withPlacementTransaction } from '../../db/placement.ts';
-import { chargeQuota, precheckQuota, quotaNeeds } from '../../db/quota.ts';
+import { chargeQuota, precheckQuotaFree, quotaNeeds } from '../../db/quota.ts';
 import { readReservationView } from '../../db/reservation-view.ts';
-import { lockReservation, placeReservation } from '../../db/reservations.ts';
+import {
+  lockReservation,
+  lockReservationForPlacement,
+  placeLockedReservation,
+} from '../../db/reservations.ts';
 import type { Reservation } from '../../db/schema.ts';
 import { ComputeError, isComputeError } from '../../domain/errors.ts';
 import type { HostResourceAmounts, NormalizedRequest } from '../../domain/reservation-request.ts';
@@ -188,7 +192,7 @@ export async function admitReservation(
 
   const context = admissionContext(ctx.principal, ctx.requestId);
   const outcome = await withPlacementTransaction(ctx.deps.db, async (trx) => {
-    const locked = await lockReservation(trx, row.id);
+    const locked = await lockReservationForPlacement(trx, row.id);
     if (!locked || !decidable.has(locked.state)) return null;
     const request = locked.request as unknown as NormalizedRequest;
     const share = (locked.host_share ?? {
@@ -198,18 +202,12 @@ export async function admitReservation(
     }) as unknown as HostResourceAmounts;
     const booked = { vcpu: 0, memoryGiB: 0, hugepages1Gi: 0, ...request.resources } as HostResourceAmounts;
     const needs = quotaNeeds(request, booked, share);
-    await precheckQuota(trx, { tenantId: locked.tenant_id, poolId: locked.pool_id, needs });
-    await trx
-      .updateTable('reservations')
-      .set({
-        state: 'pending',
-        conditions: '[]',
-        admission_context: JSON.stringify(context),
-        updated_at: sql<Date>`compute_now()`,
-      })
-      .where('id', '=', row.id)
-      .execute();
-    const placed = await placeReservation(trx, row.id, { announcePending: true });
+    // Fails fast, before placement work; chargeQuota below is the guarded truth.
+    precheckQuotaFree(needs, locked.quota);
+    const placed = await placeLockedReservation(trx, locked, locked.now.getTime(), {
+      announcePending: true,
+      extra: { admission_context: JSON.stringify(context), confirmation_id: null },
+    });
     await insertAuditEvent(trx, {
       tenantId: locked.tenant_id,
       actorIdentityId: ctx.principal.identityId,
