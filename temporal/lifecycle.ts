@@ -27,9 +27,10 @@ export interface LifecycleOptions {
 
 export interface LifecycleStartInput {
   id: string;
-  tenantId: string;
-  poolId: string;
-  state: string;
+  /** The search attributes to start with; the workflow sets them itself on its first look. */
+  tenantId?: string;
+  poolId?: string;
+  state?: string;
 }
 
 /**
@@ -57,11 +58,11 @@ export async function startReservationLifecycle(
     signal: wakeSignal,
     signalArgs: [{ reason }],
     typedSearchAttributes: [
-      { key: searchAttributes.tenant, value: reservation.tenantId },
-      { key: searchAttributes.pool, value: reservation.poolId },
-      { key: searchAttributes.state, value: reservation.state },
+      ...(reservation.tenantId ? [{ key: searchAttributes.tenant, value: reservation.tenantId }] : []),
+      ...(reservation.poolId ? [{ key: searchAttributes.pool, value: reservation.poolId }] : []),
+      ...(reservation.state ? [{ key: searchAttributes.state, value: reservation.state }] : []),
     ],
-    memo: { reservationId: reservation.id, tenantId: reservation.tenantId, poolId: reservation.poolId },
+    memo: { reservationId: reservation.id },
   });
 }
 
@@ -105,30 +106,18 @@ export function createTemporalLifecycle(
     } catch (error) {
       if (!(error instanceof WorkflowNotFoundError)) throw translate(error);
     }
-    let known: { tenantId: string; poolId: string; status: string };
+    // A lifecycle completes only once its reservation is terminal; one that never started (or was
+    // terminated) is started now, and fills in its own search attributes on its first look.
+    let status: string | null = null;
     try {
-      const described = await handle(reservationId).describe();
-      known = {
-        tenantId: String(described.typedSearchAttributes.get(searchAttributes.tenant) ?? ''),
-        poolId: String(described.typedSearchAttributes.get(searchAttributes.pool) ?? ''),
-        status: described.status.name,
-      };
+      status = (await handle(reservationId).describe()).status.name;
     } catch (error) {
-      if (error instanceof WorkflowNotFoundError) {
-        throw new ComputeError('NOT_FOUND', 'no lifecycle for this reservation', { reservationId });
-      }
-      throw error;
+      if (!(error instanceof WorkflowNotFoundError)) throw error;
     }
-    // A lifecycle completes only once its reservation is terminal.
-    if (known.status === 'COMPLETED') {
+    if (status === 'COMPLETED') {
       throw new ComputeError('INVALID_STATE', 'the reservation has ended', { reservationId });
     }
-    await startReservationLifecycle(
-      client,
-      options,
-      { id: reservationId, ...known, state: 'unknown' },
-      'update',
-    );
+    await startReservationLifecycle(client, options, { id: reservationId }, 'update');
     try {
       return await run();
     } catch (error) {

@@ -1,5 +1,6 @@
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { searchAttributes } from '../../temporal/search-attributes.ts';
 import { confirmationUpdate, snapshotQuery } from '../../workflows/reservation/messages.ts';
 import {
   eventTypes,
@@ -78,5 +79,16 @@ describe('delegated confirmation', () => {
     await start(id);
     await h.lifecycle.signal(id, { type: 'confirmation', decision: 'denied' });
     expect((await waitForState(h, id, 'denied')).end_reason).toBe('confirmation-denied');
+  });
+
+  it('starts the lifecycle of a reservation nobody started when a decision arrives for it', async () => {
+    const id = await insertUnplacedReservation(h, {
+      state: 'awaiting-confirmation',
+      confirmationExpiresInMs: 60_000,
+    });
+    await h.lifecycle.signal(id, { type: 'confirmation', decision: 'denied' });
+    expect((await waitForState(h, id, 'denied')).end_reason).toBe('confirmation-denied');
+    const described = await h.temporal.client.workflow.getHandle(id).describe();
+    expect(described.typedSearchAttributes.get(searchAttributes.tenant)).toBe('acme');
   });
 });

@@ -199,11 +199,18 @@ export async function reservationLifecycle(input: ReservationWorkflowInput): Pro
 
 function publish(holder: LifecycleHolder, snapshot: ReservationSnapshot): void {
   const first = holder.snapshot === null;
-  if (holder.observe(snapshot)) {
+  const changed = holder.observe(snapshot);
+  if (first) {
+    // The lifecycle fills in its own search attributes, whoever started it.
+    upsertSearchAttributes([
+      { key: searchAttributes.tenant, value: snapshot.tenantId },
+      { key: searchAttributes.pool, value: snapshot.poolId },
+      { key: searchAttributes.state, value: snapshot.state },
+    ]);
+    upsertMemo({ reservation: snapshot.summary, tenantId: snapshot.tenantId, poolId: snapshot.poolId });
+  } else if (changed) {
     upsertSearchAttributes([{ key: searchAttributes.state, value: snapshot.state }]);
   }
-  if (first)
-    upsertMemo({ reservation: snapshot.summary, tenantId: snapshot.tenantId, poolId: snapshot.poolId });
 }
 
 async function settleUsage(
