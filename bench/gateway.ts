@@ -90,6 +90,8 @@ function startFleet() {
       token,
       '--dir',
       path.join(dir, 'fleet'),
+      '--join-concurrency',
+      '16',
       '--log-level',
       'error',
     ],

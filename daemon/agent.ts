@@ -1,25 +1,22 @@
 import { writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { type ClientDuplexStream, credentials, Metadata, status } from '@grpc/grpc-js';
-import { attestedReportPurpose, signAllocationReport } from '../domain/attestation.ts';
-import { applySpecPatch, type DeviceAssignment, nodeSpecSchema } from '../domain/node-spec.ts';
 import { certificateNotAfter } from '../domain/pki.ts';
 import {
   type AgentMessage,
   AgentServiceClient,
-  type AllocationReport,
   type Command,
   type ControlMessage,
   type Lane,
-  type NodeSpecUpdate,
 } from '../proto/gen/agent/v1/agent.ts';
 import { sectionHash } from '../proto/inventory.ts';
 import type { Logger } from '../server/logger.ts';
 import { runCommand } from './commands.ts';
-import { convergeDevices, type DeviceRoots, type HeldAllocation } from './devices.ts';
+import type { DeviceRoots, HeldAllocation } from './devices.ts';
 import type { Hardware } from './hardware.ts';
 import { type NodeIdentity, renewCertificate } from './identity.ts';
 import { Journal } from './journal.ts';
+import { SpecConverger } from './spec-converger.ts';
 
 export const agentVersion = '0.1.0';
 export const agentCapabilities = ['devices.limits'];
@@ -55,15 +52,12 @@ export interface AgentStatus {
  */
 export class NodeAgent {
   readonly journal: Journal;
+  private readonly converger: SpecConverger;
   private stopped = false;
   private silenced = false;
   private stream: ClientDuplexStream<AgentMessage, ControlMessage> | null = null;
   private client: AgentServiceClient | null = null;
   private heartbeat: NodeJS.Timeout | null = null;
-  private spec: Record<string, unknown> | null = null;
-  private generation = 0;
-  private held = new Map<string, HeldAllocation>();
-  private reported = new Map<string, string>();
   private lanes = new Map<Lane, Promise<void>>();
   private loop: Promise<void> | null = null;
   private wake: (() => void) | null = null;
@@ -71,13 +65,19 @@ export class NodeAgent {
 
   constructor(private readonly options: AgentOptions) {
     this.journal = new Journal(options.stateDir);
-    this.generation = this.journal.convergedGeneration;
+    this.converger = new SpecConverger({
+      roots: options.roots,
+      journal: this.journal,
+      identity: options.identity,
+      log: options.log,
+      send: (message) => this.send(message),
+    });
     this.status = {
       nodeId: options.identity.nodeId,
       connected: false,
       epoch: 0,
       sessions: 0,
-      convergedGeneration: this.generation,
+      convergedGeneration: this.converger.generation,
       held: [],
       certificateNotAfter: certificateNotAfter(options.identity.certificatePem),
       lastPushbackMs: null,
@@ -190,8 +190,7 @@ export class NodeAgent {
     const stream = client.session(new Metadata());
     this.stream = stream;
     let welcomed = false;
-    this.spec = null;
-    this.reported.clear();
+    this.converger.newSession();
     return new Promise((resolve) => {
       let done = false;
       const finish = (code: number | null, metadata?: Metadata) => {
@@ -220,7 +219,7 @@ export class NodeAgent {
             capabilities: agentCapabilities,
             journalId: this.journal.journalId,
             lastAckedSeq: this.journal.lastAckedSeq,
-            observedGeneration: this.generation,
+            observedGeneration: this.converger.generation,
             inventory: [
               { name: 'gpus', hash: sectionHash(this.options.hardware.gpus()) },
               { name: 'host', hash: sectionHash(this.options.hardware.host()) },
@@ -251,15 +250,19 @@ export class NodeAgent {
           this.send({
             body: {
               $case: 'heartbeat',
-              value: { sentAtMs: Date.now(), observedGeneration: this.generation },
+              value: { sentAtMs: Date.now(), observedGeneration: this.converger.generation },
             },
           });
         }, interval);
         return;
       }
-      case 'spec':
-        this.onSpec(body.value);
+      case 'spec': {
+        const status = this.converger.onSpec(body.value);
+        this.status.convergedGeneration = this.converger.generation;
+        this.status.held = this.converger.heldAllocations();
+        this.send({ body: { $case: 'specStatus', value: status } });
         return;
+      }
       case 'command':
         this.onCommand(body.value);
         return;
@@ -290,101 +293,6 @@ export class NodeAgent {
     if (sections.length > 0) this.send({ body: { $case: 'inventory', value: { sections } } });
   }
 
-  private onSpec(update: NodeSpecUpdate): void {
-    const generation = Number(update.generation);
-    if (generation < this.journal.convergedGeneration || generation < this.generation) {
-      this.options.log.warn(
-        { generation, converged: this.generation },
-        'refusing a NodeSpec older than converged',
-      );
-      this.send({
-        body: {
-          $case: 'specStatus',
-          value: { observedGeneration: this.generation, error: `stale generation ${generation}` },
-        },
-      });
-      return;
-    }
-    let next: Record<string, unknown>;
-    try {
-      if (update.whole) {
-        next = JSON.parse(update.specJson.toString('utf8'));
-      } else {
-        if (!this.spec || Number(update.baseGeneration) !== this.generation) {
-          this.send({
-            body: {
-              $case: 'specStatus',
-              value: { observedGeneration: this.generation, error: 'base-mismatch' },
-            },
-          });
-          return;
-        }
-        next = applySpecPatch(this.spec, JSON.parse(update.patchJson.toString('utf8')));
-      }
-      const parsed = nodeSpecSchema.parse(next);
-      this.converge(parsed.devices, generation);
-      this.spec = next;
-      this.generation = generation;
-      void this.journal
-        .converged(generation)
-        .catch((err: unknown) => this.options.log.warn({ err }, 'journal write failed'));
-      this.status.convergedGeneration = generation;
-      this.send({ body: { $case: 'specStatus', value: { observedGeneration: generation, error: '' } } });
-    } catch (err) {
-      this.options.log.warn({ err, generation }, 'could not converge NodeSpec');
-      this.send({
-        body: {
-          $case: 'specStatus',
-          value: {
-            observedGeneration: this.generation,
-            error: `converge failed: ${(err as Error).message.slice(0, 200)}`,
-          },
-        },
-      });
-    }
-  }
-
-  private converge(assignments: readonly DeviceAssignment[], generation: number): void {
-    const { held, released } = convergeDevices(this.options.roots, assignments);
-    this.held = new Map(held.map((h) => [h.allocationId, h]));
-    this.status.held = held;
-    for (const hold of held) {
-      if (this.reported.get(hold.allocationId) === 'bound') continue;
-      this.report(hold.allocationId, generation, {
-        $case: 'bound',
-        value: {
-          cdiDevices: hold.cdiDevices,
-          envFile: hold.envFile,
-          cdiSpecFile: hold.cdiSpecFile,
-          cgroupParent: '',
-          gpuUuids: hold.gpuUuids,
-        },
-      });
-    }
-    for (const allocationId of released) {
-      this.report(allocationId, generation, { $case: 'released', value: { reason: 'unassigned' } });
-    }
-  }
-
-  private report(
-    allocationId: string,
-    generation: number,
-    kind: NonNullable<AllocationReport['kind']>,
-  ): void {
-    const report: AllocationReport = {
-      purpose: attestedReportPurpose,
-      nodeId: this.options.identity.nodeId,
-      allocationId,
-      specGeneration: generation,
-      atMs: Date.now(),
-      kind,
-    };
-    this.reported.set(allocationId, kind.$case);
-    this.send({
-      body: { $case: 'report', value: signAllocationReport(report, this.options.identity.privateKeyPem) },
-    });
-  }
-
   private onCommand(command: Command): void {
     const previous = this.lanes.get(command.lane) ?? Promise.resolve();
     const next = previous.then(async () => {
@@ -393,7 +301,7 @@ export class NodeAgent {
         {
           hardware: this.options.hardware,
           journal: this.journal,
-          heldGpus: () => new Set([...this.held.values()].flatMap((h) => h.gpuUuids)),
+          heldGpus: () => this.converger.heldGpus(),
           resendInventory: () => this.sendInventory(['gpus', 'host']),
           reboot: () => this.closeStream(),
         },

@@ -105,6 +105,7 @@ program
     defaultSimShape.nvlinkDomainSize,
   )
   .option('--gpu-model <model>', 'GPU model', defaultSimShape.gpuModel)
+  .option('--join-concurrency <n>', 'joins in flight at once', (v) => Number.parseInt(v, 10), 4)
   .option('--log-level <level>', 'log level', 'info')
   .action(async (flags) => {
     const log = createLogger({ level: flags.logLevel, name: 'bcd-sim' });
@@ -116,6 +117,7 @@ program
       rootDir: path.resolve(flags.dir),
       log,
       shape: { gpus: flags.gpus, nvlinkDomainSize: flags.nvlinkDomain, gpuModel: flags.gpuModel },
+      joinConcurrency: flags.joinConcurrency,
     });
     for (const node of fleet.nodes) console.log(`${node.name} ${node.nodeId}`);
     waitForSignal(() => fleet.stop());

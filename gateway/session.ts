@@ -1,9 +1,7 @@
 import { type ServerDuplexStream, status } from '@grpc/grpc-js';
-import { sql } from 'kysely';
 import type { PeerCertificateRow } from '../db/nodes.ts';
 import type { CommandLane } from '../db/schema.ts';
-import { ComputeError, errorCodeTraits, isComputeError } from '../domain/errors.ts';
-import { applySpecPatch, canonicalJson, specPatch } from '../domain/node-spec.ts';
+import { ComputeError, isComputeError } from '../domain/errors.ts';
 import type {
   AgentMessage,
   CommandResult,
@@ -11,7 +9,6 @@ import type {
   Hello,
   SpecStatus,
 } from '../proto/gen/agent/v1/agent.ts';
-import { CommandOutcome } from '../proto/gen/agent/v1/agent.ts';
 import type { Logger } from '../server/logger.ts';
 import type { GatewayContext } from './context.ts';
 import { applyInventory, parseInventory } from './inventory.ts';
@@ -19,6 +16,8 @@ import { laneToProto } from './options.ts';
 import type { RegisteredSession } from './registry.ts';
 import { acceptAllocationReport } from './reports.ts';
 import { openSession } from './session-open.ts';
+import { markReadyIfConverged, recordCommandResult, recordObservedGeneration } from './session-records.ts';
+import { SpecSender } from './spec-sender.ts';
 
 type Stream = ServerDuplexStream<AgentMessage, ControlMessage>;
 
@@ -33,14 +32,6 @@ export interface QueuedCommandRow {
   minGeneration: number | null;
 }
 
-const outcomeState: Partial<Record<CommandOutcome, 'succeeded' | 'failed' | 'expired'>> = {
-  [CommandOutcome.COMMAND_OUTCOME_SUCCEEDED]: 'succeeded',
-  [CommandOutcome.COMMAND_OUTCOME_FAILED]: 'failed',
-  [CommandOutcome.COMMAND_OUTCOME_EXPIRED]: 'expired',
-  [CommandOutcome.COMMAND_OUTCOME_REJECTED]: 'failed',
-  [CommandOutcome.COMMAND_OUTCOME_INTERRUPTED]: 'failed',
-};
-
 /**
  * One node's session on this gateway: Hello and Welcome, then heartbeats, inventory, spec status,
  * command results and reports, each handled one at a time (a flooding node holds at most one
@@ -51,8 +42,7 @@ export class NodeSession implements RegisteredSession {
   epoch = 0;
   journalId = '';
   lastSeenMs = Date.now();
-  sentGeneration = 0;
-  private sentSpec: Record<string, unknown> | null = null;
+  private readonly spec = new SpecSender();
   observedGeneration = 0;
   /** Commands delivered on this session and not yet answered, by id. */
   readonly inFlight = new Map<string, { seq: number; lane: CommandLane }>();
@@ -216,7 +206,7 @@ export class NodeSession implements RegisteredSession {
       case 'inventory': {
         const sections = parseInventory(body.value.sections);
         await applyInventory(this.ctx.db, { nodeId: this.nodeId, epoch: this.epoch, sections });
-        await this.markReadyIfConverged();
+        await markReadyIfConverged(this.ctx.db, this);
         return;
       }
       case 'specStatus':
@@ -292,44 +282,12 @@ export class NodeSession implements RegisteredSession {
 
   /** Sends the spec if it is newer than what this session sent: a patch when it can. */
   pushSpec(generation: number, spec: Record<string, unknown>): void {
-    if (generation <= this.sentGeneration) return;
-    if (this.sentSpec) {
-      const patch = specPatch(this.sentSpec, spec);
-      this.send({
-        body: {
-          $case: 'spec',
-          value: {
-            generation,
-            whole: false,
-            specJson: Buffer.alloc(0),
-            baseGeneration: this.sentGeneration,
-            patchJson: Buffer.from(canonicalJson(patch)),
-          },
-        },
-      });
-      this.sentSpec = applySpecPatch(this.sentSpec, patch);
-    } else {
-      this.send({
-        body: {
-          $case: 'spec',
-          value: {
-            generation,
-            whole: true,
-            specJson: Buffer.from(canonicalJson(spec)),
-            baseGeneration: 0,
-            patchJson: Buffer.alloc(0),
-          },
-        },
-      });
-      this.sentSpec = spec;
-    }
-    this.sentGeneration = generation;
+    const update = this.spec.next(generation, spec);
+    if (update) this.send({ body: { $case: 'spec', value: update } });
   }
 
-  /** Forgets what was sent so the next push is whole (the node could not apply a patch). */
-  resetSpec(): void {
-    this.sentSpec = null;
-    this.sentGeneration = 0;
+  get sentGeneration(): number {
+    return this.spec.sentGeneration;
   }
 
   /** Free credits per lane. */
@@ -365,7 +323,7 @@ export class NodeSession implements RegisteredSession {
         { generation, error: statusMessage.error.slice(0, 500) },
         'node did not converge its spec',
       );
-      if (statusMessage.error.startsWith('base-mismatch')) this.resetSpec();
+      if (statusMessage.error.startsWith('base-mismatch')) this.spec.reset();
       return;
     }
     if (generation < this.observedGeneration) {
@@ -378,71 +336,17 @@ export class NodeSession implements RegisteredSession {
       throw new ComputeError('INVALID_INPUT', `observed generation ${generation} was never sent`);
     }
     this.observedGeneration = generation;
-    const result = await this.ctx.db
-      .updateTable('nodes')
-      .set({ observed_generation: generation })
-      .where('id', '=', this.nodeId)
-      .where('epoch', '=', String(this.epoch))
-      .executeTakeFirst();
-    if (Number(result.numUpdatedRows) === 0)
-      throw new ComputeError('INVALID_STATE', 'session fenced by a newer epoch');
-    await this.markReadyIfConverged();
-  }
-
-  /** A joined node becomes `ready` once it converged a spec and sent its inventory. */
-  private async markReadyIfConverged(): Promise<void> {
-    await sql`
-      UPDATE nodes SET provision_state = 'ready', updated_at = compute_now()
-      WHERE id = ${this.nodeId} AND epoch = ${this.epoch} AND provision_state = 'enrolling'
-        AND observed_generation >= 1
-        AND EXISTS (SELECT 1 FROM inventory_snapshots s WHERE s.node_id = nodes.id)`.execute(this.ctx.db);
+    await recordObservedGeneration(this.ctx.db, this, generation);
   }
 
   private async completeCommand(result: CommandResult): Promise<void> {
     const id = result.commandId.slice(0, 100);
-    const state = outcomeState[result.outcome];
-    if (!state) throw new ComputeError('INVALID_INPUT', 'command result without an outcome');
     const known = this.inFlight.get(id);
     if (known && known.seq !== Number(result.seq)) {
       throw new ComputeError('INVALID_INPUT', `command ${id} has seq ${known.seq}, not ${result.seq}`);
     }
-    let payload: Record<string, unknown> | null = null;
-    if (result.resultJson.length > 0) {
-      if (result.resultJson.length > 64 * 1024)
-        throw new ComputeError('INVALID_INPUT', 'command result too large');
-      try {
-        payload = JSON.parse(Buffer.from(result.resultJson).toString('utf8'));
-      } catch {
-        throw new ComputeError('INVALID_INPUT', 'command result is not JSON');
-      }
-    }
-    const updated = await sql<{ id: string }>`
-      UPDATE node_commands c SET state = ${state}, result = ${payload === null ? null : JSON.stringify(payload)}::jsonb,
-        error = ${result.error ? result.error.slice(0, 2000) : null}, completed_at = compute_now()
-      FROM nodes n
-      WHERE c.id = ${id} AND c.node_id = ${this.nodeId} AND c.seq = ${Number(result.seq)}
-        AND c.state IN ('delivered', 'running') AND n.id = c.node_id AND n.epoch = ${this.epoch}
-      RETURNING c.id`.execute(this.ctx.db);
+    const stored = await recordCommandResult(this.ctx.db, this, { ...result, commandId: id });
     this.inFlight.delete(id);
-    if (updated.rows.length === 0) {
-      const row = await this.ctx.db
-        .selectFrom('node_commands')
-        .where('id', '=', id)
-        .where('node_id', '=', this.nodeId)
-        .select(['seq', 'state'])
-        .executeTakeFirst();
-      if (!row) throw new ComputeError('NOT_FOUND', `unknown command ${id}`);
-      if (Number(row.seq) !== Number(result.seq)) {
-        throw new ComputeError('INVALID_INPUT', `command ${id} has seq ${row.seq}, not ${result.seq}`);
-      }
-      // A result the journal sent again after a reconnect: already recorded, nothing changes.
-      return;
-    }
-    this.ctx.onCommandCompleted?.(id);
-  }
-
-  /** Errors as gRPC statuses for logging callers. */
-  static grpcCode(error: unknown): number {
-    return isComputeError(error) ? errorCodeTraits[error.code].grpcStatus : status.INTERNAL;
+    if (stored) this.ctx.onCommandCompleted?.(id);
   }
 }
