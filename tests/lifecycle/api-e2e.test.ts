@@ -80,7 +80,13 @@ async function call(path: string, body: unknown) {
     },
     body: JSON.stringify(body),
   });
-  return { status: response.status, body: (await response.json()) as { data?: any; error?: any } };
+  return {
+    status: response.status,
+    body: (await response.json()) as {
+      data: { id: string; state: string };
+      error?: { code: string };
+    },
+  };
 }
 
 async function stateOf(id: string): Promise<string> {

@@ -48,12 +48,7 @@ afterAll(async () => {
   await h?.stop();
 });
 
-async function report(
-  nodeId: string,
-  allocationId: string,
-  signWith: string | null,
-  kindAllocation = allocationId,
-) {
+async function report(nodeId: string, allocationId: string, signWith: string | null) {
   const uuids = (
     await h.db
       .selectFrom('device_bookings as b')
