@@ -7,6 +7,8 @@
  * and audit. No lifecycle workflows are started (admission never waits on Temporal).
  * Usage: node --import tsx bench/placement.ts [--seconds 20] [--nodes 10000] [--clients 50]
  */
+import { readdirSync, readFileSync } from 'node:fs';
+import path from 'node:path';
 import { parseArgs } from 'node:util';
 import { insertPool, insertSite, offerPool, registerReadyNodes } from '../db/fleet.ts';
 import { checkBookingInvariants } from '../db/invariants.ts';
@@ -33,6 +35,28 @@ const clients = Number(values.clients);
 const gpus = Number(values.gpus);
 
 const bench = await benchDatabase('placement', { max: Number(values.connections) });
+
+/** CPU seconds (user + system) used so far by this process and by the PostgreSQL server's processes. */
+function cpuSeconds(postmasterPid: number | null) {
+  const tick = 100;
+  const read = (pid: number | string) => {
+    try {
+      const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]!.split(' ');
+      return { ppid: Number(fields[1]), cpu: (Number(fields[11]) + Number(fields[12])) / tick };
+    } catch {
+      return null;
+    }
+  };
+  const self = read('self')?.cpu ?? 0;
+  let postgres = 0;
+  if (postmasterPid) {
+    for (const pid of readdirSync('/proc').filter((p) => /^\d+$/.test(p))) {
+      const stat = read(pid);
+      if (stat && (Number(pid) === postmasterPid || stat.ppid === postmasterPid)) postgres += stat.cpu;
+    }
+  }
+  return { node: self, postgres };
+}
 const log = createLogger({ level: 'warn', name: 'bench' });
 try {
   const t0 = performance.now();
@@ -89,6 +113,16 @@ try {
       idempotencyKey: `warm-${t.tenantId}`,
     });
   }
+  const { rows: dirRows } = await bench.pool.query('SHOW data_directory');
+  let postmasterPid: number | null = null;
+  try {
+    postmasterPid = Number(
+      readFileSync(path.join(dirRows[0].data_directory, 'postmaster.pid'), 'utf8').split('\n')[0],
+    );
+  } catch {
+    postmasterPid = null;
+  }
+  const cpuBefore = cpuSeconds(postmasterPid);
   const result = await runLoad(clients, seconds, async (worker, i) => {
     const t = tokens[worker % tokens.length]!;
     const r = await post(t.token, {
@@ -100,7 +134,13 @@ try {
     });
     return r.state === 'placed';
   });
+  const cpuAfter = cpuSeconds(postmasterPid);
   await server.stop();
+  const cpu = {
+    nodeSeconds: Number((cpuAfter.node - cpuBefore.node).toFixed(1)),
+    postgresSeconds: Number((cpuAfter.postgres - cpuBefore.postgres).toFixed(1)),
+  };
+  const perCpuSecond = Math.round(result.committed / Math.max(0.1, cpu.nodeSeconds + cpu.postgresSeconds));
   const invariants = await checkBookingInvariants(bench.db);
   console.log(
     JSON.stringify({
@@ -113,6 +153,8 @@ try {
       errors: result.errors,
       seconds: result.seconds,
       placementsPerSecond: result.perSecond,
+      placementsPerCpuSecond: perCpuSecond,
+      cpu,
       p50Ms: result.p50Ms,
       p99Ms: result.p99Ms,
       invariants,

@@ -48,12 +48,12 @@ export async function sampleCandidateNodeIds(
   const { rows } = await sql<{ id: string }>`
     SELECT DISTINCT a.node_id AS id
     FROM (SELECT node_id, during FROM allocations WHERE state NOT IN ('released', 'failed')
-          ORDER BY created_at DESC LIMIT ${input.recent ?? 16}) a
+          ORDER BY created_at DESC LIMIT ${input.recent ?? 12}) a
     JOIN nodes n ON n.id = a.node_id AND n.pool_id = ${input.poolId}
     WHERE a.during && ${range(input.window)}`.execute(db);
   const ids = new Set(rows.map((r) => r.id));
   const all = await schedulableNodeIds(db, input.poolId);
-  const want = Math.min(all.length, ids.size + (input.random ?? 16));
+  const want = Math.min(all.length, ids.size + (input.random ?? 8));
   for (let tries = 0; ids.size < want && tries < want * 4; tries++) {
     ids.add(all[Math.floor(Math.random() * all.length)]!);
   }
