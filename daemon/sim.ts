@@ -36,12 +36,16 @@ export async function startSimulatedFleet(input: {
   joinConcurrency?: number;
   minBackoffMs?: number;
   maxBackoffMs?: number;
+  /** How fast agents start their sessions (default 250 a second). */
+  startsPerSecond?: number;
 }): Promise<SimulatedFleet> {
   const shape = { ...defaultSimShape, ...input.shape };
   const prefix = input.namePrefix ?? 'sim';
   const rootTag = createHash('sha256').update(path.resolve(input.rootDir)).digest('hex').slice(0, 8);
   const nodes: SimulatedNode[] = new Array(input.nodes);
   let next = 0;
+  let launched = 0;
+  const startedAt = Date.now();
   const worker = async () => {
     while (next < input.nodes) {
       const index = next++;
@@ -68,6 +72,10 @@ export async function startSimulatedFleet(input: {
         ...(input.minBackoffMs !== undefined ? { minBackoffMs: input.minBackoffMs } : {}),
         ...(input.maxBackoffMs !== undefined ? { maxBackoffMs: input.maxBackoffMs } : {}),
       });
+      // A fleet powering on at once still spreads its TLS handshakes a little (a real herd does).
+      const gap = 1000 / (input.startsPerSecond ?? 250);
+      const wait = startedAt + launched++ * gap - Date.now();
+      if (wait > 0) await new Promise((r) => setTimeout(r, wait));
       agent.start();
       nodes[index] = { nodeId: identity.nodeId, name: identity.nodeName, dir, agent, hardware };
     }

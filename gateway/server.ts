@@ -69,7 +69,9 @@ export async function startGateway(
   const server = new Server({
     'grpc.max_receive_message_length': options.maxMessageBytes,
     'grpc.max_send_message_length': 16 * 1024 * 1024,
-    'grpc.keepalive_time_ms': 30_000,
+    // Daemons ping every 30 s; the gateway's own pings only find dead TCP connections (the
+    // liveness lease decides reachability), so they can be rare.
+    'grpc.keepalive_time_ms': 120_000,
     'grpc.keepalive_permit_without_calls': 1,
     'grpc.http2.min_ping_interval_without_data_ms': 5_000,
   });
