@@ -85,12 +85,26 @@ export async function readReservationSnapshot(
     .executeTakeFirst();
   if (!row) return null;
   const allocations = await db
-    .selectFrom('allocations')
-    .where('reservation_id', '=', reservationId)
-    .where('superseded_at', 'is', null)
-    .select(['id', 'node_id', 'state', 'bound_at', 'binding_lost_at'])
-    .orderBy('gang_index')
-    .orderBy('id')
+    .selectFrom('allocations as a')
+    .innerJoin('nodes as n', 'n.id', 'a.node_id')
+    .where('a.reservation_id', '=', reservationId)
+    .where('a.superseded_at', 'is', null)
+    .select([
+      'a.id',
+      'a.node_id',
+      'a.state',
+      'a.bound_at',
+      'a.binding_lost_at',
+      'n.connectivity',
+      sql<boolean>`EXISTS (SELECT 1 FROM node_conditions c WHERE c.node_id = a.node_id
+        AND c.type = 'ForeignGpuExposure')`.as('foreign_gpu_exposure'),
+      sql<string[] | null>`(SELECT array_agg(d.stable_id ORDER BY d.stable_id) FROM device_bookings b
+        JOIN devices d ON d.id = b.device_id WHERE b.allocation_id = a.id AND d.health = 'unhealthy')`.as(
+        'unhealthy_atoms',
+      ),
+    ])
+    .orderBy('a.gang_index')
+    .orderBy('a.id')
     .execute();
   const policy = (typeof row.policy === 'string' ? JSON.parse(row.policy) : row.policy) as Record<
     string,
@@ -126,6 +140,9 @@ export async function readReservationSnapshot(
         state: a.state,
         boundAt: ms(a.bound_at),
         ...(a.binding_lost_at ? { bindingLost: true } : {}),
+        ...(a.connectivity === 'unreachable' ? { nodeUnreachable: true } : {}),
+        ...(a.foreign_gpu_exposure ? { foreignGpuExposure: true } : {}),
+        ...(a.unhealthy_atoms?.length ? { unhealthyAtoms: a.unhealthy_atoms } : {}),
       }),
     ),
     poolAvailable: row.pool_available,

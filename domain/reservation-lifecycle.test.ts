@@ -159,4 +159,35 @@ describe('decide', () => {
     expect(operationState('active', [])).toBe('succeeded');
     expect(operationState('expired', [])).toBe('failed');
   });
+
+  it('shows node health on an active reservation: BindingLost wins over ForeignGpuExposure over AtomUnhealthy', () => {
+    const active = snapshot({ state: 'active', start: now - 10, end: now + 7_200_000 });
+    const bound = { id: 'a', nodeId: 'node_b', state: 'bound' as const, boundAt: 1 };
+    const sick = decide(
+      {
+        ...active,
+        allocations: [
+          { ...bound, unhealthyAtoms: ['GPU-2'], nodeUnreachable: true },
+          { ...bound, id: 'b', nodeId: 'node_a', foreignGpuExposure: true },
+        ],
+      },
+      none,
+      memory,
+    );
+    expect(sick).toMatchObject({
+      kind: 'setConditions',
+      conditions: [
+        { type: 'Degraded', reason: 'ForeignGpuExposure', message: expect.stringContaining('node_a') },
+        { type: 'NodeUnreachable', reason: 'Unreachable', message: 'not connected: node_b' },
+      ],
+    });
+    const unhealthy = decide(
+      { ...active, allocations: [{ ...bound, unhealthyAtoms: ['GPU-2'] }] },
+      none,
+      memory,
+    );
+    expect(unhealthy).toMatchObject({
+      conditions: [{ reason: 'AtomUnhealthy', message: 'unhealthy: GPU-2' }],
+    });
+  });
 });

@@ -73,6 +73,12 @@ export interface AllocationView {
   boundAt: number | null;
   /** A later report of this bound allocation failed verification: its binding is not trusted. */
   bindingLost?: boolean;
+  /** The node is not connected (its session ended or its lease ran out). */
+  nodeUnreachable?: boolean;
+  /** The node reports something besides bcd can hand its GPUs to pods. */
+  foreignGpuExposure?: boolean;
+  /** Booked atoms that are unhealthy (stable ids). */
+  unhealthyAtoms?: string[];
 }
 
 /** What PostgreSQL says about one reservation, all times epoch milliseconds of compute_now(). */
@@ -177,8 +183,54 @@ function bindFailure(
 }
 
 function sameConditions(a: Condition[], b: Condition[]): boolean {
-  const key = (c: Condition) => `${c.type}/${c.reason}`;
+  const key = (c: Condition) => `${c.type}/${c.reason}/${c.message}`;
   return a.map(key).sort().join(',') === b.map(key).sort().join(',');
+}
+
+const nodeHealthTypes = new Set(['Degraded', 'NodeUnreachable']);
+
+/**
+ * The conditions an active reservation shows from its nodes and atoms (it is never released for
+ * them): `Degraded` with `BindingLost` (a bound allocation lost or a forged report), else
+ * `ForeignGpuExposure`, else `AtomUnhealthy`; and `NodeUnreachable` listing the nodes. Others kept.
+ */
+export function activeConditions(s: ReservationSnapshot): Condition[] {
+  const keep = s.conditions.filter((c) => !nodeHealthTypes.has(c.type));
+  const since = (type: string, reason: string) =>
+    s.conditions.find((c) => c.type === type && c.reason === reason)?.since ?? s.now;
+  const out = [...keep];
+  const lost = s.allocations.length === 0 || s.allocations.some((a) => a.state !== 'bound' || a.bindingLost);
+  const exposed = [...new Set(s.allocations.filter((a) => a.foreignGpuExposure).map((a) => a.nodeId))].sort();
+  const unhealthy = [...new Set(s.allocations.flatMap((a) => a.unhealthyAtoms ?? []))].sort();
+  if (lost) {
+    out.push({ ...degradedLost, since: since('Degraded', 'BindingLost') });
+  } else if (exposed.length > 0) {
+    out.push({
+      type: 'Degraded',
+      reason: 'ForeignGpuExposure',
+      message: `GPUs of ${exposed.join(', ')} can be handed to pods by something besides bcd`,
+      since: since('Degraded', 'ForeignGpuExposure'),
+    });
+  } else if (unhealthy.length > 0) {
+    out.push({
+      type: 'Degraded',
+      reason: 'AtomUnhealthy',
+      message: `unhealthy: ${unhealthy.join(', ')}`,
+      since: since('Degraded', 'AtomUnhealthy'),
+    });
+  }
+  const unreachable = [
+    ...new Set(s.allocations.filter((a) => a.nodeUnreachable).map((a) => a.nodeId)),
+  ].sort();
+  if (unreachable.length > 0) {
+    out.push({
+      type: 'NodeUnreachable',
+      reason: 'Unreachable',
+      message: `not connected: ${unreachable.join(', ')}`,
+      since: since('NodeUnreachable', 'Unreachable'),
+    });
+  }
+  return out;
 }
 
 /**
@@ -279,10 +331,7 @@ export function decide(
     case 'active': {
       const ending = endFor(s, intents);
       if (ending) return ending;
-      const lost =
-        s.allocations.length === 0 || s.allocations.some((a) => a.state !== 'bound' || a.bindingLost);
-      const others = s.conditions.filter((c) => !(c.type === 'Degraded' && c.reason === 'BindingLost'));
-      const wanted = lost ? [...others, { ...degradedLost, since: s.now }] : others;
+      const wanted = activeConditions(s);
       if (!sameConditions(wanted, s.conditions)) return { kind: 'setConditions', conditions: wanted };
       const meteredThrough = memory.meteredThrough ?? s.now;
       const nextWindow = nextWindowStart(meteredThrough, t.usageWindowMs);

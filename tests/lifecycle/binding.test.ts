@@ -1,6 +1,7 @@
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { newId } from '../../domain/ids.ts';
+import { wakeSignal } from '../../workflows/reservation/messages.ts';
 import {
   eventTypes,
   insertPlacedReservation,
@@ -170,6 +171,52 @@ describe('binding (hold)', () => {
     expect((await waitForState(h, id, 'active')).state).toBe('active');
 
     await reportAllocation(h, id, allocationId, 'bound');
+    await expect.poll(conditions, { timeout: 5_000 }).toEqual([]);
+    await h.lifecycle.signal(id, { type: 'release' });
+    await waitForState(h, id, 'released');
+  });
+
+  it('raises NodeUnreachable and AtomUnhealthy on an active reservation and never releases it for them', async () => {
+    const node = h.nodes[0]!;
+    const { id, allocationId } = await insertPlacedReservation(h, { node });
+    await start(id);
+    await waitForState(h, id, 'binding');
+    await reportAllocation(h, id, allocationId, 'bound');
+    await waitForState(h, id, 'active');
+    await h.db.updateTable('nodes').set({ connectivity: 'unreachable' }).where('id', '=', node.id).execute();
+    await h.db
+      .updateTable('devices')
+      .set({ health: 'unhealthy' })
+      .where('id', '=', node.deviceIds[0]!)
+      .execute();
+    await h.temporal.client.workflow.getHandle(id).signal(wakeSignal, { reason: 'node-health' });
+    const conditions = async () =>
+      (
+        await h.db
+          .selectFrom('reservations')
+          .where('id', '=', id)
+          .select('conditions')
+          .executeTakeFirstOrThrow()
+      ).conditions;
+    await expect
+      .poll(conditions, { timeout: 5_000 })
+      .toEqual([
+        expect.objectContaining({ type: 'Degraded', reason: 'AtomUnhealthy' }),
+        expect.objectContaining({
+          type: 'NodeUnreachable',
+          reason: 'Unreachable',
+          message: `not connected: ${node.id}`,
+        }),
+      ]);
+    expect((await waitForState(h, id, 'active')).state).toBe('active');
+
+    await h.db.updateTable('nodes').set({ connectivity: 'connected' }).where('id', '=', node.id).execute();
+    await h.db
+      .updateTable('devices')
+      .set({ health: 'healthy' })
+      .where('id', '=', node.deviceIds[0]!)
+      .execute();
+    await h.temporal.client.workflow.getHandle(id).signal(wakeSignal, { reason: 'node-health' });
     await expect.poll(conditions, { timeout: 5_000 }).toEqual([]);
     await h.lifecycle.signal(id, { type: 'release' });
     await waitForState(h, id, 'released');
