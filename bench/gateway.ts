@@ -31,6 +31,7 @@ const { values } = parseArgs({
     'idle-seconds': { type: 'string', default: '20' },
     commands: { type: 'string', default: '1000' },
     rate: { type: 'string', default: '50' },
+    profile: { type: 'string' },
   },
 });
 const nodes = Number(values.nodes);
@@ -95,8 +96,13 @@ function startFleet() {
       '--log-level',
       'error',
     ],
-    { stdio: ['ignore', 'ignore', 'inherit'] },
+    { stdio: ['ignore', 'pipe', 'inherit'] },
   );
+  const spawned = performance.now();
+  child.stdout.once('data', () => {
+    console.log(`  (the fleet process started all its agents ${((performance.now() - spawned) / 1000).toFixed(1)} s after spawn)`);
+  });
+  child.stdout.resume();
   return child;
 }
 
@@ -122,6 +128,7 @@ try {
   fleet = startFleet();
   await until(() => gateway.sessionCount() >= nodes, 600_000);
   const connectSeconds = (performance.now() - t0) / 1000;
+  console.log('  gateway registry:', JSON.stringify(gateway.stats()));
   await sleep(2_000);
   gc?.();
   await sleep(500);
@@ -136,11 +143,23 @@ try {
   );
 
   // 3. heartbeats: gateway CPU over an idle window
+  const inspector = values.profile ? new (await import('node:inspector')).Session() : null;
+  if (inspector) {
+    inspector.connect();
+    await new Promise((r) => inspector.post('Profiler.enable', () => inspector.post('Profiler.start', r)));
+  }
   const cpu0 = process.cpuUsage();
   const w0 = performance.now();
   await sleep(idleSeconds * 1000);
   const cpu = process.cpuUsage(cpu0);
   const wall = (performance.now() - w0) / 1000;
+  if (inspector) {
+    const profile = await new Promise<unknown>((resolve) =>
+      inspector.post('Profiler.stop', (_err, result) => resolve(result.profile)),
+    );
+    writeFileSync(values.profile!, JSON.stringify(profile));
+    inspector.disconnect();
+  }
   const heartbeats = (nodes * wall * 1000) / heartbeatMs;
   const cpuMs = (cpu.user + cpu.system) / 1000;
   console.log(

@@ -19,10 +19,17 @@ export class SessionRegistry {
   /** Connections admitted but not yet past Hello, counted against the limit. */
   private opening = 0;
   private refusals: number[] = [];
+  /** Connections refused at the limit since start. */
+  refusedTotal = 0;
   /** Nodes heard from since the last heartbeat flush, with the epoch of their session. */
   readonly heard = new Map<string, number>();
 
   constructor(private readonly options: Pick<GatewayOptions, 'maxSessions'>) {}
+
+  /** Sessions held, connections still before Hello, and refusals at the limit since start. */
+  stats(): { sessions: number; opening: number; refused: number } {
+    return { sessions: this.sessions.size, opening: this.opening, refused: this.refusedTotal };
+  }
 
   get size(): number {
     return this.sessions.size;
@@ -37,6 +44,7 @@ export class SessionRegistry {
     const now = Date.now();
     this.refusals = this.refusals.filter((t) => now - t < 10_000);
     this.refusals.push(now);
+    this.refusedTotal++;
     const spread = Math.min(30_000, 1_000 + this.refusals.length * 50);
     const pushback = Math.round(500 + Math.random() * spread);
     const metadata = new Metadata();

@@ -24,6 +24,7 @@ export interface StartedGateway {
   gatewayId: string;
   /** The sessions held now (tests and benchmarks read it). */
   sessionCount(): number;
+  stats(): { sessions: number; opening: number; refused: number };
   stop(): Promise<void>;
 }
 
@@ -106,6 +107,7 @@ export async function startGateway(
     caCertificatePem: ca.certificatePem,
     gatewayId: options.gatewayId,
     sessionCount: () => registry.size,
+    stats: () => registry.stats(),
     stop: async () => {
       dispatcher.stop();
       for (const session of registry.sessions.values())
