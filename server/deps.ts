@@ -12,6 +12,8 @@ export type LifecycleSignal =
   | { type: 'extended'; end?: number }
   | { type: 'capacityFreed'; poolId: string }
   | { type: 'confirmation'; decision: 'approved' | 'denied' }
+  /** Look again now (e.g. a node of the reservation connected, disconnected or changed health). */
+  | { type: 'wake'; reason: string }
   /** The gateway stored a node's report about one allocation (workflows/reservation `allocationReport`). */
   | { type: 'allocationReport'; allocationId: string; kind: 'bound' | 'failed' | 'released' };
 

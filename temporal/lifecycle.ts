@@ -155,6 +155,9 @@ export function createTemporalLifecycle(
             await handle(reservationId).signal(wakeSignal, { reason: 'extended' });
           }
           return;
+        case 'wake':
+          await handle(reservationId).signal(wakeSignal, { reason: signal.reason });
+          return;
         case 'capacityFreed':
           await handle(reservationId).signal(capacityFreedSignal, { poolId: signal.poolId });
           return;
