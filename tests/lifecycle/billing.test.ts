@@ -1,0 +1,64 @@
+import { sql } from 'kysely';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import {
+  insertPlacedReservation,
+  type LifecycleHarness,
+  reportAllocation,
+  startLifecycleHarness,
+  waitForState,
+} from './harness.ts';
+
+let h: LifecycleHarness;
+
+beforeAll(async () => {
+  // One-second usage windows stand in for hours.
+  h = await startLifecycleHarness({ name: 'billing', nodes: 1, timers: { usageWindowMs: 1_000 } });
+});
+
+afterAll(async () => {
+  await h?.stop();
+});
+
+describe('billing', () => {
+  it('writes usage windows as the reservation runs, sends each once, and stops at the release', async () => {
+    const { id, allocationId } = await insertPlacedReservation(h);
+    await h.lifecycle.start({ id, tenantId: h.tenantId, poolId: h.poolId, state: 'placed' });
+    await waitForState(h, id, 'binding');
+    await reportAllocation(h, id, allocationId, 'bound');
+    await waitForState(h, id, 'active');
+    const sent = async () =>
+      (
+        await sql<{
+          n: number;
+        }>`SELECT count(*)::int AS n FROM usage_windows WHERE reservation_id = ${id} AND sent_at IS NOT NULL`.execute(
+          h.db,
+        )
+      ).rows[0]!.n;
+    // While it runs, closed windows are already in the ledger.
+    await expect.poll(sent, { timeout: 10_000 }).toBeGreaterThanOrEqual(2);
+    await h.lifecycle.signal(id, { type: 'release' });
+    await waitForState(h, id, 'released');
+    await h.temporal.client.workflow.getHandle(id).result();
+
+    const windows = await h.db
+      .selectFrom('usage_windows')
+      .where('reservation_id', '=', id)
+      .selectAll()
+      .orderBy('hour_start')
+      .execute();
+    const { rows } = await sql<{ bound_at: Date; released_at: Date }>`
+      SELECT bound_at, released_at FROM allocations WHERE id = ${allocationId}`.execute(h.db);
+    const billedMs = rows[0]!.released_at.getTime() - rows[0]!.bound_at.getTime();
+    const total = windows.reduce((sum, w) => sum + Number(w.quantity), 0);
+    expect(total).toBeCloseTo((billedMs / 3_600_000) * 2, 5);
+    expect(windows.every((w) => w.sent_at !== null && w.meter === 'gpu.h100.hours')).toBe(true);
+    const ledger = await sql<{ n: number; keys: number }>`
+      SELECT count(*)::int AS n, count(DISTINCT idempotency_key)::int AS keys FROM iam.usage_records
+      WHERE subject = ${`reservation/${id}/allocation/${allocationId}`}`.execute(h.db);
+    expect(ledger.rows[0]).toEqual({ n: windows.length, keys: windows.length });
+    // Nothing is billed after the release.
+    expect(Math.max(...windows.map((w) => w.hour_start.getTime()))).toBeLessThanOrEqual(
+      rows[0]!.released_at.getTime(),
+    );
+  });
+});
