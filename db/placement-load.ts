@@ -35,28 +35,12 @@ export async function schedulableNodeIds(db: Db, poolId: string, ttlMs = 5_000):
   return ids;
 }
 
-/**
- * A bounded set of candidate node ids for a window: the nodes of the newest live allocations
- * that overlap it in this pool (likely partly used: the tight fits best fit wants) and a random
- * sample of schedulable nodes. A heuristic only: the loaded bookings, the locks and the EXCLUDE
- * constraint decide.
- */
-export async function sampleCandidateNodeIds(
-  db: Db,
-  input: { poolId: string; window: Interval; recent?: number; random?: number },
-): Promise<string[]> {
-  const { rows } = await sql<{ id: string }>`
-    SELECT DISTINCT a.node_id AS id
-    FROM (SELECT node_id, during FROM allocations WHERE state NOT IN ('released', 'failed')
-          ORDER BY created_at DESC LIMIT ${input.recent ?? 12}) a
-    JOIN nodes n ON n.id = a.node_id AND n.pool_id = ${input.poolId}
-    WHERE a.during && ${range(input.window)}`.execute(db);
-  const ids = new Set(rows.map((r) => r.id));
-  const all = await schedulableNodeIds(db, input.poolId);
-  const want = Math.min(all.length, ids.size + (input.random ?? 8));
-  for (let tries = 0; ids.size < want && tries < want * 4; tries++) {
-    ids.add(all[Math.floor(Math.random() * all.length)]!);
-  }
+/** A random sample of a pool's schedulable node ids (from the cached list). */
+export async function sampleNodeIds(db: Db, poolId: string, size = 8): Promise<string[]> {
+  const all = await schedulableNodeIds(db, poolId);
+  if (all.length <= size) return all;
+  const ids = new Set<string>();
+  while (ids.size < size) ids.add(all[Math.floor(Math.random() * all.length)]!);
   return [...ids];
 }
 
@@ -78,15 +62,32 @@ interface NodeRow {
 }
 
 /**
- * Loads nodes of a pool (all of them, or `nodeIds`) as the placer sees them, with their atoms of
+ * Loads nodes of a pool (all of them, or a sample) as the placer sees them, with their atoms of
  * `deviceClass` and every booking overlapping `horizon`, in one round trip.
  */
 export async function loadPlacerNodes(
   db: Db,
-  input: { poolId: string; deviceClass: DeviceClass; horizon: Interval; nodeIds?: readonly string[] },
+  input: {
+    poolId: string;
+    deviceClass: DeviceClass;
+    horizon: Interval;
+    /** Only these nodes (plus, with recentAllocations, the nodes of the newest live allocations). */
+    sample?: readonly string[];
+    /**
+     * Adds the nodes of the pool's newest `recentAllocations` live allocations overlapping the
+     * horizon: likely partly used, the tight fits best fit wants. A heuristic only.
+     */
+    recentAllocations?: number;
+  },
 ): Promise<PlacerNode[]> {
-  if (input.nodeIds && input.nodeIds.length === 0) return [];
-  const only = input.nodeIds ? sql`AND n.id = ANY(${input.nodeIds as string[]}::text[])` : sql``;
+  const only = input.sample
+    ? sql`AND n.id IN (
+        SELECT unnest(${input.sample as string[]}::text[])
+        UNION
+        SELECT a.node_id FROM (SELECT node_id, during FROM allocations WHERE state NOT IN ('released', 'failed')
+                               ORDER BY created_at DESC LIMIT ${input.recentAllocations ?? 0}) a
+        WHERE a.during && ${range(input.horizon)})`
+    : sql``;
   const horizon = range(input.horizon);
   const { rows } = await sql<NodeRow>`
     SELECT n.id, n.name, n.provision_state = 'ready' AS ready, n.cordoned, n.maintenance, n.draining,

@@ -1,4 +1,4 @@
-import { sql, type Transaction } from 'kysely';
+import type { Transaction } from 'kysely';
 import { ComputeError } from '../domain/errors.ts';
 import { newId } from '../domain/ids.ts';
 import {
@@ -18,7 +18,7 @@ import {
   insertScalarBookings,
   lockDevices,
 } from './bookings.ts';
-import { loadPlacerNodes, sampleCandidateNodeIds, schedulableNodeIds } from './placement-load.ts';
+import { loadPlacerNodes, sampleNodeIds, schedulableNodeIds } from './placement-load.ts';
 import type { Db } from './pool.ts';
 import type { Database } from './schema.ts';
 
@@ -115,7 +115,6 @@ async function tryBook(
   const end = new Date(window.end);
   if ((await findBookedDevices(trx, fit.deviceIds, { start, end })).size > 0) return 'stale';
   const allocationId = newId('alloc');
-  await sql`SAVEPOINT place_node`.execute(trx);
   try {
     await trx
       .insertInto('allocations')
@@ -143,13 +142,12 @@ async function tryBook(
         end,
       })),
     );
-    await sql`RELEASE SAVEPOINT place_node`.execute(trx);
     return 'booked';
   } catch (error) {
-    if (error instanceof BookingConflict) {
-      await sql`ROLLBACK TO SAVEPOINT place_node`.execute(trx);
-      return 'stale';
-    }
+    // The atoms were locked and re-checked, so only the scalar guard can refuse here (a node's
+    // host resources taken meanwhile). The statement failed, so the transaction is over: retry it
+    // whole (no savepoint round trips on the common path).
+    if (error instanceof BookingConflict) throw new PlacementContention();
     throw error;
   }
 }
@@ -186,9 +184,7 @@ export async function findAndBook(
       poolId: input.poolId,
       deviceClass: input.request.deviceClass,
       horizon: whole ? horizon : input.window,
-      ...(whole
-        ? {}
-        : { nodeIds: await sampleCandidateNodeIds(trx, { poolId: input.poolId, window: input.window }) }),
+      ...(whole ? {} : { sample: await sampleNodeIds(trx, input.poolId), recentAllocations: 12 }),
     });
     const plan = planPlacement(nodes, input.request, input.window, input.reservationId);
     if (plan.fits.length === 0) {
@@ -238,12 +234,12 @@ export async function previewPlacement(
   input: { poolId: string; request: PlacementRequest; window: Interval; durationMs: number },
 ): Promise<PlanOutcome> {
   if ((await schedulableNodeIds(db, input.poolId)).length > wholePoolLimit) {
-    const ids = await sampleCandidateNodeIds(db, { poolId: input.poolId, window: input.window });
     const nodes = await loadPlacerNodes(db, {
       poolId: input.poolId,
       deviceClass: input.request.deviceClass,
       horizon: input.window,
-      nodeIds: ids,
+      sample: await sampleNodeIds(db, input.poolId),
+      recentAllocations: 12,
     });
     const plan = planPlacement(nodes, input.request, input.window);
     if (plan.fits.length > 0) return { fits: true, fit: plan.fits[0]!, window: input.window };
