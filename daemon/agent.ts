@@ -58,6 +58,8 @@ export class NodeAgent {
   private stream: ClientDuplexStream<AgentMessage, ControlMessage> | null = null;
   private client: AgentServiceClient | null = null;
   private heartbeat: NodeJS.Timeout | null = null;
+  private renewTimer: NodeJS.Timeout | null = null;
+  private renewing = false;
   private lanes = new Map<Lane, Promise<void>>();
   private loop: Promise<void> | null = null;
   private wake: (() => void) | null = null;
@@ -88,11 +90,15 @@ export class NodeAgent {
   start(): void {
     this.stopped = false;
     this.loop = this.run();
+    // Sessions last for days: renewal is checked on a timer too, not only before reconnecting.
+    this.renewTimer = setInterval(() => void this.maybeRenew(), 10 * 60_000);
+    this.renewTimer.unref();
   }
 
   /** Stops at once: no journal entry is completed on the way out (a crash, for tests). */
   async stop(): Promise<void> {
     this.stopped = true;
+    if (this.renewTimer) clearInterval(this.renewTimer);
     this.wake?.();
     this.closeStream();
     await this.loop;
@@ -161,16 +167,19 @@ export class NodeAgent {
 
   private async maybeRenew(): Promise<void> {
     const { identity } = this.options;
-    const notAfter = certificateNotAfter(identity.certificatePem).getTime();
+    const notAfter = this.status.certificateNotAfter.getTime();
     const now = Date.now();
     // Renew once a third of a day's lifetime is left (or it already expired: renewal is refused
     // then, and the node must join again).
-    if (notAfter - now > 8 * 3600_000 || notAfter <= now) return;
+    if (this.renewing || notAfter - now > 8 * 3600_000 || notAfter <= now) return;
+    this.renewing = true;
     try {
       this.status.certificateNotAfter = await renewCertificate(identity, this.options.stateDir);
       this.options.log.info({ notAfter: this.status.certificateNotAfter }, 'certificate renewed');
     } catch (err) {
       this.options.log.warn({ err }, 'certificate renewal failed');
+    } finally {
+      this.renewing = false;
     }
   }
 

@@ -107,12 +107,7 @@ async function execute(host: CommandHost, kind: string, payload: Record<string, 
       host.resendInventory();
       return { sections: ['gpus', 'host'] };
     case 'diag.nvml':
-      return {
-        level: payload.level,
-        gpus: host.hardware
-          .gpus()
-          .gpus.map((g) => ({ uuid: g.uuid, health: g.health, passed: g.health === 'healthy' })),
-      };
+      return { level: payload.level, gpus: await host.hardware.diagnose(String(payload.level)) };
     case 'node.reboot':
       setTimeout(() => host.reboot(), 50);
       return { rebooting: true };

@@ -9,6 +9,8 @@ export interface Hardware {
   host(): HostSection;
   /** Resets one GPU; resolves when done. */
   resetGpu(uuid: string): Promise<void>;
+  /** GPU diagnostics: per-GPU pass or fail. */
+  diagnose(level: string): Promise<Array<{ uuid: string; passed: boolean }>>;
 }
 
 /** The shape of a simulated GPU server. */
@@ -48,6 +50,7 @@ export class SimHardware implements Hardware {
   /** GPUs the driver does not see (the PCI bus still does): GpuCountMismatch. */
   hiddenGpus = 0;
   resetDelayMs = 0;
+  diagnoseDelayMs = 0;
   readonly sideEffects: string[] = [];
   onSideEffect?: (entry: string) => void;
 
@@ -96,6 +99,11 @@ export class SimHardware implements Hardware {
       pciGpuCount: this.shape.gpus,
       kernel: 'sim',
     };
+  }
+
+  async diagnose(_level: string): Promise<Array<{ uuid: string; passed: boolean }>> {
+    if (this.diagnoseDelayMs > 0) await new Promise((r) => setTimeout(r, this.diagnoseDelayMs));
+    return this.gpus().gpus.map((g) => ({ uuid: g.uuid, passed: g.health === 'healthy' }));
   }
 
   async resetGpu(uuid: string): Promise<void> {

@@ -135,6 +135,12 @@ export class NvidiaSmiHardware implements Hardware {
     };
   }
 
+  /** `nvidia-smi` health queries: a GPU passes when it answers and reports no retired-page fault. */
+  async diagnose(_level: string): Promise<Array<{ uuid: string; passed: boolean }>> {
+    await this.refresh();
+    return this.cached.gpus.map((g) => ({ uuid: g.uuid, passed: g.health === 'healthy' }));
+  }
+
   async resetGpu(uuid: string): Promise<void> {
     await run('nvidia-smi', ['--gpu-reset', '-i', uuid]);
   }

@@ -1,0 +1,88 @@
+import { execFileSync } from 'node:child_process';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { type SimulatedFleet, startSimulatedFleet } from '../../daemon/sim.ts';
+import { readDaemonStatus } from '../../daemon/status.ts';
+import { enqueueNodeCommand, findNodeCommand } from '../../db/commands.ts';
+import { eventually, type GatewayFixture, gatewayFixture, testLog } from './fixture.ts';
+
+describe('lanes and bcd status', () => {
+  let fx: GatewayFixture;
+  let fleet: SimulatedFleet;
+  beforeAll(async () => {
+    fx = await gatewayFixture({ credits: { control: 4, provision: 1, bulk: 1 } });
+    fleet = await startSimulatedFleet({
+      gatewayAddress: fx.gateway.address,
+      caCertificatePem: fx.gateway.caCertificatePem,
+      joinToken: await fx.token(1),
+      nodes: 1,
+      rootDir: fx.dir,
+      log: testLog,
+    });
+    await eventually(async () => fx.gateway.sessionCount() === 1);
+  });
+  afterAll(async () => {
+    await fleet?.stop();
+    await fx?.close();
+  });
+
+  it('bulk work never blocks control commands, and each lane runs in seq order', async () => {
+    const db = fx.database.db;
+    const node = fleet.nodes[0]!;
+    node.hardware.diagnoseDelayMs = 1_500;
+    const bulk = await db
+      .transaction()
+      .execute(async (trx) => [
+        await enqueueNodeCommand(trx, { nodeId: node.nodeId, kind: 'diag.nvml', payload: { level: 'full' } }),
+        await enqueueNodeCommand(trx, {
+          nodeId: node.nodeId,
+          kind: 'diag.nvml',
+          payload: { level: 'quick' },
+        }),
+      ]);
+    const control = await db
+      .transaction()
+      .execute((trx) => enqueueNodeCommand(trx, { nodeId: node.nodeId, kind: 'inventory.refresh' }));
+    await eventually(async () => (await findNodeCommand(db, control.id))?.state === 'succeeded');
+    // The control command finished while the first bulk one still ran and the second waited for
+    // the lane's only credit.
+    expect((await findNodeCommand(db, bulk[0]!.id))?.state).toBe('delivered');
+    expect((await findNodeCommand(db, bulk[1]!.id))?.state).toBe('queued');
+    await eventually(async () => (await findNodeCommand(db, bulk[1]!.id))?.state === 'succeeded', 10_000);
+    const [first, second] = await Promise.all(bulk.map((c) => findNodeCommand(db, c.id)));
+    expect(first!.completedAt!.getTime()).toBeLessThanOrEqual(second!.deliveredAt!.getTime());
+    expect(second!.result).toMatchObject({ level: 'quick', gpus: expect.any(Array) });
+  });
+
+  it('bcd status shows the node, its session, its certificate expiry and what it holds', async () => {
+    const node = fleet.nodes[0]!;
+    const roots = { dir: node.dir, cdiDir: `${node.dir}/cdi`, envDir: `${node.dir}/allocations` };
+    const status = readDaemonStatus(roots);
+    expect(status).toMatchObject({
+      joined: true,
+      nodeId: node.nodeId,
+      holds: [],
+      session: { connected: true, epoch: 1 },
+    });
+    expect(status.certificateExpiresInSeconds).toBeGreaterThan(23 * 3600);
+    const printed = execFileSync(
+      process.execPath,
+      [
+        'bin/bcd.js',
+        'status',
+        '--dir',
+        roots.dir,
+        '--cdi-dir',
+        roots.cdiDir,
+        '--env-dir',
+        roots.envDir,
+        '--json',
+      ],
+      { encoding: 'utf8' },
+    );
+    expect(JSON.parse(printed)).toMatchObject({ joined: true, nodeId: node.nodeId });
+    const text = execFileSync(process.execPath, ['bin/bcd.js', 'status', '--dir', `${fx.dir}/nobody`], {
+      encoding: 'utf8',
+    });
+    expect(text).toContain('not joined');
+  });
+});
