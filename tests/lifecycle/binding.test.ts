@@ -198,16 +198,14 @@ describe('binding (hold)', () => {
           .select('conditions')
           .executeTakeFirstOrThrow()
       ).conditions;
-    await expect
-      .poll(conditions, { timeout: 5_000 })
-      .toEqual([
-        expect.objectContaining({ type: 'Degraded', reason: 'AtomUnhealthy' }),
-        expect.objectContaining({
-          type: 'NodeUnreachable',
-          reason: 'Unreachable',
-          message: `not connected: ${node.id}`,
-        }),
-      ]);
+    await expect.poll(conditions, { timeout: 5_000 }).toEqual([
+      expect.objectContaining({ type: 'Degraded', reason: 'AtomUnhealthy' }),
+      expect.objectContaining({
+        type: 'NodeUnreachable',
+        reason: 'Unreachable',
+        message: `not connected: ${node.id}`,
+      }),
+    ]);
     expect((await waitForState(h, id, 'active')).state).toBe('active');
 
     await h.db.updateTable('nodes').set({ connectivity: 'connected' }).where('id', '=', node.id).execute();

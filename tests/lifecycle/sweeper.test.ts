@@ -1,4 +1,10 @@
+import { spawn } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { checkBookingInvariants } from '../../db/invariants.ts';
+import { bootstrapPlatform } from '../../iam/bootstrap.ts';
+import { createEmbeddedIam } from '../../iam/embedded/index.ts';
+import { createLogger } from '../../server/logger.ts';
 import {
   insertPlacedReservation,
   insertUnplacedReservation,
@@ -72,5 +78,41 @@ describe('the orphan sweeper (a Temporal Schedule)', () => {
       .toBe(true);
     await h.lifecycle.signal(placed.id, { type: 'cancel' });
     expect((await waitForState(h, placed.id, 'cancelled')).end_reason).toBe('cancel');
+  });
+
+  it("catches up after an API process is SIGKILLed between admission's commit and the workflow start", async () => {
+    const iam = createEmbeddedIam({ db: h.db, log: createLogger({ level: 'silent' }) });
+    await bootstrapPlatform(iam);
+    await iam.admin.createTenant({ id: 'acme', name: 'acme' });
+    const identity = await iam.admin.createIdentity({ tenantId: 'acme', kind: 'person', name: 'ada' });
+    await iam.admin.bindRole({ identityId: identity.id, role: 'member' });
+    const token = (await iam.admin.createToken({ identityId: identity.id })).token;
+    const child = spawn(
+      process.execPath,
+      [
+        '--import',
+        'tsx',
+        fileURLToPath(new URL('./api-crash-child.ts', import.meta.url)),
+        JSON.stringify({ databaseUrl: h.t.url, token, poolId: h.poolId }),
+      ],
+      { stdio: ['ignore', 'pipe', 'inherit'] },
+    );
+    let output = '';
+    child.stdout.on('data', (chunk: Buffer) => {
+      output += chunk.toString();
+    });
+    const signal = await new Promise((resolve) => child.once('exit', (_code, sig) => resolve(sig)));
+    expect(signal).toBe('SIGKILL');
+    expect(output).toBe('');
+    const row = await h.db
+      .selectFrom('reservations')
+      .where('idempotency_key', '=', 'crash-between-commit-and-start')
+      .select(['id', 'state'])
+      .executeTakeFirstOrThrow();
+    expect(row.state).toBe('placed');
+    await waitForState(h, row.id, 'binding', 20_000);
+    expect(await checkBookingInvariants(h.db)).toEqual({ deviceOverlaps: 0, scalarOverbookings: 0 });
+    await h.lifecycle.signal(row.id, { type: 'release' });
+    await waitForState(h, row.id, 'released');
   });
 });
