@@ -1,5 +1,4 @@
 import { sql, type Transaction } from 'kysely';
-import { upsertAuthzRow } from '../../db/authz.ts';
 import { poolPerGpuShare } from '../../db/placement-load.ts';
 import type { Db } from '../../db/pool.ts';
 import { lockReservation } from '../../db/reservations.ts';
@@ -129,8 +128,9 @@ export async function writeDraft(
   },
 ): Promise<DraftResult> {
   const id = reservationDraftId(input.tenantId, input.principal.identityId, input.idempotencyKey);
-  const existing = await lockReservation(trx, id);
-  if (existing) {
+  const repeated = async (): Promise<DraftResult | null> => {
+    const existing = await lockReservation(trx, id);
+    if (!existing) return null;
     if (existing.request_hash !== input.hash) {
       throw new ComputeError(
         'CONFLICT',
@@ -139,8 +139,16 @@ export async function writeDraft(
       );
     }
     return { kind: 'existing', row: existing };
+  };
+  let pool: PoolForTenant;
+  try {
+    pool = await poolForTenant(trx, input.tenantId, input.request.poolId);
+  } catch (error) {
+    // A repeated key still answers its stored reservation after its pool went away.
+    const found = await repeated();
+    if (found) return found;
+    throw error;
   }
-  const pool = await poolForTenant(trx, input.tenantId, input.request.poolId);
   const { request, booked, share } = await resolveRequestForPool(trx, input.tenantId, pool, input.request);
   const attributes = authzAttributes({
     request,
@@ -148,34 +156,35 @@ export async function writeDraft(
     region: pool.region,
     resources: booked,
   });
-  const row = await trx
-    .insertInto('reservations')
-    .values({
-      id,
-      tenant_id: input.tenantId,
-      pool_id: pool.id,
-      owner_identity_id: input.principal.identityId,
-      idempotency_key: input.idempotencyKey,
-      request: JSON.stringify(request),
-      request_hash: input.hash,
-      state: 'draft',
-      requested_start: request.start !== undefined ? new Date(request.start) : null,
-      duration_ms: request.durationMs,
-      binding_kind: request.binding,
-      spot: request.spot ?? false,
-      lease_seconds: request.leaseSeconds ?? null,
-      project_id: request.projectId ?? null,
-      host_share: JSON.stringify(share),
-    })
-    .returningAll()
-    .executeTakeFirstOrThrow();
-  await upsertAuthzRow(trx, {
-    type: 'compute-reservation',
-    id,
-    tenantId: input.tenantId,
-    parent: { type: 'compute-pool', id: pool.id },
-    ownerIdentityId: input.principal.identityId,
-    attributes,
-  });
+  // The draft and its authz row in one statement; a key already taken inserts nothing (a
+  // concurrent first call waits for the other to commit) and takes the repeated-key path.
+  const { rows } = await sql<Reservation>`
+    WITH r AS (
+      INSERT INTO reservations (id, tenant_id, pool_id, owner_identity_id, idempotency_key, request, request_hash,
+                                state, requested_start, duration_ms, binding_kind, spot, lease_seconds, project_id,
+                                host_share)
+      VALUES (${id}, ${input.tenantId}, ${pool.id}, ${input.principal.identityId}, ${input.idempotencyKey},
+              ${JSON.stringify(request)}::jsonb, ${input.hash}, 'draft',
+              ${request.start !== undefined ? new Date(request.start).toISOString() : null}::timestamptz,
+              ${request.durationMs}, ${request.binding}, ${request.spot ?? false}, ${request.leaseSeconds ?? null}::integer,
+              ${request.projectId ?? null}::text, ${JSON.stringify(share)}::jsonb)
+      ON CONFLICT DO NOTHING
+      RETURNING *
+    ), authz AS (
+      INSERT INTO authz_projection (resource_type, resource_id, tenant_id, parent_type, parent_id, owner_identity_id,
+                                    attributes)
+      SELECT 'compute-reservation', r.id, r.tenant_id, 'compute-pool', r.pool_id, r.owner_identity_id,
+             ${JSON.stringify(attributes)}::jsonb
+      FROM r
+      ON CONFLICT (resource_type, resource_id) DO UPDATE
+        SET attributes = EXCLUDED.attributes, updated_at = compute_now()
+    )
+    SELECT * FROM r`.execute(trx);
+  const row = rows[0];
+  if (!row) {
+    const found = await repeated();
+    if (found) return found;
+    throw new ComputeError('INTERNAL', `reservation ${id} could be neither inserted nor found`);
+  }
   return { kind: 'created', row, attributes, pool };
 }
