@@ -466,4 +466,39 @@ describe('reservations.create', () => {
       await advanceComputeClock(h.t.db, -31 * 60_000);
     }
   });
+
+  it('lets the root tenant act for a tenant, and books kubernetes only on an owned pool whose nodes advertise it', async () => {
+    const root = await h.call(h.rootToken, 'reservations/create', base('root-1'));
+    expect(root.body.data).toMatchObject({ state: 'placed', tenantId: 'acme' });
+    await h.call(h.rootToken, 'reservations/release', { tenantId: 'acme', reservationId: root.body.data.id });
+
+    const owned = await h100Pool(h, {
+      nodes: 2,
+      tenants: ['acme'],
+      gpuQuota: 16,
+      name: 'k8s',
+      policy: { kubernetes: true },
+    });
+    await sql`UPDATE pools SET owner_tenant_id = 'acme' WHERE id = ${owned.poolId}`.execute(h.t.db);
+    const k8s = { poolId: owned.poolId, binding: 'kubernetes' };
+    const waiting = await h.call(acme.token, 'reservations/create', base('k8s-1', k8s));
+    expect(waiting.body.data.state).toBe('pending');
+    expect(waiting.body.data.conditions[0].message).toContain('2 lack label bc.dev/cap.binding.kubernetes=*');
+    await sql`INSERT INTO node_labels (node_id, key, value, source) VALUES (${owned.nodes[0]!.id}, 'bc.dev/cap.binding.kubernetes', 'true', 'operator')`.execute(
+      h.t.db,
+    );
+    const operatorLabel = await h.call(acme.token, 'reservations/create', base('k8s-2', k8s));
+    expect(operatorLabel.body.data.state).toBe('pending');
+    await sql`INSERT INTO node_labels (node_id, key, value, source) VALUES (${owned.nodes[0]!.id}, 'bc.dev/cap.binding.kubernetes', 'true', 'system')`.execute(
+      h.t.db,
+    );
+    const placed = await h.call(acme.token, 'reservations/create', base('k8s-3', k8s));
+    expect(placed.body.data).toMatchObject({
+      state: 'placed',
+      allocations: [{ nodeId: owned.nodes[0]!.id }],
+    });
+    for (const r of [waiting, operatorLabel, placed]) {
+      await h.call(acme.token, 'reservations/release', { tenantId: 'acme', reservationId: r.body.data.id });
+    }
+  });
 });
