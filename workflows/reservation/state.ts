@@ -107,6 +107,11 @@ export class LifecycleHolder {
     this.requireLive('release');
   }
 
+  /** Whether a cancel can still apply (the reservation has not started). */
+  cancellable(): boolean {
+    return this.snapshot === null || cancellableStates.includes(this.snapshot.state);
+  }
+
   validateCancel(): void {
     this.requireLive('cancel');
     if (this.snapshot && !cancellableStates.includes(this.snapshot.state)) {

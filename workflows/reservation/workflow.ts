@@ -109,7 +109,13 @@ export async function reservationLifecycle(input: ReservationWorkflowInput): Pro
       holder.validateCancel();
       holder.intents.cancel = true;
       holder.wake();
-      return untilTerminal();
+      // The truth may have moved on (the start passed) before the workflow acted on the cancel.
+      await condition(() => holder.terminal() || !holder.cancellable());
+      if (!holder.terminal()) {
+        holder.intents.cancel = false;
+        holder.validateCancel();
+      }
+      return { state: holder.state! };
     },
     { validator: () => holder.validateCancel() },
   );
@@ -155,6 +161,12 @@ export async function reservationLifecycle(input: ReservationWorkflowInput): Pro
   setHandler(snapshotQuery, () => holder.snapshot);
 
   for (;;) {
+    const info = workflowInfo();
+    if (info.continueAsNewSuggested || info.historyLength > (input.historyLimit ?? defaultHistoryLimit)) {
+      // Bounded history: nothing is in flight here, and the truth is in PostgreSQL anyway.
+      await condition(allHandlersFinished);
+      return continueAsNew<typeof reservationLifecycle>({ ...input, carried: holder.carried() });
+    }
     holder.dirty = false;
     // A stored report counts only once the worker has verified it: judge before looking.
     if (holder.reportsPending || holder.state === 'binding') {
@@ -174,11 +186,6 @@ export async function reservationLifecycle(input: ReservationWorkflowInput): Pro
       return { state: snapshot.state };
     }
     if (action.kind === 'wait') {
-      const info = workflowInfo();
-      if (info.continueAsNewSuggested || info.historyLength > (input.historyLimit ?? defaultHistoryLimit)) {
-        await condition(allHandlersFinished);
-        return continueAsNew<typeof reservationLifecycle>({ ...input, carried: holder.carried() });
-      }
       if (!holder.dirty) await condition(() => holder.dirty, Math.max(action.until - snapshot.now, 10));
       continue;
     }
