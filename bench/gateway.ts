@@ -100,7 +100,9 @@ function startFleet() {
   );
   const spawned = performance.now();
   child.stdout.once('data', () => {
-    console.log(`  (the fleet process started all its agents ${((performance.now() - spawned) / 1000).toFixed(1)} s after spawn)`);
+    console.log(
+      `  (the fleet process started all its agents ${((performance.now() - spawned) / 1000).toFixed(1)} s after spawn)`,
+    );
   });
   child.stdout.resume();
   return child;

@@ -29,16 +29,12 @@ describe('lanes and bcd status', () => {
     const db = fx.database.db;
     const node = fleet.nodes[0]!;
     node.hardware.diagnoseDelayMs = 1_500;
-    const bulk = await db
-      .transaction()
-      .execute(async (trx) => [
-        await enqueueNodeCommand(trx, { nodeId: node.nodeId, kind: 'diag.nvml', payload: { level: 'full' } }),
-        await enqueueNodeCommand(trx, {
-          nodeId: node.nodeId,
-          kind: 'diag.nvml',
-          payload: { level: 'quick' },
-        }),
-      ]);
+    const diag = (level: string) => ({ nodeId: node.nodeId, kind: 'diag.nvml', payload: { level } });
+    const bulk = await db.transaction().execute(async (trx) => {
+      const first = await enqueueNodeCommand(trx, diag('full'));
+      const second = await enqueueNodeCommand(trx, diag('quick'));
+      return [first, second];
+    });
     const control = await db
       .transaction()
       .execute((trx) => enqueueNodeCommand(trx, { nodeId: node.nodeId, kind: 'inventory.refresh' }));
