@@ -1,7 +1,8 @@
 import type { Hono } from 'hono';
 import { streamSSE } from 'hono/streaming';
 import { ComputeError } from '../domain/errors.ts';
-import { cursorAfterSeq, type OutboxCursor, outboxHead, readOutbox } from '../events/outbox.ts';
+import { cursorAfterSeq, type OutboxCursor, outboxHead } from '../events/outbox.ts';
+import { createOutboxHub } from '../events/outbox-hub.ts';
 import type { Deps } from '../server/deps.ts';
 import type { ApiEnv } from './app.ts';
 import { type Authenticator, bearerToken } from './authenticate.ts';
@@ -12,19 +13,6 @@ export interface EventStreamOptions {
   pollMs?: number;
   /** How often an idle stream sends a comment, so proxies keep it open. */
   keepAliveMs?: number;
-}
-
-function abortable(ms: number, signal: AbortSignal): Promise<void> {
-  return new Promise((resolve) => {
-    if (signal.aborted) return resolve();
-    const timer = setTimeout(done, ms);
-    function done() {
-      clearTimeout(timer);
-      signal.removeEventListener('abort', done);
-      resolve();
-    }
-    signal.addEventListener('abort', done, { once: true });
-  });
 }
 
 /**
@@ -40,8 +28,8 @@ export function mountEventStream(
   options: EventStreamOptions = {},
 ) {
   const { deps, authenticate } = context;
-  const pollMs = options.pollMs ?? 250;
   const keepAliveMs = options.keepAliveMs ?? 15_000;
+  const hub = createOutboxHub(deps, { pollMs: options.pollMs ?? 250 });
 
   app.get('/api/compute/events/stream', async (c) => {
     const principal = await authenticate(bearerToken(c.req.header('authorization')));
@@ -57,7 +45,7 @@ export function mountEventStream(
       );
     }
     const tenantId = await authorizeEventRead(deps, principal, tenantParam, requestId);
-    let cursor: OutboxCursor =
+    const cursor: OutboxCursor =
       resumeFrom === undefined
         ? await outboxHead(deps.db)
         : await cursorAfterSeq(deps.db, Number(resumeFrom));
@@ -77,21 +65,12 @@ export function mountEventStream(
           id: String(cursor.seq),
           data: JSON.stringify({ seq: cursor.seq }),
         });
-        let idleSince = Date.now();
-        while (!closed.signal.aborted) {
-          const page = await readOutbox(deps.db, cursor, { tenantId, subject, types }, 200);
-          for (const event of page.events) {
+        const filter = { tenantId, subject, types };
+        for await (const batch of hub.follow(cursor, filter, closed.signal, keepAliveMs)) {
+          if (batch.length === 0) await stream.write(': keep-alive\n\n');
+          for (const event of batch) {
             await stream.writeSSE({ id: String(event.seq), event: event.type, data: JSON.stringify(event) });
           }
-          cursor = page.cursor;
-          if (page.events.length > 0) {
-            idleSince = Date.now();
-            if (page.events.length === 200) continue;
-          } else if (Date.now() - idleSince >= keepAliveMs) {
-            await stream.write(': keep-alive\n\n');
-            idleSince = Date.now();
-          }
-          await abortable(pollMs, closed.signal);
         }
       },
       async (error) => {

@@ -75,7 +75,8 @@ export async function readOutbox(
   cursor: OutboxCursor,
   filter: OutboxFilter,
   limit: number,
-): Promise<{ events: OutboxEvent[]; cursor: OutboxCursor }> {
+  until?: OutboxCursor,
+): Promise<{ events: OutboxEvent[]; positions: OutboxCursor[]; cursor: OutboxCursor }> {
   const { rows } = await sql<Row>`
     SELECT seq, id, type, subject, tenant_id, data, created_at, xid::text AS xid
     FROM outbox_events
@@ -84,11 +85,13 @@ export async function readOutbox(
       AND (${filter.tenantId}::text IS NULL OR tenant_id = ${filter.tenantId})
       AND (${filter.subject ?? null}::text IS NULL OR subject = ${filter.subject ?? null})
       AND ${typeCondition(filter.types)}
+      AND ${until ? sql`(xid, seq) <= (${until.xid}::xid8, ${until.seq}::bigint)` : sql`true`}
     ORDER BY xid, seq
     LIMIT ${limit}`.execute(db);
   const last = rows.at(-1);
   return {
     events: rows.map(toEvent),
+    positions: rows.map((r) => ({ xid: r.xid, seq: Number(r.seq) })),
     cursor: last ? { xid: last.xid, seq: Number(last.seq) } : cursor,
   };
 }
@@ -121,4 +124,19 @@ export async function outboxHead(db: Db): Promise<OutboxCursor> {
 export function typeMatches(patterns: readonly string[], type: string): boolean {
   if (patterns.length === 0) return true;
   return patterns.some((p) => (p.endsWith('*') ? type.startsWith(p.slice(0, -1)) : p === type));
+}
+
+/** Orders two outbox positions: negative, zero or positive. */
+export function compareCursors(a: OutboxCursor, b: OutboxCursor): number {
+  const ax = BigInt(a.xid);
+  const bx = BigInt(b.xid);
+  if (ax !== bx) return ax < bx ? -1 : 1;
+  return a.seq - b.seq;
+}
+
+/** Whether an event passes a filter (the in-memory twin of readOutbox's WHERE clause). */
+export function eventMatches(event: OutboxEvent, filter: OutboxFilter): boolean {
+  if (filter.tenantId !== null && event.tenantId !== filter.tenantId) return false;
+  if (filter.subject !== undefined && event.subject !== filter.subject) return false;
+  return typeMatches(filter.types ?? [], event.type);
 }

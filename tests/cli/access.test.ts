@@ -1,10 +1,13 @@
 import { writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { afterAll, beforeAll, describe, expect, test, vi } from 'vitest';
 import { newId } from '../../domain/ids.ts';
 import { startTestApi, type TestApi } from './harness.ts';
 import { json, runCli } from './run-cli.ts';
+
+// Each test spawns the real CLI several times; on a loaded machine one spawn takes seconds.
+vi.setConfig({ testTimeout: 300_000 });
 
 let api: TestApi;
 let asRoot: Record<string, string>;

@@ -1,4 +1,4 @@
-import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { afterAll, beforeAll, describe, expect, test, vi } from 'vitest';
 import {
   insertPool,
   insertSite,
@@ -9,6 +9,9 @@ import {
 import { newId } from '../../domain/ids.ts';
 import { startTestApi, type TestApi } from './harness.ts';
 import { json, runCli } from './run-cli.ts';
+
+// Each test spawns the real CLI several times; on a loaded machine one spawn takes seconds.
+vi.setConfig({ testTimeout: 300_000 });
 
 let api: TestApi;
 let asRoot: Record<string, string>;

@@ -1,10 +1,13 @@
 import { spawn } from 'node:child_process';
 import path from 'node:path';
-import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { afterAll, beforeAll, describe, expect, test, vi } from 'vitest';
 import { createComputeClient } from '../../client/index.ts';
 import { insertPool, insertSite, offerPool, registerReadyNodes } from '../../db/fleet.ts';
 import { startTestApi, type TestApi } from './harness.ts';
 import { json, runCli } from './run-cli.ts';
+
+// Each test spawns the real CLI several times; on a loaded machine one spawn takes seconds.
+vi.setConfig({ testTimeout: 300_000 });
 
 let api: TestApi;
 let env: Record<string, string>;
@@ -142,10 +145,12 @@ describe('reserve and the lifecycle commands', () => {
 
     const cancelled = await runCli(['cancel', id], env);
     expect(cancelled.stdout.trim()).toMatch(new RegExp(`^${id} is cancelled`));
-    const again = await runCli(['cancel', id, '--json'], env);
+    const [again, table] = await Promise.all([
+      runCli(['cancel', id, '--json'], env),
+      runCli(['reservations', 'list', '--state', 'cancelled'], env),
+    ]);
     expect(again.code).toBe(3);
     expect(JSON.parse(again.stdout).error.code).toBe('INVALID_STATE');
-    const table = await runCli(['reservations', 'list', '--state', 'cancelled'], env);
     expect(table.stdout.split('\n')[0]).toMatch(/^ID\s+STATE\s+POOL\s+DEVICES\s+START\s+END\s+CONDITIONS$/);
     expect(table.stdout).toMatch(new RegExp(`${id}\\s+cancelled`));
   });

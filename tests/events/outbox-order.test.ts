@@ -1,6 +1,8 @@
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { newId } from '../../domain/ids.ts';
 import { outboxHead, outboxStart, readOutbox } from '../../events/outbox.ts';
+import { createOutboxHub } from '../../events/outbox-hub.ts';
+import { createLogger } from '../../server/logger.ts';
 import { createTestDatabase, type TestDatabase } from '../support/database.ts';
 
 let database: TestDatabase;
@@ -110,5 +112,45 @@ describe('reading the outbox', () => {
       100,
     );
     expect(bySubject.events.map((e) => e.type)).toEqual(['test.b', 'test.a', 'test.c', 'test.newer']);
+  });
+
+  test('the shared tail: a follower that falls too far behind reads on its own, losing and repeating nothing', async () => {
+    const db = database.db;
+    const hub = createOutboxHub({ db, log: createLogger({ level: 'silent' }) }, { pollMs: 20, maxQueue: 5 });
+    const controller = new AbortController();
+    const subject = `reservation/${newId('rsv')}`;
+    const follower = hub.follow(
+      await outboxHead(db),
+      { tenantId: 'acme', subject },
+      controller.signal,
+      60_000,
+    );
+    // The first pull joins the hub's tail and waits for an event.
+    const first = follower.next();
+    await new Promise((r) => setTimeout(r, 100));
+    expect(hub.liveFollowers()).toBe(1);
+    const written: string[] = [];
+    for (let i = 0; i < 20; i++) {
+      const id = newId('evt');
+      written.push(id);
+      await db
+        .insertInto('outbox_events')
+        .values({ id, type: 'test.n', subject, tenant_id: 'acme', data: '{}' })
+        .execute();
+    }
+    const seen: string[] = [];
+    let next = await first;
+    for (;;) {
+      for (const event of next.value ?? []) seen.push(event.id);
+      if (seen.length >= 20) break;
+      // Dawdle, so the hub's queue for us overflows at least once.
+      await new Promise((r) => setTimeout(r, 60));
+      next = await follower.next();
+    }
+    controller.abort();
+    await follower.return(undefined);
+    expect(seen).toEqual(written);
+    expect(hub.overflows()).toBeGreaterThan(0);
+    expect(hub.liveFollowers()).toBe(0);
   });
 });

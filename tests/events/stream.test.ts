@@ -149,6 +149,54 @@ describe('the event stream', () => {
     expect(seen).toEqual(ids);
   });
 
+  test('many concurrent streams, live and resuming, each get exactly their events while writers race', async () => {
+    const subjects = [0, 1, 2].map(() => `reservation/${newId('rsv')}`);
+    const before = await Promise.all(subjects.map((subject) => emit('test.before', subject)));
+    const client = createComputeClient({ baseURL: api.url, token: api.acme.token });
+    const controller = new AbortController();
+    const expected = 1 + 10; // one before (seen by the resuming streams only), ten during
+    const readers = subjects.flatMap((subject, s) =>
+      [0, 1, 2, 3].map(async (r) => {
+        const resuming = r % 2 === 0;
+        const seen: string[] = [];
+        for await (const event of client.$stream({
+          subject,
+          ...(resuming ? { after: 0 } : {}),
+          signal: controller.signal,
+        })) {
+          seen.push(event.id);
+          if (seen.length === (resuming ? expected : expected - 1)) break;
+        }
+        return { s, resuming, seen };
+      }),
+    );
+    await new Promise((r) => setTimeout(r, 500));
+    // Ten events per subject, written by concurrent transactions.
+    const during = await Promise.all(
+      subjects.map(async (subject) => {
+        const ids: string[] = [];
+        await Promise.all(
+          Array.from({ length: 10 }, async () => {
+            ids.push(await emit('test.during', subject));
+          }),
+        );
+        return ids;
+      }),
+    );
+    const results = await Promise.race([
+      Promise.all(readers),
+      new Promise<never>((_, reject) =>
+        setTimeout(() => reject(new Error('streams did not finish')), 20_000),
+      ),
+    ]);
+    controller.abort();
+    for (const { s, resuming, seen } of results) {
+      const want = resuming ? [before[s]!, ...during[s]!] : during[s]!;
+      expect(new Set(seen).size).toBe(seen.length);
+      expect([...seen].sort()).toEqual([...want].sort());
+    }
+  });
+
   test('refuses a missing credential with the API envelope and a malformed Last-Event-ID', async () => {
     const anonymous = await fetch(`${api.url}/api/compute/events/stream`);
     expect(anonymous.status).toBe(401);
