@@ -139,7 +139,8 @@ export function fitNode(node: PlacerNode, request: PlacementRequest, window: Int
   if (matching.length < request.count)
     return { rejection: ofClass.length >= request.count ? 'selector' : 'devices' };
   const free = matching.filter((d) => !d.bookings.some((b) => overlaps(b, window)));
-  if (free.length < request.count) return { rejection: request.topology === 'nvlink-all' ? 'nvlink' : 'devices' };
+  if (free.length < request.count)
+    return { rejection: request.topology === 'nvlink-all' ? 'nvlink' : 'devices' };
 
   // Group free atoms by NVLink domain; take from the tightest domain that holds them all.
   const domains = new Map<string, PlacerDevice[]>();
