@@ -16,6 +16,7 @@ import { createLogger } from '../../server/logger.ts';
 import { connectTemporal, type TemporalClientHandle } from '../../temporal/client.ts';
 import { createTemporalLifecycle } from '../../temporal/lifecycle.ts';
 import { type RunningWorker, startWorker } from '../../temporal/worker.ts';
+import { snapshotQuery } from '../../workflows/reservation/messages.ts';
 import { createTestDatabase, type TestDatabase } from '../support/database.ts';
 import { fastTimers, smallShape } from './harness.ts';
 
@@ -152,5 +153,44 @@ describe('admission and lifecycle together', () => {
 
     const cancelled = await call('reservations/release', { tenantId: 'acme', reservationId: secondId });
     expect(cancelled.body.data.state).toBe('released');
+  });
+
+  it('renews through the workflow and moves its end timer when an extend commits', async () => {
+    const created = await call('reservations/create', {
+      tenantId: 'acme',
+      poolId,
+      devices: [{ class: 'gpu', count: 2 }],
+      duration: '10m',
+      leaseSeconds: 120,
+      idempotencyKey: 'e2e-extend',
+    });
+    const id = created.body.data.id;
+    const handle = temporal.client.workflow.getHandle(id);
+    await expect
+      .poll(async () => (await handle.query(snapshotQuery))?.state, { timeout: 10_000 })
+      .toBe('binding');
+    const before = (await handle.query(snapshotQuery))!;
+
+    const renewed = await call('reservations/renew', { tenantId: 'acme', reservationId: id });
+    expect(renewed.status).toBe(200);
+    const leaseRow = await t.db
+      .selectFrom('reservations')
+      .where('id', '=', id)
+      .select('lease_expires_at')
+      .executeTakeFirstOrThrow();
+    expect(leaseRow.lease_expires_at!.getTime()).toBeGreaterThanOrEqual(before.leaseExpiresAt!);
+
+    const extended = await call('reservations/extend', {
+      tenantId: 'acme',
+      reservationId: id,
+      by: '5m',
+      idempotencyKey: 'e2e-extend-1',
+    });
+    expect(extended.status).toBe(200);
+    await expect
+      .poll(async () => (await handle.query(snapshotQuery))?.end, { timeout: 5_000 })
+      .toBe(before.end! + 300_000);
+    await call('reservations/release', { tenantId: 'acme', reservationId: id });
+    expect(await handle.result()).toEqual({ state: 'released' });
   });
 });
