@@ -207,15 +207,13 @@ export async function admitReservation(
     const placed = await placeLockedReservation(trx, locked, locked.now.getTime(), {
       announcePending: true,
       extra: { admission_context: JSON.stringify(context), confirmation_id: null },
-    });
-    await insertAuditEvent(trx, {
-      tenantId: locked.tenant_id,
-      actorIdentityId: ctx.principal.identityId,
-      action,
-      resourceType: 'compute-reservation',
-      resourceId: row.id,
-      requestId: ctx.requestId,
-      context: { ...context, outcome: placed.outcome, poolId: locked.pool_id },
+      audit: {
+        tenantId: locked.tenant_id,
+        actorIdentityId: ctx.principal.identityId,
+        action,
+        requestId: ctx.requestId,
+        context: { ...context, poolId: locked.pool_id },
+      },
     });
     // Quota last: its row locks are then held only until this commit.
     await chargeQuota(trx, {
