@@ -1,4 +1,4 @@
-import type { Command } from 'commander';
+import { type Command, Option } from 'commander';
 import { ulid } from 'ulid';
 import type { ComputeClient } from '../../client/index.ts';
 import { apiAction, type CommandContext, parse, withConnection } from '../command.ts';
@@ -73,11 +73,10 @@ export function registerReservationCommands(program: Command) {
       true,
     )
       .option('--key <key>', 'the idempotency key (reuse it to retry the same request safely)')
-      .option(
-        '--wait <duration>',
-        'how long to wait while it is queued (default 20s)',
-        parse.duration,
-        20_000,
+      .addOption(
+        new Option('--wait <duration>', 'how long to wait while it is queued')
+          .argParser(parse.duration)
+          .default(20_000, '20s'),
       )
       .option('--query <path>', 'print only this field of the reservation, e.g. id'),
   ).action(
