@@ -175,6 +175,45 @@ describe('reserve and the lifecycle commands', () => {
     await runCli(['release', id.stdout.trim()], env);
   });
 
+  test('delegated confirmation: the agent is held, the person approves from the CLI, the same key places', async () => {
+    const person = await api.iam.admin.createIdentity({ tenantId: 'acme', kind: 'person', name: 'dora' });
+    await api.iam.admin.bindRole({ identityId: person.id, role: 'member' });
+    const agent = await api.iam.admin.createIdentity({
+      tenantId: 'acme',
+      kind: 'agent',
+      name: 'doras-agent',
+      personIdentityId: person.id,
+      confirmActions: ['compute:reservations:create'],
+    });
+    await api.iam.admin.bindRole({ identityId: agent.id, role: 'member' });
+    const asAgent = {
+      BETTER_COMPUTE_URL: api.url,
+      BETTER_COMPUTE_TOKEN: (await api.iam.admin.createToken({ identityId: agent.id })).token,
+    };
+    const asPerson = {
+      BETTER_COMPUTE_URL: api.url,
+      BETTER_COMPUTE_TOKEN: (await api.iam.admin.createToken({ identityId: person.id })).token,
+    };
+    const args = ['reserve', '--pool', poolId, '--gpus', '1', '--for', '1h', '--key', 'agent-run-1'];
+
+    const held = await runCli(args, asAgent);
+    expect(held.code).toBe(3);
+    expect(held.stderr).toMatch(
+      /CONFIRMATION_REQUIRED: .*Next: the person you act for must approve it \(`confirmations approve ID`\); then retry with the same --key/,
+    );
+    const listed = json(await runCli(['confirmations', 'list', '--json'], asPerson));
+    expect(listed.confirmations).toHaveLength(1);
+    const confirmation = listed.confirmations[0];
+    expect(confirmation).toMatchObject({ state: 'pending', action: 'compute:reservations:create' });
+    const approved = await runCli(['confirmations', 'approve', confirmation.id], asPerson);
+    expect(approved.stdout.trim()).toMatch(
+      new RegExp(`^${confirmation.id} approved: compute:reservations:create on rsv_`),
+    );
+    const placed = json(await runCli([...args, '--json'], asAgent));
+    expect(placed.state).toBe('placed');
+    await runCli(['release', placed.id], asAgent);
+  });
+
   test('reservations watch follows the events live and ends with the reservation', async () => {
     const client = createComputeClient({ baseURL: api.url, token: api.acme.token });
     const r = await client.reservations.create({
