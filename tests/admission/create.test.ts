@@ -501,4 +501,44 @@ describe('reservations.create', () => {
       await h.call(acme.token, 'reservations/release', { tenantId: 'acme', reservationId: r.body.data.id });
     }
   });
+
+  it('books the per-GPU host share by default, raises smaller asks to it, and charges only what is above it', async () => {
+    const plain = await h.call(acme.token, 'reservations/create', base('share-1'));
+    expect(plain.body.data.request.resources).toEqual({ vcpu: 48, memoryGiB: 512, hugepages1Gi: 0 });
+    const small = await h.call(
+      acme.token,
+      'reservations/create',
+      base('share-2', { resources: { vcpu: 1 } }),
+    );
+    expect(small.body.data.request.resources).toMatchObject({ vcpu: 48 });
+    const big = await h.call(acme.token, 'reservations/create', base('share-3', { resources: { vcpu: 64 } }));
+    expect(big.body.error).toMatchObject({
+      code: 'QUOTA_EXCEEDED',
+      details: { resource: 'vcpu', requested: 16, limit: 0 },
+    });
+    await offerPool(h.t.db, { poolId, tenantId: 'acme', quota: { gpu: 64, vcpu: 16 } });
+    const granted = await h.call(
+      acme.token,
+      'reservations/create',
+      base('share-3', { resources: { vcpu: 64 } }),
+    );
+    expect(granted.body.data).toMatchObject({ state: 'placed', request: { resources: { vcpu: 64 } } });
+    const { rows } = await sql<{
+      resource: string;
+      amount: string;
+    }>`SELECT resource, amount FROM quota_charges WHERE reservation_id = ${granted.body.data.id} ORDER BY resource`.execute(
+      h.t.db,
+    );
+    expect(rows.map((r) => [r.resource, Number(r.amount)])).toEqual([
+      ['gpu', 2],
+      ['vcpu', 16],
+    ]);
+    const { rows: booked } = await sql<{ resource: string; amount: string }>`
+      SELECT s.resource, s.amount FROM scalar_bookings s JOIN allocations a ON a.id = s.allocation_id
+      WHERE a.reservation_id = ${granted.body.data.id} ORDER BY s.resource`.execute(h.t.db);
+    expect(booked.map((r) => [r.resource, Number(r.amount)])).toEqual([
+      ['memoryGiB', 512],
+      ['vcpu', 64],
+    ]);
+  });
 });
