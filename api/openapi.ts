@@ -164,6 +164,20 @@ export function buildOpenApiDocument(registry: MethodRegistry, options: OpenApiO
       security: [{ bearer: [] }],
       parameters: [
         { name: 'subject', in: 'query', required: false, schema: { type: 'string' } },
+        {
+          name: 'tenantId',
+          in: 'query',
+          required: false,
+          description: 'Default: your own tenant; a platform administrator without it reads every tenant.',
+          schema: { type: 'string' },
+        },
+        {
+          name: 'after',
+          in: 'query',
+          required: false,
+          description: 'Like Last-Event-ID, for clients that cannot set headers.',
+          schema: { type: 'string', pattern: '^\\d+$' },
+        },
         { name: 'type', in: 'query', required: false, schema: { type: 'array', items: { type: 'string' } } },
         {
           name: 'Last-Event-ID',
