@@ -1,6 +1,6 @@
 import { Server, type ServerDuplexStream, status } from '@grpc/grpc-js';
+import { ulid } from 'ulid';
 import { ensureCertificateAuthority, findPeerCertificate } from '../db/nodes.ts';
-import { newId } from '../domain/ids.ts';
 import { issueServerCertificate } from '../domain/pki.ts';
 import {
   type AgentMessage,
@@ -46,7 +46,9 @@ export async function startGateway(
   const trustDomain = deps.config.BETTER_COMPUTE_TRUST_DOMAIN;
   const options: GatewayOptions = {
     ...defaultGatewayOptions,
-    gatewayId: newId('wf').replace(/^wf_/, 'gw_'),
+    gatewayId: `gw_${ulid().toLowerCase()}`,
+    leaseMs: deps.config.BETTER_COMPUTE_GATEWAY_LEASE_SECONDS * 1000,
+    maxSessions: deps.config.BETTER_COMPUTE_GATEWAY_MAX_SESSIONS,
     ...deps.options,
     trustDomain,
   };

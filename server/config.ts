@@ -19,6 +19,10 @@ export const configSchema = z.object({
   BETTER_COMPUTE_API_PORT: port.default(7070),
   BETTER_COMPUTE_GATEWAY_HOST: z.string().default('127.0.0.1'),
   BETTER_COMPUTE_GATEWAY_PORT: port.default(7443),
+  /** A bcd session's liveness lease; lapsed, the node is NodeUnreachable (nothing is released). */
+  BETTER_COMPUTE_GATEWAY_LEASE_SECONDS: z.coerce.number().int().min(2).max(3600).default(40),
+  /** Sessions one gateway holds at most; beyond it, RESOURCE_EXHAUSTED with a retry pushback. */
+  BETTER_COMPUTE_GATEWAY_MAX_SESSIONS: z.coerce.number().int().min(1).max(1_000_000).default(20_000),
   BETTER_COMPUTE_TRUST_DOMAIN: z.string().min(1).default('better-compute.local'),
   BETTER_COMPUTE_DATA_DIR: z.string().min(1).default('.data'),
   BETTER_COMPUTE_TOOLS_DIR: z.string().optional(),
