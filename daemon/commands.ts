@@ -104,6 +104,7 @@ async function execute(host: CommandHost, kind: string, payload: Record<string, 
       return { reset: uuid };
     }
     case 'inventory.refresh':
+      await host.hardware.refresh?.();
       host.resendInventory();
       return { sections: ['gpus', 'host'] };
     case 'diag.nvml':

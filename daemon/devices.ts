@@ -18,6 +18,8 @@ export interface HeldAllocation {
   cdiDevices: string[];
   cdiSpecFile: string;
   envFile: string;
+  /** `bcd-alloc-<allocation>.slice` when the assignment carries limits, else ''. */
+  cgroupParent: string;
 }
 
 const allocationPattern = /^[A-Za-z0-9_-]{1,100}$/;
@@ -48,10 +50,26 @@ export function writeHold(roots: DeviceRoots, assignment: DeviceAssignment): Hel
   const uuids = [...assignment.stableIds];
   const cdiSpecFile = cdiFileFor(roots, allocationId);
   const envFile = envFileFor(roots, allocationId);
+  const limits = assignment.limits ?? {};
+  const limited = Object.values(limits).some((v) => typeof v === 'number' && v > 0);
+  // The slice a workload manager places the workload in; its limits travel in the env file.
+  const cgroupParent = limited ? `bcd-alloc-${allocationId}.slice` : '';
+  const limitLines = limited
+    ? [
+        `BCD_CGROUP_PARENT=${cgroupParent}`,
+        ...(limits.cpuMillis ? [`BCD_CPU_MILLIS=${limits.cpuMillis}`] : []),
+        ...(limits.memoryBytes ? [`BCD_MEMORY_BYTES=${limits.memoryBytes}`] : []),
+        ...(limits.hugepages1Gi ? [`BCD_HUGEPAGES_1GI=${limits.hugepages1Gi}`] : []),
+      ]
+    : [];
   const spec = {
     cdiVersion: '0.6.0',
     kind: 'bcd.dev/gpu',
-    annotations: { 'bcd.dev/allocation': allocationId, 'bcd.dev/until': String(assignment.until) },
+    annotations: {
+      'bcd.dev/allocation': allocationId,
+      'bcd.dev/until': String(assignment.until),
+      ...(limited ? { 'bcd.dev/cgroup-parent': cgroupParent } : {}),
+    },
     devices: uuids.map((uuid) => ({
       name: uuid,
       containerEdits: { env: [`NVIDIA_VISIBLE_DEVICES=${uuid}`] },
@@ -67,6 +85,7 @@ export function writeHold(roots: DeviceRoots, assignment: DeviceAssignment): Hel
       `CUDA_VISIBLE_DEVICES=${uuids.join(',')}`,
       `BCD_CDI_DEVICES=${uuids.map((u) => `bcd.dev/gpu=${u}`).join(',')}`,
       `BCD_UNTIL=${assignment.until}`,
+      ...limitLines,
       '',
     ].join('\n'),
   );
@@ -76,6 +95,7 @@ export function writeHold(roots: DeviceRoots, assignment: DeviceAssignment): Hel
     cdiDevices: uuids.map((u) => `bcd.dev/gpu=${u}`),
     cdiSpecFile,
     envFile,
+    cgroupParent,
   };
 }
 

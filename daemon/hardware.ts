@@ -4,6 +4,8 @@ import type { GpusSection, HostSection } from '../proto/inventory.ts';
 
 /** What bcd reads from (and does to) the machine. */
 export interface Hardware {
+  /** Reads the hardware again (a real host re-runs nvidia-smi); fake hardware has nothing to do. */
+  refresh?(): Promise<void>;
   evidence(): HardwareEvidence;
   gpus(): GpusSection;
   host(): HostSection;

@@ -93,7 +93,7 @@ export class SpecConverger {
           cdiDevices: hold.cdiDevices,
           envFile: hold.envFile,
           cdiSpecFile: hold.cdiSpecFile,
-          cgroupParent: '',
+          cgroupParent: hold.cgroupParent,
           gpuUuids: hold.gpuUuids,
         },
       });
