@@ -5,6 +5,7 @@ import { insertOutboxEvent } from '../db/outbox.ts';
 import { ComputeError } from '../domain/errors.ts';
 import { defineMethod, type MethodContext } from './method.ts';
 import { requireNode, requirePool, requireTenantRead } from './nodes-access.ts';
+import { nodeCommandMethods } from './nodes-commands.ts';
 import { loadNodeViews, nodeView } from './nodes-view.ts';
 
 const nodeId = z.string().regex(/^node_[0-9a-z]{26}$/, 'a node id (node_…)');
@@ -154,4 +155,4 @@ const drain = defineMethod({
   handler: (ctx, input) => setCordon(ctx, input, 'compute:nodes:drain'),
 });
 
-export const nodeMethods = { list, get, cordon, uncordon, drain };
+export const nodeMethods = { list, get, cordon, uncordon, drain, ...nodeCommandMethods };

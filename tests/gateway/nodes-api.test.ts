@@ -87,12 +87,35 @@ describe('the nodes and joinTokens API groups', () => {
     expect(drained.body.data.node.conditions.map((c: { type: string }) => c.type)).toContain('Draining');
     const uncordoned = await h.call(h.rootToken, 'nodes/uncordon', { nodeId });
     expect(uncordoned.body.data.node).toMatchObject({ cordoned: false, draining: false, conditions: [] });
+    const sent = await h.call(h.rootToken, 'nodes/command', {
+      nodeId,
+      kind: 'diag.nvml',
+      payload: { level: 'quick' },
+    });
+    expect(sent.body.data).toMatchObject({ kind: 'diag.nvml', lane: 'bulk', state: 'queued', seq: 1 });
+    const done = await eventually(async () => {
+      const got = await h.call(h.rootToken, 'nodes/getCommand', { nodeId, commandId: sent.body.data.id });
+      return got.body.data?.state === 'succeeded' ? got.body.data : null;
+    });
+    expect(done.result.gpus).toHaveLength(8);
+    const listedCommands = await h.call(h.rootToken, 'nodes/listCommands', { nodeId });
+    expect(listedCommands.body.data.commands.map((c: { id: string }) => c.id)).toEqual([sent.body.data.id]);
+    const badKind = await h.call(h.rootToken, 'nodes/command', { nodeId, kind: 'rm.rf' });
+    expect(badKind.body.error.code).toBe('INVALID_INPUT');
+    const badPayload = await h.call(h.rootToken, 'nodes/command', { nodeId, kind: 'gpu.reset', payload: {} });
+    expect(badPayload.body.error.code).toBe('INVALID_INPUT');
+
     const events = await h.t.db
       .selectFrom('outbox_events')
       .select('type')
       .where('subject', '=', `node/${nodeId}`)
       .execute();
-    expect(events.map((e) => e.type)).toEqual(['node.cordoned', 'node.draining', 'node.uncordoned']);
+    expect(events.map((e) => e.type)).toEqual([
+      'node.cordoned',
+      'node.draining',
+      'node.uncordoned',
+      'node.command-queued',
+    ]);
   });
 
   it('refuses bad input, strangers and revoked tokens, and changes nothing', async () => {

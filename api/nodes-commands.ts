@@ -1,0 +1,119 @@
+import { sql } from 'kysely';
+import { z } from 'zod';
+import { type CommandView, enqueueNodeCommand, findNodeCommand } from '../db/commands.ts';
+import { insertOutboxEvent } from '../db/outbox.ts';
+import { commandKindNames } from '../domain/command-kinds.ts';
+import { ComputeError } from '../domain/errors.ts';
+import { defineMethod } from './method.ts';
+import { requireNode } from './nodes-access.ts';
+
+const nodeId = z.string().regex(/^node_[0-9a-z]{26}$/, 'a node id (node_…)');
+
+const commandView = z.object({
+  id: z.string(),
+  nodeId: z.string(),
+  seq: z.number().int(),
+  kind: z.string(),
+  lane: z.enum(['control', 'provision', 'bulk']),
+  state: z.enum(['queued', 'delivered', 'running', 'succeeded', 'failed', 'expired', 'cancelled']),
+  payload: z.record(z.string(), z.unknown()),
+  result: z.record(z.string(), z.unknown()).nullable(),
+  error: z.string().nullable(),
+  createdAt: z.number(),
+  deliveredAt: z.number().nullable(),
+  completedAt: z.number().nullable(),
+});
+
+function view(c: CommandView): z.infer<typeof commandView> {
+  return {
+    ...c,
+    createdAt: c.createdAt.getTime(),
+    deliveredAt: c.deliveredAt?.getTime() ?? null,
+    completedAt: c.completedAt?.getTime() ?? null,
+  };
+}
+
+const command = defineMethod({
+  summary: 'Send a one-shot command to a node (durable, delivered in order within its lane).',
+  action: 'compute:nodes:command',
+  input: z.strictObject({
+    nodeId,
+    kind: z.enum(commandKindNames as [string, ...string[]]),
+    payload: z.record(z.string(), z.unknown()).default({}),
+    /** The command is never run after this many seconds (default 10 minutes). */
+    notAfterSeconds: z.number().int().min(1).max(86_400).default(600),
+  }),
+  output: commandView,
+  handler: async (ctx, input) => {
+    const scope = await requireNode(ctx, input.nodeId, 'compute:nodes:command');
+    const id = await ctx.deps.db.transaction().execute(async (trx) => {
+      const { rows } = await sql<{ at: Date }>`
+        SELECT compute_now() + make_interval(secs => ${input.notAfterSeconds}) AS at`.execute(trx);
+      const enqueued = await enqueueNodeCommand(trx, {
+        nodeId: input.nodeId,
+        kind: input.kind,
+        payload: input.payload,
+        notAfter: rows[0]!.at,
+      });
+      await insertOutboxEvent(trx, {
+        type: 'node.command-queued',
+        subject: `node/${input.nodeId}`,
+        tenantId: scope.tenantId,
+        data: { nodeId: input.nodeId, commandId: enqueued.id, kind: input.kind, seq: enqueued.seq },
+      });
+      await trx
+        .insertInto('audit_events')
+        .values({
+          tenant_id: scope.tenantId,
+          actor_identity_id: ctx.principal.identityId,
+          action: 'compute:nodes:command',
+          resource_type: 'compute-node',
+          resource_id: input.nodeId,
+          request_id: ctx.requestId,
+          context: JSON.stringify({ kind: input.kind, commandId: enqueued.id }),
+        })
+        .execute();
+      return enqueued.id;
+    });
+    return view((await findNodeCommand(ctx.deps.db, id))!);
+  },
+});
+
+const getCommand = defineMethod({
+  summary: "One command of a node: its state, result or error (poll it until it's done).",
+  action: 'compute:nodes:read',
+  input: z.strictObject({
+    nodeId,
+    commandId: z.string().regex(/^cmd_[0-9a-z]{26}$/, 'a command id (cmd_…)'),
+  }),
+  output: commandView,
+  handler: async (ctx, input) => {
+    await requireNode(ctx, input.nodeId, 'compute:nodes:read');
+    const found = await findNodeCommand(ctx.deps.db, input.commandId);
+    if (!found || found.nodeId !== input.nodeId) {
+      throw new ComputeError('NOT_FOUND', `command ${input.commandId} not found on node ${input.nodeId}`);
+    }
+    return view(found);
+  },
+});
+
+const listCommands = defineMethod({
+  summary: 'The commands of a node, newest first.',
+  action: 'compute:nodes:read',
+  input: z.strictObject({ nodeId, limit: z.number().int().min(1).max(200).default(50) }),
+  output: z.object({ commands: z.array(commandView) }),
+  handler: async (ctx, input) => {
+    await requireNode(ctx, input.nodeId, 'compute:nodes:read');
+    const rows = await ctx.deps.db
+      .selectFrom('node_commands')
+      .select('id')
+      .where('node_id', '=', input.nodeId)
+      .orderBy('seq', 'desc')
+      .limit(input.limit)
+      .execute();
+    const commands = await Promise.all(rows.map((r) => findNodeCommand(ctx.deps.db, r.id)));
+    return { commands: commands.filter((c): c is CommandView => !!c).map(view) };
+  },
+});
+
+export const nodeCommandMethods = { command, getCommand, listCommands };
