@@ -1,7 +1,7 @@
 import { type ServerDuplexStream, status } from '@grpc/grpc-js';
 import type { PeerCertificateRow } from '../db/nodes.ts';
 import type { CommandLane } from '../db/schema.ts';
-import { ComputeError, isComputeError } from '../domain/errors.ts';
+import { ComputeError, errorCodeTraits, isComputeError } from '../domain/errors.ts';
 import type {
   AgentMessage,
   CommandResult,
@@ -185,8 +185,18 @@ export class NodeSession implements RegisteredSession {
     const body = message.body;
     if (!body) throw new ComputeError('INVALID_INPUT', 'empty message');
     if (!this.opened) {
-      if (body.$case !== 'hello') throw new ComputeError('INVALID_INPUT', 'the first message must be Hello');
-      await this.open(body.value);
+      // A session that cannot open ends at once with the refusal's status.
+      try {
+        if (body.$case !== 'hello')
+          throw new ComputeError('INVALID_INPUT', 'the first message must be Hello');
+        await this.open(body.value);
+      } catch (error) {
+        const code = isComputeError(error) ? errorCodeTraits[error.code].grpcStatus : status.INTERNAL;
+        const message = isComputeError(error) ? error.message : 'internal error';
+        if (!isComputeError(error)) this.log.error({ err: error }, 'session open failed');
+        this.log.warn({ code, reason: message }, 'session refused at Hello');
+        this.end(code, message);
+      }
       return;
     }
     switch (body.$case) {

@@ -93,6 +93,20 @@ describe('bad input on sessions', () => {
     }
   });
 
+  it('a Hello naming another node, or without a journal id, ends the session at once', async () => {
+    const [a, b] = [fleet.nodes[0]!, fleet.nodes[1]!];
+    const identity = { ...loadIdentity(a.dir), gateway: fx.gateway.address };
+    const before = await fx.database.db.selectFrom('nodes').select(['id', 'epoch']).orderBy('id').execute();
+    const impostor = await openRawSession({ ...identity, nodeId: b.nodeId }, fx.gateway.address);
+    expect((await impostor.wait(() => impostor.ended())).code).toBe(7);
+    impostor.close();
+    const nameless = await openRawSession(identity, fx.gateway.address, '');
+    expect((await nameless.wait(() => nameless.ended())).code).toBe(3);
+    nameless.close();
+    const after = await fx.database.db.selectFrom('nodes').select(['id', 'epoch']).orderBy('id').execute();
+    expect(after).toEqual(before);
+  });
+
   it('a malformed or oversized message ends the session and changes nothing', async () => {
     const db = fx.database.db;
     const node = fleet.nodes[1]!;
