@@ -2,13 +2,12 @@ import type { ChildProcess } from 'node:child_process';
 import { sql } from 'kysely';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { killChild, spawnChildWorker } from './children.ts';
 import {
   eventTypes,
   insertPlacedReservation,
-  killChild,
   type LifecycleHarness,
   reportAllocation,
-  spawnChildWorker,
   startLifecycleHarness,
   waitForState,
 } from './harness.ts';

@@ -160,13 +160,14 @@ export async function reservationLifecycle(input: ReservationWorkflowInput): Pro
   );
   setHandler(snapshotQuery, () => holder.snapshot);
 
-  for (;;) {
+  const historyFull = () => {
     const info = workflowInfo();
-    if (info.continueAsNewSuggested || info.historyLength > (input.historyLimit ?? defaultHistoryLimit)) {
-      // Bounded history: nothing is in flight here, and the truth is in PostgreSQL anyway.
-      await condition(allHandlersFinished);
-      return continueAsNew<typeof reservationLifecycle>({ ...input, carried: holder.carried() });
-    }
+    return info.continueAsNewSuggested || info.historyLength > (input.historyLimit ?? defaultHistoryLimit);
+  };
+  const continueWithCarried = () =>
+    continueAsNew<typeof reservationLifecycle>({ ...input, carried: holder.carried() });
+
+  for (;;) {
     holder.dirty = false;
     // A stored report counts only once the worker has verified it: judge before looking.
     if (holder.reportsPending || holder.state === 'binding') {
@@ -186,6 +187,12 @@ export async function reservationLifecycle(input: ReservationWorkflowInput): Pro
       return { state: snapshot.state };
     }
     if (action.kind === 'wait') {
+      // Bounded history. Only here: a handler waiting for the loop to act (release, cancel) has
+      // already been served once the loop has nothing to do but wait.
+      if (historyFull()) {
+        await condition(allHandlersFinished);
+        return continueWithCarried();
+      }
       if (!holder.dirty) await condition(() => holder.dirty, Math.max(action.until - snapshot.now, 10));
       continue;
     }
@@ -200,6 +207,7 @@ export async function reservationLifecycle(input: ReservationWorkflowInput): Pro
         error: error.message,
       });
       await sleep(1_000);
+      if (historyFull() && allHandlersFinished()) return continueWithCarried();
     }
   }
 }

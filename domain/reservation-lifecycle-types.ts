@@ -1,0 +1,137 @@
+/**
+ * The types of the reservation lifecycle's pure transitions: states, timers, the snapshot the
+ * workflow reads from PostgreSQL, what it was asked (intents), what it remembers, and the actions.
+ */
+
+export type LifecycleState =
+  | 'draft'
+  | 'denied'
+  | 'awaiting-confirmation'
+  | 'pending'
+  | 'placed'
+  | 'binding'
+  | 'active'
+  | 'releasing'
+  | 'released'
+  | 'failed'
+  | 'cancelled'
+  | 'expired';
+
+export const terminalStates: readonly LifecycleState[] = [
+  'denied',
+  'released',
+  'failed',
+  'cancelled',
+  'expired',
+];
+
+export function isTerminal(state: string): boolean {
+  return (terminalStates as readonly string[]).includes(state);
+}
+
+/** Every moment the lifecycle owns, in milliseconds. Pool policy `timers` and workflow input override. */
+export interface LifecycleTimers {
+  /** How long a node has to report every allocation bound (5 minutes). */
+  bindTimeoutMs: number;
+  /** How often a pending reservation tries to place again (30 seconds). */
+  pendingRetryMs: number;
+  /** How long a reservation may stay pending before it fails (the pool's `maxPending`, 24 hours). */
+  maxPendingMs: number;
+  /** The look taken before a future start (15 minutes before it). */
+  preStartMs: number;
+  /** The longest the workflow sleeps without a reason (15 minutes). */
+  recheckMs: number;
+  /** How many binding failures end the reservation (3: placed again at most twice). */
+  maxBindFailures: number;
+  /** The billing window (an hour). */
+  usageWindowMs: number;
+}
+
+export const defaultTimers: LifecycleTimers = {
+  bindTimeoutMs: 5 * 60_000,
+  pendingRetryMs: 30_000,
+  maxPendingMs: 24 * 3_600_000,
+  preStartMs: 15 * 60_000,
+  recheckMs: 15 * 60_000,
+  maxBindFailures: 3,
+  usageWindowMs: 3_600_000,
+};
+
+export interface Condition {
+  type: string;
+  reason: string;
+  message: string;
+  since?: number;
+}
+
+export interface AllocationView {
+  id: string;
+  nodeId: string;
+  state: 'planned' | 'binding' | 'bound' | 'releasing' | 'released' | 'failed';
+  boundAt: number | null;
+  /** A later report of this bound allocation failed verification: its binding is not trusted. */
+  bindingLost?: boolean;
+  /** The node is not connected (its session ended or its lease ran out). */
+  nodeUnreachable?: boolean;
+  /** The node reports something besides bcd can hand its GPUs to pods. */
+  foreignGpuExposure?: boolean;
+  /** Booked atoms that are unhealthy (stable ids). */
+  unhealthyAtoms?: string[];
+}
+
+/** What PostgreSQL says about one reservation, all times epoch milliseconds of compute_now(). */
+export interface ReservationSnapshot {
+  id: string;
+  tenantId: string;
+  poolId: string;
+  state: LifecycleState;
+  version: number;
+  now: number;
+  start: number | null;
+  end: number | null;
+  leaseSeconds: number | null;
+  leaseExpiresAt: number | null;
+  bindAttempts: number;
+  bindDeadline: number | null;
+  pendingSince: number | null;
+  confirmationExpiresAt: number | null;
+  endReason: string | null;
+  conditions: Condition[];
+  /** The current placement's allocations (not those released by an earlier attempt). */
+  allocations: AllocationView[];
+  /** False once the pool is archived or no longer offered to the tenant. */
+  poolAvailable: boolean;
+  timers: LifecycleTimers;
+  /** What the reservation is, for the workflow's memo. */
+  summary: string;
+}
+
+/** What the workflow was asked since it last acted (signals and updates set these). */
+export interface LifecycleIntents {
+  release: boolean;
+  cancel: boolean;
+  confirmation: 'approved' | 'denied' | null;
+  /** Capacity was freed in the pool: try placing now rather than at the next retry. */
+  capacityFreed: boolean;
+}
+
+/** What the workflow remembers between looks (carried across continue-as-new). */
+export interface LifecycleMemory {
+  /** compute_now() of the last placement attempt of a pending reservation. */
+  lastPlaceAttemptAt: number | null;
+  /** compute_now() up to which usage has been metered. */
+  meteredThrough: number | null;
+}
+
+export type EndState = 'released' | 'cancelled' | 'failed' | 'expired' | 'denied';
+
+export type LifecycleAction =
+  | { kind: 'finish' }
+  | { kind: 'wait'; until: number; reason: string }
+  | { kind: 'place' }
+  | { kind: 'beginBinding'; bindDeadline: number }
+  | { kind: 'activate' }
+  | { kind: 'rebind'; reason: 'NodeDidNotBind' | 'NodeRejectedBinding'; message: string }
+  | { kind: 'end'; state: EndState; reason: string; condition?: Condition }
+  | { kind: 'setConditions'; conditions: Condition[] }
+  | { kind: 'meterUsage' };
