@@ -3,6 +3,7 @@ import { expireOverdueCommands } from '../db/commands.ts';
 import type { CommandLane } from '../db/schema.ts';
 import type { GatewayContext } from './context.ts';
 import type { NodeSession, QueuedCommandRow } from './session.ts';
+import { wakeReservationsOnNodes } from './wake.ts';
 
 /**
  * The gateway's loops: delivery (changed NodeSpecs and queued commands for the nodes this gateway
@@ -161,9 +162,9 @@ export class Dispatcher {
   }
 
   private async markUnreachable(update: ReturnType<typeof sql<{ id: string }>>): Promise<void> {
-    await this.ctx.db.transaction().execute(async (trx) => {
+    const ids = await this.ctx.db.transaction().execute(async (trx) => {
       const rows = (await update.execute(trx)).rows;
-      if (rows.length === 0) return;
+      if (rows.length === 0) return [];
       await sql`
         INSERT INTO node_conditions (node_id, type, reason, message, effect)
         SELECT id, 'NodeUnreachable', 'Unreachable', 'no heartbeat within the liveness lease', 'NoSchedule'
@@ -173,6 +174,8 @@ export class Dispatcher {
         { nodeIds: rows.map((r) => r.id).slice(0, 20), count: rows.length },
         'nodes unreachable',
       );
+      return rows.map((r) => r.id);
     });
+    await wakeReservationsOnNodes(this.ctx, ids, 'node-unreachable');
   }
 }

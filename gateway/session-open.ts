@@ -16,6 +16,8 @@ export interface OpenedSession {
   spec: Record<string, unknown>;
   wantSections: string[];
   failedInFlight: number;
+  /** The node had been marked unreachable: its reservations' lifecycles should look again. */
+  wasUnreachable: boolean;
   /** Commands delivered to this journal and not answered: sent again (the journal dedupes). */
   redeliver: QueuedCommandRow[];
 }
@@ -38,7 +40,7 @@ export async function openSession(ctx: GatewayContext, nodeId: string, hello: He
     const before = await trx
       .selectFrom('nodes')
       .where('id', '=', nodeId)
-      .select(['journal_id'])
+      .select(['journal_id', 'connectivity'])
       .forUpdate()
       .executeTakeFirst();
     if (!before) throw new ComputeError('NOT_FOUND', 'the node no longer exists');
@@ -83,7 +85,7 @@ export async function openSession(ctx: GatewayContext, nodeId: string, hello: He
       .select(['id', 'seq', 'kind', 'lane', 'payload', 'not_before', 'not_after', 'min_generation'])
       .orderBy('seq')
       .execute();
-    return { row, failedInFlight, redeliver };
+    return { row, failedInFlight, redeliver, wasUnreachable: before.connectivity === 'unreachable' };
   });
   const held = await latestSectionHashes(ctx.db, nodeId);
   const offered = new Map(hello.inventory.map((s) => [s.name, s.hash]));
@@ -96,6 +98,7 @@ export async function openSession(ctx: GatewayContext, nodeId: string, hello: He
     spec: result.row.spec,
     wantSections,
     failedInFlight: result.failedInFlight,
+    wasUnreachable: result.wasUnreachable,
     redeliver: result.redeliver.map((c) => ({
       id: c.id,
       seq: Number(c.seq),

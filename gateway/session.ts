@@ -18,6 +18,7 @@ import { acceptAllocationReport } from './reports.ts';
 import { openSession } from './session-open.ts';
 import { markReadyIfConverged, recordCommandResult, recordObservedGeneration } from './session-records.ts';
 import { SpecSender } from './spec-sender.ts';
+import { wakeReservationsOnNodes } from './wake.ts';
 
 type Stream = ServerDuplexStream<AgentMessage, ControlMessage>;
 
@@ -220,6 +221,7 @@ export class NodeSession implements RegisteredSession {
       case 'inventory': {
         const sections = parseInventory(body.value.sections);
         await applyInventory(this.ctx.db, { nodeId: this.nodeId, epoch: this.epoch, sections });
+        if (sections.gpus) void wakeReservationsOnNodes(this.ctx, [this.nodeId], 'node-inventory-changed');
         await markReadyIfConverged(this.ctx.db, this);
         return;
       }
@@ -291,6 +293,7 @@ export class NodeSession implements RegisteredSession {
       },
     });
     this.pushSpec(opened.generation, opened.spec);
+    if (opened.wasUnreachable) void wakeReservationsOnNodes(this.ctx, [this.nodeId], 'node-reconnected');
     for (const command of opened.redeliver) this.deliver(command);
   }
 

@@ -15,6 +15,7 @@ import {
   readCsr,
 } from '../../domain/pki.ts';
 import { AgentServiceClient } from '../../proto/gen/agent/v1/agent.ts';
+import { insertBareAllocation } from '../support/allocations.ts';
 import { eventually, type GatewayFixture, gatewayFixture, testLog } from './fixture.ts';
 
 /** Opens a session and answers the status it ends with (or 'open' after 1.5 s). */
@@ -180,6 +181,19 @@ describe('faults and refusals', () => {
       .select('epoch')
       .where('id', '=', node.nodeId)
       .executeTakeFirstOrThrow();
+    const allocationId = await db.transaction().execute((trx) =>
+      insertBareAllocation(trx, {
+        poolId: fx.poolId,
+        nodeId: node.nodeId,
+        start: new Date(),
+        end: new Date(Date.now() + 3600_000),
+      }),
+    );
+    const held = await db
+      .selectFrom('allocations')
+      .select(['reservation_id', 'state'])
+      .where('id', '=', allocationId)
+      .executeTakeFirstOrThrow();
     node.agent.silence(true);
     const started = Date.now();
     await eventually(async () => {
@@ -198,6 +212,18 @@ describe('faults and refusals', () => {
       .where('id', '=', node.nodeId)
       .executeTakeFirstOrThrow();
     expect(unreachable.connectivity).toBe('unreachable');
+    // Nothing it holds is released; its reservation's lifecycle is woken to look.
+    const kept = await db
+      .selectFrom('allocations')
+      .select(['reservation_id', 'state'])
+      .where('id', '=', allocationId)
+      .executeTakeFirstOrThrow();
+    expect(kept).toEqual(held);
+    const wakes = () =>
+      fx.lifecycle.signals.filter((s) => s.reservationId === held.reservation_id && s.signal.type === 'wake');
+    await eventually(async () =>
+      wakes().some((s) => s.signal.type === 'wake' && s.signal.reason === 'node-unreachable'),
+    );
     node.agent.silence(false);
     await eventually(async () => {
       const n = await db
@@ -207,6 +233,10 @@ describe('faults and refusals', () => {
         .executeTakeFirst();
       return n?.connectivity === 'connected' && Number(n.epoch) > Number(before.epoch);
     });
+
+    await eventually(async () =>
+      wakes().some((s) => s.signal.type === 'wake' && s.signal.reason === 'node-reconnected'),
+    );
 
     const epochBefore = await db
       .selectFrom('nodes')
@@ -222,6 +252,13 @@ describe('faults and refusals', () => {
         .executeTakeFirst();
       return n && Number(n.epoch) > Number(epochBefore.epoch) && n.session_gateway === fx.gateway.gatewayId;
     }, 10_000);
+    // The restart released nothing.
+    const afterRestart = await db
+      .selectFrom('allocations')
+      .select(['reservation_id', 'state'])
+      .where('id', '=', allocationId)
+      .executeTakeFirstOrThrow();
+    expect(afterRestart).toEqual(held);
     const conditions = await db
       .selectFrom('node_conditions')
       .selectAll()

@@ -1,0 +1,42 @@
+import type { GatewayContext } from './context.ts';
+
+/**
+ * Wakes the lifecycle of every live reservation holding an allocation on these nodes (their
+ * connectivity or health changed). A wake-up is only a hint: the workflow re-reads PostgreSQL and
+ * acts on the difference, so a lost one costs at most the workflow's own recheck interval.
+ */
+async function wake(
+  ctx: Pick<GatewayContext, 'db' | 'log' | 'lifecycle'>,
+  nodeIds: readonly string[],
+  reason: string,
+): Promise<void> {
+  const lifecycle = ctx.lifecycle;
+  if (!lifecycle || nodeIds.length === 0) return;
+  const rows = await ctx.db
+    .selectFrom('allocations as a')
+    .innerJoin('reservations as r', 'r.id', 'a.reservation_id')
+    .select('r.id')
+    .distinct()
+    .where('a.node_id', 'in', nodeIds)
+    .where('a.state', 'in', ['planned', 'binding', 'bound'])
+    .where('r.state', 'in', ['placed', 'binding', 'active'])
+    .execute();
+  await Promise.all(
+    rows.map((r) =>
+      lifecycle
+        .signal(r.id, { type: 'wake', reason })
+        .catch((err: unknown) => ctx.log.warn({ err, reservationId: r.id, reason }, 'lifecycle wake failed')),
+    ),
+  );
+}
+
+/** Never rejects: a failed wake-up is logged (the workflow's own recheck covers it). */
+export async function wakeReservationsOnNodes(
+  ctx: Pick<GatewayContext, 'db' | 'log' | 'lifecycle'>,
+  nodeIds: readonly string[],
+  reason: string,
+): Promise<void> {
+  await wake(ctx, nodeIds, reason).catch((err: unknown) =>
+    ctx.log.warn({ err, nodeIds: nodeIds.slice(0, 20), reason }, 'lifecycle wake-ups failed'),
+  );
+}
