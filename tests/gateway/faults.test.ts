@@ -204,8 +204,9 @@ describe('faults and refusals', () => {
         .where('type', '=', 'NodeUnreachable')
         .executeTakeFirst();
       return c ?? null;
-    }, 6_000);
-    expect(Date.now() - started).toBeLessThan(4_500);
+    }, 10_000);
+    // The lease (1.5 s) plus the liveness loop's period; generous for a loaded machine.
+    expect(Date.now() - started).toBeLessThan(6_000);
     const unreachable = await db
       .selectFrom('nodes')
       .select('connectivity')

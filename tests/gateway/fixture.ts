@@ -83,7 +83,7 @@ export async function gatewayFixture(options: Partial<GatewayOptions> = {}): Pro
 /** Polls until `check` answers a truthy value or the time runs out. */
 export async function eventually<T>(
   check: () => Promise<T | null | undefined | false>,
-  timeoutMs = 10_000,
+  timeoutMs = 20_000,
 ): Promise<T> {
   const deadline = Date.now() + timeoutMs;
   let last: unknown;

@@ -38,11 +38,14 @@ describe('inventory changes and retry pushback', () => {
   it('a GPU the driver no longer sees raises GpuCountMismatch and removes the device', async () => {
     const db = fx.database.db;
     const node = fleet.nodes.find((n) => n.agent.status.connected)!;
-    const domains = await db
-      .selectFrom('devices')
-      .select('attributes')
-      .where('node_id', '=', node.nodeId)
-      .execute();
+    const domains = await eventually(async () => {
+      const rows = await db
+        .selectFrom('devices')
+        .select('attributes')
+        .where('node_id', '=', node.nodeId)
+        .execute();
+      return rows.length === 4 ? rows : null;
+    });
     expect(new Set(domains.map((d) => d.attributes.nvlinkDomain))).toEqual(new Set(['nvl-0', 'nvl-1']));
     node.hardware.hiddenGpus = 1;
     const command = await db
