@@ -23,10 +23,6 @@ import { type PoolForTenant, poolForTenant, writeDraft } from './draft.ts';
 const action = 'compute:reservations:create';
 const decidable = new Set(['draft', 'awaiting-confirmation']);
 
-function isUniqueViolation(error: unknown) {
-  return (error as { code?: string })?.code === '23505';
-}
-
 async function markRefused(ctx: MethodContext, row: Reservation, error: ComputeError) {
   await ctx.deps.db.transaction().execute(async (trx) => {
     const locked = await lockReservation(trx, row.id);
@@ -130,14 +126,7 @@ export async function admitReservation(
     request: normalized,
     hash,
   };
-  let draft: Awaited<ReturnType<typeof writeDraft>>;
-  try {
-    draft = await ctx.deps.db.transaction().execute((trx) => writeDraft(trx, draftInput));
-  } catch (error) {
-    if (!isUniqueViolation(error)) throw error;
-    // A concurrent first call inserted the same draft: take the repeated-key path.
-    draft = await ctx.deps.db.transaction().execute((trx) => writeDraft(trx, draftInput));
-  }
+  const draft = await writeDraft(ctx.deps.db, draftInput);
   let row = draft.row;
   if (draft.kind === 'existing') {
     if (row.state === 'denied') {

@@ -1,7 +1,6 @@
 import { sql, type Transaction } from 'kysely';
 import { poolPerGpuShare } from '../../db/placement-load.ts';
 import type { Db } from '../../db/pool.ts';
-import { lockReservation } from '../../db/reservations.ts';
 import type { Database, Reservation } from '../../db/schema.ts';
 import { ComputeError } from '../../domain/errors.ts';
 import { reservationDraftId } from '../../domain/ids.ts';
@@ -22,6 +21,24 @@ export interface PoolForTenant {
   policy: Record<string, unknown>;
   region: string;
   on_budget_exceeded: string | null;
+}
+
+/** Pools a tenant may book, by tenant and pool, for a few seconds (positive answers only). */
+const poolCache = new Map<string, { at: number; pool: PoolForTenant }>();
+
+/**
+ * poolForTenant through a 5-second cache of positive answers: what admission reads to validate
+ * and describe a new draft. The draft's insert re-checks the offer in the same statement, so a
+ * stale entry can never admit a draft on a pool that is no longer offered.
+ */
+export async function cachedPoolForTenant(db: Db, tenantId: string, poolId: string): Promise<PoolForTenant> {
+  const key = `${tenantId}\u0000${poolId}`;
+  const hit = poolCache.get(key);
+  if (hit && Date.now() - hit.at < 5_000) return hit.pool;
+  const pool = await poolForTenant(db, tenantId, poolId);
+  if (poolCache.size > 10_000) poolCache.clear();
+  poolCache.set(key, { at: Date.now(), pool });
+  return pool;
 }
 
 /** The pool if it is owned by or offered to the tenant and not archived; else NOT_FOUND. */
@@ -113,12 +130,14 @@ export type DraftResult =
   | { kind: 'created'; row: Reservation; attributes: Record<string, unknown>; pool: PoolForTenant };
 
 /**
- * Transaction 1: the idempotency row looked up and locked; a different request under the same key
- * is CONFLICT with details.reservationId; a new draft is inserted with its deterministic id and its
- * authz projection row (the seed's attributes), parented to the pool and owned by the caller.
+ * Transaction 1, as one statement (atomic on its own, so no BEGIN/COMMIT round trips): the pool's
+ * offer re-checked, the draft inserted with its deterministic id and its authz projection row
+ * (the seed's attributes), parented to the pool and owned by the caller. A key already taken
+ * inserts nothing (a concurrent first call waits for the other to commit) and answers the stored
+ * row; a different request under that key is CONFLICT with details.reservationId.
  */
 export async function writeDraft(
-  trx: Trx,
+  db: Db,
   input: {
     tenantId: string;
     principal: Principal;
@@ -129,7 +148,7 @@ export async function writeDraft(
 ): Promise<DraftResult> {
   const id = reservationDraftId(input.tenantId, input.principal.identityId, input.idempotencyKey);
   const repeated = async (): Promise<DraftResult | null> => {
-    const existing = await lockReservation(trx, id);
+    const existing = await db.selectFrom('reservations').selectAll().where('id', '=', id).executeTakeFirst();
     if (!existing) return null;
     if (existing.request_hash !== input.hash) {
       throw new ComputeError(
@@ -142,32 +161,36 @@ export async function writeDraft(
   };
   let pool: PoolForTenant;
   try {
-    pool = await poolForTenant(trx, input.tenantId, input.request.poolId);
+    pool = await cachedPoolForTenant(db, input.tenantId, input.request.poolId);
   } catch (error) {
     // A repeated key still answers its stored reservation after its pool went away.
     const found = await repeated();
     if (found) return found;
     throw error;
   }
-  const { request, booked, share } = await resolveRequestForPool(trx, input.tenantId, pool, input.request);
+  const { request, booked, share } = await resolveRequestForPool(db, input.tenantId, pool, input.request);
   const attributes = authzAttributes({
     request,
     gpuModel: pool.gpu_model,
     region: pool.region,
     resources: booked,
   });
-  // The draft and its authz row in one statement; a key already taken inserts nothing (a
-  // concurrent first call waits for the other to commit) and takes the repeated-key path.
-  const { rows } = await sql<Reservation>`
-    WITH r AS (
+  const { rows } = await sql<Reservation & { offered: boolean }>`
+    WITH offered AS (
+      SELECT 1 FROM pools p
+      WHERE p.id = ${pool.id} AND p.archived_at IS NULL
+        AND (p.owner_tenant_id = ${input.tenantId}
+             OR EXISTS (SELECT 1 FROM pool_offers o WHERE o.pool_id = p.id AND o.tenant_id = ${input.tenantId}))
+    ), r AS (
       INSERT INTO reservations (id, tenant_id, pool_id, owner_identity_id, idempotency_key, request, request_hash,
                                 state, requested_start, duration_ms, binding_kind, spot, lease_seconds, project_id,
                                 host_share)
-      VALUES (${id}, ${input.tenantId}, ${pool.id}, ${input.principal.identityId}, ${input.idempotencyKey},
-              ${JSON.stringify(request)}::jsonb, ${input.hash}, 'draft',
-              ${request.start !== undefined ? new Date(request.start).toISOString() : null}::timestamptz,
-              ${request.durationMs}, ${request.binding}, ${request.spot ?? false}, ${request.leaseSeconds ?? null}::integer,
-              ${request.projectId ?? null}::text, ${JSON.stringify(share)}::jsonb)
+      SELECT ${id}, ${input.tenantId}, ${pool.id}, ${input.principal.identityId}, ${input.idempotencyKey},
+             ${JSON.stringify(request)}::jsonb, ${input.hash}, 'draft',
+             ${request.start !== undefined ? new Date(request.start).toISOString() : null}::timestamptz,
+             ${request.durationMs}::bigint, ${request.binding}, ${request.spot ?? false}::boolean,
+             ${request.leaseSeconds ?? null}::integer, ${request.projectId ?? null}::text, ${JSON.stringify(share)}::jsonb
+      WHERE EXISTS (SELECT 1 FROM offered)
       ON CONFLICT DO NOTHING
       RETURNING *
     ), authz AS (
@@ -179,12 +202,19 @@ export async function writeDraft(
       ON CONFLICT (resource_type, resource_id) DO UPDATE
         SET attributes = EXCLUDED.attributes, updated_at = compute_now()
     )
-    SELECT * FROM r`.execute(trx);
-  const row = rows[0];
-  if (!row) {
-    const found = await repeated();
-    if (found) return found;
-    throw new ComputeError('INTERNAL', `reservation ${id} could be neither inserted nor found`);
+    SELECT r.*, EXISTS (SELECT 1 FROM offered) AS offered FROM (SELECT 1) AS one LEFT JOIN r ON true`.execute(
+    db,
+  );
+  const result = rows[0]!;
+  if (result.id) {
+    const { offered: _offered, ...row } = result;
+    return { kind: 'created', row, attributes, pool };
   }
-  return { kind: 'created', row, attributes, pool };
+  const found = await repeated();
+  if (found) return found;
+  if (!result.offered) {
+    poolCache.clear();
+    throw new ComputeError('NOT_FOUND', `poolId: pool ${pool.id} is not offered to tenant ${input.tenantId}`);
+  }
+  throw new ComputeError('INTERNAL', `reservation ${id} could be neither inserted nor found`);
 }
