@@ -4,6 +4,7 @@ import { capacityMethods } from './capacity.ts';
 import { eventMethods } from './events.ts';
 import { joinTokenMethods } from './join-tokens.ts';
 import type { MethodRegistry } from './method.ts';
+import { nodeCapacityMethods } from './node-capacity.ts';
 import { nodeMethods } from './nodes.ts';
 import { reservationMethods } from './reservations/index.ts';
 import { systemMethods } from './system.ts';
@@ -20,7 +21,7 @@ export const methods = {
   admin: adminMethods,
   confirmations: confirmationMethods,
   reservations: reservationMethods,
-  capacity: capacityMethods,
+  capacity: { ...capacityMethods, ...nodeCapacityMethods },
   nodes: nodeMethods,
   joinTokens: joinTokenMethods,
 } satisfies MethodRegistry;

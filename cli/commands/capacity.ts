@@ -1,6 +1,6 @@
 import type { Command } from 'commander';
 import { formatDuration } from '../../domain/duration.ts';
-import { apiAction, withConnection } from '../command.ts';
+import { apiAction, parse, withConnection } from '../command.ts';
 import { formatTime, renderFields, renderTable } from '../output.ts';
 import { type RequestOptions, requestFromOptions, withRequestOptions } from '../reservation-request.ts';
 import { resolvePool, tenantOf } from '../tenant.ts';
@@ -70,5 +70,67 @@ export function registerCapacityCommands(program: Command) {
       );
     }),
   );
+  registerNodeCapacityCommand(capacity);
   return capacity;
+}
+
+type Amount = { total: number | null; free: number | null; reserved: number | null };
+const notReported = 'not reported';
+const freeOfTotal = (a: Amount) => (a.total === null ? notReported : `${a.free}/${a.total}`);
+
+/** `capacity nodes [--pool P]`: one row per node, with what it never reported as `not reported`. */
+function registerNodeCapacityCommand(capacity: Command) {
+  withConnection(
+    capacity
+      .command('nodes')
+      .description(
+        'One row per node: whether it accepts work and why not, free/total GPUs, vCPUs and memory net of every live booking, what is reserved, and the age of its last heartbeat.',
+      )
+      .option('--tenant <tenant>', 'the tenant (default: your token’s)')
+      .option('--pool <pool>', 'only this pool (id or name)')
+      .option('--limit <n>', 'at most this many nodes (default 500)', parse.positiveInt)
+      .option('--cursor <id>', 'continue after this node'),
+  ).action(
+    apiAction<{ pool?: string; limit?: number; cursor?: string }>(async ({ options, client, out }) => {
+      const tenantId = await tenantOf(client, options);
+      const poolId = options.pool ? await resolvePool(client, tenantId, options.pool) : undefined;
+      const page = await client.capacity.nodes({
+        tenantId,
+        ...(poolId ? { poolId } : {}),
+        ...(options.limit ? { limit: options.limit } : {}),
+        ...(options.cursor ? { cursor: options.cursor } : {}),
+      });
+      out.result(page, (p) =>
+        [
+          p.nodes.length === 0
+            ? `no nodes in the pools offered to tenant ${tenantId}`
+            : renderTable(p.nodes, [
+                { header: 'NODE', value: (n) => n.name },
+                { header: 'ACCEPTS', value: (n) => n.acceptsWork },
+                { header: 'GPUS', value: (n) => freeOfTotal(n.gpus), right: true },
+                { header: 'VCPUS', value: (n) => freeOfTotal(n.vcpu), right: true },
+                { header: 'MEMORY GIB', value: (n) => freeOfTotal(n.memoryGiB), right: true },
+                {
+                  header: 'RESERVED',
+                  value: (n) =>
+                    n.gpus.reserved === null
+                      ? notReported
+                      : `${n.gpus.reserved} GPU${n.vcpu.reserved ? `, ${n.vcpu.reserved} vCPU` : ''}${
+                          n.memoryGiB.reserved ? `, ${n.memoryGiB.reserved} GiB` : ''
+                        }`,
+                },
+                { header: 'WHY NOT', value: (n) => n.refusals.join('; ') },
+                {
+                  header: 'HEARTBEAT',
+                  value: (n) =>
+                    n.heartbeatAgeSeconds === null
+                      ? notReported
+                      : `${formatDuration(n.heartbeatAgeSeconds * 1000)} ago`,
+                },
+              ]),
+          ...(p.nextCursor ? [`more: --cursor ${p.nextCursor}`] : []),
+        ].join('\n'),
+      );
+    }),
+  );
 }

@@ -2,7 +2,7 @@ import { spawn } from 'node:child_process';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, test, vi } from 'vitest';
 import { createComputeClient } from '../../client/index.ts';
-import { insertPool, insertSite, offerPool, registerReadyNodes } from '../../db/fleet.ts';
+import { h100Shape, insertPool, insertSite, offerPool, registerReadyNodes } from '../../db/fleet.ts';
 import { startTestApi, type TestApi } from './harness.ts';
 import { json, runCli } from './run-cli.ts';
 
@@ -20,6 +20,26 @@ beforeAll(async () => {
   poolId = await insertPool(db, { siteId, ownerTenantId: api.root.tenantId, name: 'h100', gpuModel: 'h100' });
   await registerReadyNodes(db, { siteId, poolId, count: 2, namePrefix: 'cli' });
   await offerPool(db, { poolId, tenantId: 'acme', quota: { gpu: 8 } });
+  // A second pool with one node that never reported host resources nor a heartbeat, cordoned.
+  const barePool = await insertPool(db, {
+    siteId,
+    ownerTenantId: api.root.tenantId,
+    name: 'bare',
+    gpuModel: 'h100',
+  });
+  const [bare] = await registerReadyNodes(db, {
+    siteId,
+    poolId: barePool,
+    count: 1,
+    namePrefix: 'zz-bare',
+    shape: { ...h100Shape, resources: {} },
+  });
+  await db
+    .updateTable('nodes')
+    .set({ last_heartbeat_at: null, cordoned: true, cordon_reason: 'fan' })
+    .where('id', '=', bare!.id)
+    .execute();
+  await offerPool(db, { poolId: barePool, tenantId: 'acme', quota: { gpu: 8 } });
 });
 afterAll(async () => {
   await api?.stop();
@@ -75,6 +95,56 @@ describe('capacity', () => {
     expect(p.deviceIds).toHaveLength(4);
     expect(previewTable.stdout).toMatch(/^fits:\s+yes$/m);
     expect(json(tooBig).fits).toBe(false);
+  });
+});
+
+describe('capacity nodes', () => {
+  test('one row per node, net of live bookings; what a node never reported is not reported, never zero', async () => {
+    const client = createComputeClient({ baseURL: api.url, token: api.acme.token });
+    const r = await client.reservations.create({
+      tenantId: 'acme',
+      poolId,
+      devices: [{ class: 'gpu', count: 3 }],
+      resources: { vcpu: 40, memoryGiB: 300 },
+      duration: '1h',
+      idempotencyKey: 'nodes-view',
+    });
+    const node = r.allocations[0]!.nodeId;
+    const [table, asJson, onePool] = await Promise.all([
+      runCli(['capacity', 'nodes'], env),
+      runCli(['capacity', 'nodes', '--json'], env),
+      runCli(['capacity', 'nodes', '--pool', 'bare', '--json'], env),
+    ]);
+    await client.reservations.release({ tenantId: 'acme', reservationId: r.id });
+    const rows = json(asJson).nodes as Array<Record<string, any>>;
+    expect(rows).toHaveLength(3);
+    const booked = rows.find((n) => n.nodeId === node)!;
+    expect(booked).toMatchObject({
+      acceptsWork: true,
+      refusals: [],
+      gpus: { total: 8, free: 5, reserved: 0 },
+      // The request is raised to the pool's per-GPU host share: 3 × 24 vCPUs, 3 × 256 GiB.
+      vcpu: { total: 192, free: 120 },
+      memoryGiB: { total: 2048, free: 1280 },
+    });
+    const bare = rows.find((n) => n.name.startsWith('zz-bare'))!;
+    expect(bare).toMatchObject({
+      acceptsWork: false,
+      refusals: ['cordoned (fan)'],
+      gpus: { total: 8, free: 8 },
+      vcpu: { total: null, free: null, reserved: null },
+      memoryGiB: { total: null, free: null, reserved: null },
+      lastHeartbeatAt: null,
+      heartbeatAgeSeconds: null,
+    });
+    expect(json(onePool).nodes.map((n: { nodeId: string }) => n.nodeId)).toEqual([bare.nodeId]);
+    expect(table.stdout.split('\n')[0]).toMatch(
+      /^NODE\s+ACCEPTS\s+GPUS\s+VCPUS\s+MEMORY GIB\s+RESERVED\s+WHY NOT\s+HEARTBEAT$/,
+    );
+    expect(table.stdout).toMatch(
+      /zz-bare-00000\s+no\s+8\/8\s+not reported\s+not reported\s+0 GPU\s+cordoned \(fan\)\s+not reported/,
+    );
+    expect(table.stdout).toMatch(/\s+yes\s+5\/8\s+120\/192\s+1280\/2048\s+0 GPU\s+/);
   });
 });
 
@@ -168,7 +238,7 @@ describe('reserve and the lifecycle commands', () => {
     ]);
     expect(unknown.code).toBe(2);
     expect(unknown.stderr).toMatch(
-      /--pool: tenant acme is offered no pool named a100; its pools: h100 \(pool_/,
+      /--pool: tenant acme is offered no pool named a100; its pools: bare \(pool_\w+\), h100 \(pool_/,
     );
     expect(watched.code).toBe(0);
     expect(watched.stdout.trim()).toBe(`${id.stdout.trim()} is placed`);
