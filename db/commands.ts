@@ -130,3 +130,19 @@ export async function expireOverdueCommands(db: Db): Promise<number> {
     .executeTakeFirst();
   return Number(result.numUpdatedRows);
 }
+
+/**
+ * Fails commands a node took and never answered within their kind's timeout (measured from
+ * delivery). A result that arrives later changes nothing. Answers how many failed.
+ */
+export async function failTimedOutCommands(db: Db): Promise<number> {
+  const kinds = Object.entries(commandKinds).map(([kind, k]) => ({ kind, seconds: k.timeoutMs / 1000 }));
+  const result = await sql<{ id: string }>`
+    UPDATE node_commands c SET state = 'failed', error = 'timed out: no result within the kind''s timeout',
+      completed_at = compute_now()
+    FROM unnest(${kinds.map((k) => k.kind)}::text[], ${kinds.map((k) => k.seconds)}::float8[]) AS t(kind, seconds)
+    WHERE c.kind = t.kind AND c.state IN ('delivered', 'running')
+      AND c.delivered_at < compute_now() - make_interval(secs => t.seconds)
+    RETURNING c.id`.execute(db);
+  return result.rows.length;
+}

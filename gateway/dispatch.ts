@@ -1,5 +1,5 @@
 import { sql } from 'kysely';
-import { expireOverdueCommands } from '../db/commands.ts';
+import { expireOverdueCommands, failTimedOutCommands } from '../db/commands.ts';
 import type { CommandLane } from '../db/schema.ts';
 import type { GatewayContext } from './context.ts';
 import type { NodeSession, QueuedCommandRow } from './session.ts';
@@ -159,6 +159,7 @@ export class Dispatcher {
         RETURNING id`,
     );
     await expireOverdueCommands(this.ctx.db);
+    await failTimedOutCommands(this.ctx.db);
   }
 
   private async markUnreachable(update: ReturnType<typeof sql<{ id: string }>>): Promise<void> {
