@@ -227,15 +227,33 @@ describe('reserve and the lifecycle commands', () => {
 
   test('a pool by name, --query on reserve, and watch --until a state already reached', async () => {
     const id = await runCli(
-      ['reserve', '--pool', 'h100', '--gpus', '1', '--for', '1h', '--key', 'by-name', '--query', 'id'],
+      [
+        'reserve',
+        '--pool',
+        'h100',
+        '--gpus',
+        '1',
+        '--for',
+        '1h',
+        '--lease',
+        '600',
+        '--key',
+        'by-name',
+        '--query',
+        'id',
+      ],
       env,
     );
     expect(id.code).toBe(0);
     expect(id.stdout.trim()).toMatch(/^rsv_[a-z2-7]+$/);
-    const [unknown, watched] = await Promise.all([
+    const [unknown, watched, renewed] = await Promise.all([
       runCli(['reserve', '--pool', 'a100', '--gpus', '1', '--for', '1h'], env),
       runCli(['reservations', 'watch', id.stdout.trim(), '--until', 'placed', '--timeout', '20s'], env),
+      runCli(['renew', id.stdout.trim(), '--json'], env),
     ]);
+    // A reservation made with a lease renews: the deadline moves to now + 600 s.
+    expect(json(renewed).lease).toMatchObject({ seconds: 600, expiresAt: expect.any(Number) });
+    expect(json(renewed).lease.expiresAt).toBeGreaterThan(Date.now() + 590_000);
     expect(unknown.code).toBe(2);
     expect(unknown.stderr).toMatch(
       /--pool: tenant acme is offered no pool named a100; its pools: bare \(pool_\w+\), h100 \(pool_/,
