@@ -96,7 +96,11 @@ export class NvidiaSmiHardware implements Hardware {
     const query = await run('nvidia-smi', [
       `--query-gpu=${gpuQueryFields.join(',')}`,
       '--format=csv,noheader,nounits',
-    ]);
+    ]).catch((error: NodeJS.ErrnoException) => {
+      // A host without the NVIDIA driver is a CPU-only node: no GPUs, not an error.
+      if (error.code === 'ENOENT') return { stdout: '' };
+      throw error;
+    });
     const topo = await run('nvidia-smi', ['topo', '-m']).catch(() => ({ stdout: '' }));
     const topology = parseTopology(topo.stdout);
     this.cached = {

@@ -42,9 +42,18 @@ function toPem(der: ArrayBuffer, label: string): string {
   return `-----BEGIN ${label}-----\n${lines.join('\n')}\n-----END ${label}-----\n`;
 }
 
-async function importPrivateKey(pem: string): Promise<CryptoKey> {
-  const der = createPrivateKey(pem).export({ format: 'der', type: 'pkcs8' });
-  return crypto.subtle.importKey('pkcs8', der, ecdsa, true, ['sign']);
+/** Imported signing keys by PEM (the CA's key is imported once per process, not per join). */
+const importedKeys = new Map<string, Promise<CryptoKey>>();
+
+function importPrivateKey(pem: string): Promise<CryptoKey> {
+  let key = importedKeys.get(pem);
+  if (!key) {
+    const der = createPrivateKey(pem).export({ format: 'der', type: 'pkcs8' });
+    key = crypto.subtle.importKey('pkcs8', der, ecdsa, true, ['sign']);
+    if (importedKeys.size > 1_000) importedKeys.clear();
+    importedKeys.set(pem, key);
+  }
+  return key;
 }
 
 async function importPublicKey(pem: string): Promise<CryptoKey> {

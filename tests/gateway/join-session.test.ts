@@ -60,7 +60,7 @@ describe('joining and sessions', () => {
         24 * 3600_000 + 60_000,
       );
       expect(readFileSync(`${fleet.nodes[0]!.dir}/journal.json`, 'utf8')).toContain('jrn_');
-      expect(fx.gateway.sessionCount()).toBe(2);
+      await eventually(async () => fx.gateway.sessionCount() === 2);
     } finally {
       await fleet.stop();
     }
