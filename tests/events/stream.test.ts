@@ -68,6 +68,23 @@ describe('events.list', () => {
   });
 });
 
+describe('events.list for the platform', () => {
+  test('a platform administrator reads every tenant’s events and the fleet’s own; a member only their tenant’s', async () => {
+    const subject = `node/${newId('node')}`;
+    await emit('node.cordoned', subject, null);
+    await emit('reservation.placed', `reservation/${newId('rsv')}`, 'globex');
+    const root = createComputeClient({ baseURL: api.url, token: api.root.token });
+    const all = await root.events.list({ limit: 500 });
+    expect(all.items.some((e) => e.subject === subject && e.tenantId === null)).toBe(true);
+    expect(all.items.some((e) => e.tenantId === 'globex')).toBe(true);
+    const onlyGlobex = await root.events.list({ tenantId: 'globex', limit: 500 });
+    expect(onlyGlobex.items.every((e) => e.tenantId === 'globex')).toBe(true);
+    const member = createComputeClient({ baseURL: api.url, token: api.acme.token });
+    const mine = await member.events.list({ limit: 500 });
+    expect(mine.items.every((e) => e.tenantId === 'acme')).toBe(true);
+  });
+});
+
 describe('the event stream', () => {
   test('resumes from Last-Event-ID after a reconnect without losing or repeating an event', async () => {
     const subject = `reservation/${newId('rsv')}`;
