@@ -49,6 +49,34 @@ describe('lanes and bcd status', () => {
     expect(second!.result).toMatchObject({ level: 'quick', gpus: expect.any(Array) });
   });
 
+  it('a simulated reboot answers, drops the session and comes back with a new epoch', async () => {
+    const db = fx.database.db;
+    const node = fleet.nodes[0]!;
+    const before = await db
+      .selectFrom('nodes')
+      .select('epoch')
+      .where('id', '=', node.nodeId)
+      .executeTakeFirstOrThrow();
+    const reboot = await db
+      .transaction()
+      .execute((trx) =>
+        enqueueNodeCommand(trx, {
+          nodeId: node.nodeId,
+          kind: 'node.reboot',
+          payload: { reason: 'kernel update' },
+        }),
+      );
+    await eventually(async () => (await findNodeCommand(db, reboot.id))?.state === 'succeeded');
+    await eventually(async () => {
+      const n = await db
+        .selectFrom('nodes')
+        .select(['epoch', 'connectivity'])
+        .where('id', '=', node.nodeId)
+        .executeTakeFirst();
+      return n?.connectivity === 'connected' && Number(n.epoch) > Number(before.epoch);
+    });
+  });
+
   it('bcd status shows the node, its session, its certificate expiry and what it holds', async () => {
     const node = fleet.nodes[0]!;
     const roots = { dir: node.dir, cdiDir: `${node.dir}/cdi`, envDir: `${node.dir}/allocations` };
@@ -57,7 +85,7 @@ describe('lanes and bcd status', () => {
       joined: true,
       nodeId: node.nodeId,
       holds: [],
-      session: { connected: true, epoch: 1 },
+      session: { connected: true },
     });
     expect(status.certificateExpiresInSeconds).toBeGreaterThan(23 * 3600);
     const printed = execFileSync(
