@@ -44,16 +44,26 @@ const preview = defineMethod({
       },
       { requestId: ctx.requestId },
     );
-    const { request, booked, share } = await resolveRequestForPool(db, input.tenantId, pool, normalized);
+    const { request, booked, share } = await resolveRequestForPool(
+      db,
+      input.tenantId,
+      pool,
+      normalized,
+      ctx.deps.caches,
+    );
     const { rows } = await sql<{ now: Date }>`SELECT compute_now() AS now`.execute(db);
     const start = Math.max(rows[0]!.now.getTime(), request.start ?? 0);
     const window = { start, end: start + request.durationMs };
-    const outcome = await previewPlacement(db, {
-      poolId: pool.id,
-      request: placementRequestOf(request),
-      window,
-      durationMs: request.durationMs,
-    });
+    const outcome = await previewPlacement(
+      db,
+      {
+        poolId: pool.id,
+        request: placementRequestOf(request),
+        window,
+        durationMs: request.durationMs,
+      },
+      ctx.deps.caches,
+    );
     const needs = quotaNeeds(request, booked, share);
     const quotaRows = await db
       .selectFrom('quotas')

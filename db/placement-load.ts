@@ -1,6 +1,7 @@
 import { sql } from 'kysely';
 import type { Interval, PlacerNode } from '../domain/placer.ts';
 import type { DeviceClass, HostResourceAmounts } from '../domain/reservation-request.ts';
+import type { AdmissionCaches } from './admission-caches.ts';
 import type { Db } from './pool.ts';
 
 /**
@@ -16,28 +17,34 @@ const schedulable = sql`n.provision_state = 'ready' AND NOT n.cordoned AND NOT n
   AND n.connectivity = 'connected' AND COALESCE(n.observed_generation, 0) >= 1
   AND NOT EXISTS (SELECT 1 FROM node_conditions c WHERE c.node_id = n.id AND c.effect = 'NoSchedule')`;
 
-/** Schedulable node ids per pool, cached a few seconds: the pool of candidates samples are drawn from. */
-const schedulableCache = new Map<string, { at: number; ids: string[] }>();
-
 /**
- * The ids of a pool's schedulable nodes, cached for `ttlMs` (a heuristic input only: every
- * candidate is re-read, and the booking is decided under locks and the constraint).
+ * The ids of a pool's schedulable nodes, through `caches.schedulable` when given (a heuristic
+ * input only: every candidate is re-read, and the booking is decided under locks and the
+ * constraint); read fresh without caches.
  */
-export async function schedulableNodeIds(db: Db, poolId: string, ttlMs = 5_000): Promise<string[]> {
-  const hit = schedulableCache.get(poolId);
-  if (hit && Date.now() - hit.at < ttlMs) return hit.ids;
+export async function schedulableNodeIds(
+  db: Db,
+  poolId: string,
+  caches?: AdmissionCaches,
+): Promise<string[]> {
+  const hit = caches?.schedulable.get(poolId);
+  if (hit) return hit;
   const { rows } = await sql<{
     id: string;
   }>`SELECT n.id FROM nodes n WHERE n.pool_id = ${poolId} AND ${schedulable}`.execute(db);
-  if (schedulableCache.size > 10_000) schedulableCache.clear();
   const ids = rows.map((r) => r.id);
-  schedulableCache.set(poolId, { at: Date.now(), ids });
+  caches?.schedulable.set(poolId, ids);
   return ids;
 }
 
 /** A random sample of a pool's schedulable node ids (from the cached list). */
-export async function sampleNodeIds(db: Db, poolId: string, size = 8): Promise<string[]> {
-  const all = await schedulableNodeIds(db, poolId);
+export async function sampleNodeIds(
+  db: Db,
+  poolId: string,
+  caches?: AdmissionCaches,
+  size = 8,
+): Promise<string[]> {
+  const all = await schedulableNodeIds(db, poolId, caches);
   if (all.length <= size) return all;
   const ids = new Set<string>();
   while (ids.size < size) ids.add(all[Math.floor(Math.random() * all.length)]!);
@@ -148,24 +155,19 @@ export async function loadPlacerNodes(
   });
 }
 
-const shareCache = new Map<string, { at: number; share: HostResourceAmounts }>();
-
 /**
  * The pool's per-GPU share of host CPU and memory: `policy.perGpu` where set, otherwise the
  * smallest share any GPU host of the pool can give (allocatable ÷ physical GPUs), so it fits on
- * every host. Cached for 30 s per pool.
+ * every host. The measured share goes through `caches.share` (30 s per pool) when given.
  */
 export async function poolPerGpuShare(
   db: Db,
   pool: { id: string; policy: Record<string, unknown> },
+  caches?: AdmissionCaches,
 ): Promise<HostResourceAmounts> {
   const perGpu = (pool.policy.perGpu ?? {}) as Partial<HostResourceAmounts>;
-  const cache = shareCache;
-  if (cache.size > 10_000) cache.clear();
-  const hit = cache.get(pool.id);
-  let measured: HostResourceAmounts;
-  if (hit && Date.now() - hit.at < 30_000) measured = hit.share;
-  else {
+  let measured = caches?.share.get(pool.id);
+  if (!measured) {
     const { rows } = await sql<{ resource: string; share: string | null }>`
       SELECT h.resource, min(h.allocatable / g.n) AS share
       FROM nodes n
@@ -176,7 +178,7 @@ export async function poolPerGpuShare(
       GROUP BY h.resource`.execute(db);
     measured = { vcpu: 0, memoryGiB: 0, hugepages1Gi: 0 };
     for (const r of rows) measured[r.resource as 'vcpu' | 'memoryGiB'] = Number(r.share ?? 0);
-    cache.set(pool.id, { at: Date.now(), share: measured });
+    caches?.share.set(pool.id, measured);
   }
   return {
     vcpu: perGpu.vcpu ?? measured.vcpu,

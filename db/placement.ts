@@ -11,6 +11,7 @@ import {
   summarizeNoFit,
 } from '../domain/placer.ts';
 import type { NormalizedRequest } from '../domain/reservation-request.ts';
+import { type AdmissionCaches, createAdmissionCaches } from './admission-caches.ts';
 import {
   BookingConflict,
   findBookedDevices,
@@ -167,11 +168,14 @@ export async function findAndBook(
     window: Interval;
     durationMs: number;
     reservationId: string;
+    /** Admission's caches; without them the schedulable list is read once for this call. */
+    caches?: AdmissionCaches;
   },
 ): Promise<
   { placed: true; fit: NodeFit } | { placed: false; message: string; earliestStart: number | null }
 > {
-  const large = (await schedulableNodeIds(trx, input.poolId)).length > wholePoolLimit;
+  const caches = input.caches ?? createAdmissionCaches();
+  const large = (await schedulableNodeIds(trx, input.poolId, caches)).length > wholePoolLimit;
   // The whole pool is read over the counter-offer's horizon, so a NoFit needs no second read.
   const horizon = {
     start: input.window.start,
@@ -184,7 +188,7 @@ export async function findAndBook(
       poolId: input.poolId,
       deviceClass: input.request.deviceClass,
       horizon: whole ? horizon : input.window,
-      ...(whole ? {} : { sample: await sampleNodeIds(trx, input.poolId), recentAllocations: 12 }),
+      ...(whole ? {} : { sample: await sampleNodeIds(trx, input.poolId, caches), recentAllocations: 12 }),
     });
     const plan = planPlacement(nodes, input.request, input.window, input.reservationId);
     if (plan.fits.length === 0) {
@@ -232,13 +236,14 @@ export async function withPlacementTransaction<T>(
 export async function previewPlacement(
   db: Db,
   input: { poolId: string; request: PlacementRequest; window: Interval; durationMs: number },
+  caches: AdmissionCaches = createAdmissionCaches(),
 ): Promise<PlanOutcome> {
-  if ((await schedulableNodeIds(db, input.poolId)).length > wholePoolLimit) {
+  if ((await schedulableNodeIds(db, input.poolId, caches)).length > wholePoolLimit) {
     const nodes = await loadPlacerNodes(db, {
       poolId: input.poolId,
       deviceClass: input.request.deviceClass,
       horizon: input.window,
-      sample: await sampleNodeIds(db, input.poolId),
+      sample: await sampleNodeIds(db, input.poolId, caches),
       recentAllocations: 12,
     });
     const plan = planPlacement(nodes, input.request, input.window);

@@ -3,6 +3,7 @@ import { ComputeError } from '../domain/errors.ts';
 import { newId } from '../domain/ids.ts';
 import { isTerminal } from '../domain/reservation-lifecycle.ts';
 import type { NormalizedRequest } from '../domain/reservation-request.ts';
+import type { AdmissionCaches } from './admission-caches.ts';
 import { endCurrentAllocations, refundReservationQuota } from './lifecycle-release.ts';
 import { insertOutboxEvent } from './outbox.ts';
 import { findAndBook, placementRequestOf } from './placement.ts';
@@ -96,7 +97,7 @@ export type PlaceOutcome =
 export async function placeReservation(
   trx: Trx,
   reservationId: string,
-  options: { announcePending?: boolean } = {},
+  options: { announcePending?: boolean; caches?: AdmissionCaches } = {},
 ): Promise<PlaceOutcome> {
   const row = await lockReservationForPlacement(trx, reservationId);
   if (row?.state !== 'pending') return { outcome: 'unchanged', state: row?.state ?? null };
@@ -116,6 +117,8 @@ export async function placeLockedReservation(
     extra?: Record<string, unknown>;
     /** An audit row written with the outcome (its context gains `outcome`), in the same statement. */
     audit?: AuditRow;
+    /** Admission's caches (the placer's heuristic inputs). */
+    caches?: AdmissionCaches;
   } = {},
 ): Promise<PlaceOutcome> {
   const reservationId = row.id;
@@ -130,6 +133,7 @@ export async function placeLockedReservation(
     window,
     durationMs,
     reservationId,
+    ...(options.caches ? { caches: options.caches } : {}),
   });
   if (result.placed) {
     const update = trx

@@ -1,13 +1,15 @@
 import { createApiApp, createServerApi } from '../api/app.ts';
 import { createAuthenticator } from '../api/authenticate.ts';
 import { methods } from '../api/registry.ts';
+import { createAdmissionCaches } from '../db/admission-caches.ts';
 import type { Deps } from './deps.ts';
 
 /**
  * The embeddable control plane: `compute.api.{group}.{method}(credential, input)` in process, and
  * `compute.app`, the Hono app serving the same methods over HTTP.
  */
-export function createCompute(deps: Deps) {
+export function createCompute(given: Deps) {
+  const deps: Deps = { ...given, caches: given.caches ?? createAdmissionCaches() };
   const authenticate = createAuthenticator(deps.iam);
   return {
     api: createServerApi(deps, methods, authenticate),

@@ -1,4 +1,5 @@
 import type { Client } from '@temporalio/client';
+import type { AdmissionCaches } from '../db/admission-caches.ts';
 import type { Db } from '../db/pool.ts';
 import type { IamPort } from '../iam/port.ts';
 import type { Config } from './config.ts';
@@ -45,4 +46,6 @@ export interface Deps {
   iam: IamPort;
   temporal?: Client;
   lifecycle?: ReservationLifecycle;
+  /** Admission's short-lived caches, one set per process (createCompute makes one when absent). */
+  caches?: AdmissionCaches;
 }

@@ -126,7 +126,7 @@ export async function admitReservation(
     request: normalized,
     hash,
   };
-  const draft = await writeDraft(ctx.deps.db, draftInput);
+  const draft = await writeDraft(ctx.deps.db, draftInput, ctx.deps.caches);
   let row = draft.row;
   if (draft.kind === 'existing') {
     if (row.state === 'denied') {
@@ -195,6 +195,7 @@ export async function admitReservation(
     precheckQuotaFree(needs, locked.quota);
     const placed = await placeLockedReservation(trx, locked, locked.now.getTime(), {
       announcePending: true,
+      ...(ctx.deps.caches ? { caches: ctx.deps.caches } : {}),
       extra: { admission_context: JSON.stringify(context), confirmation_id: null },
       audit: {
         tenantId: locked.tenant_id,

@@ -1,4 +1,5 @@
 import { sql, type Transaction } from 'kysely';
+import type { AdmissionCaches, PoolForTenant } from '../../db/admission-caches.ts';
 import { poolPerGpuShare } from '../../db/placement-load.ts';
 import type { Db } from '../../db/pool.ts';
 import type { Database, Reservation } from '../../db/schema.ts';
@@ -13,31 +14,24 @@ import type { Principal } from '../../iam/port.ts';
 
 type Trx = Transaction<Database>;
 
-export interface PoolForTenant {
-  id: string;
-  owner_tenant_id: string;
-  gpu_model: string;
-  sharing_mode: string;
-  policy: Record<string, unknown>;
-  region: string;
-  on_budget_exceeded: string | null;
-}
-
-/** Pools a tenant may book, by tenant and pool, for a few seconds (positive answers only). */
-const poolCache = new Map<string, { at: number; pool: PoolForTenant }>();
+export type { PoolForTenant };
 
 /**
- * poolForTenant through a 5-second cache of positive answers: what admission reads to validate
- * and describe a new draft. The draft's insert re-checks the offer in the same statement, so a
- * stale entry can never admit a draft on a pool that is no longer offered.
+ * poolForTenant through `caches.pools` (5 s, positive answers only) when given: what admission
+ * reads to validate and describe a new draft. The draft's insert re-checks the offer in the same
+ * statement, so a stale entry can never admit a draft on a pool that is no longer offered.
  */
-export async function cachedPoolForTenant(db: Db, tenantId: string, poolId: string): Promise<PoolForTenant> {
+export async function cachedPoolForTenant(
+  db: Db,
+  tenantId: string,
+  poolId: string,
+  caches?: AdmissionCaches,
+): Promise<PoolForTenant> {
   const key = `${tenantId}\u0000${poolId}`;
-  const hit = poolCache.get(key);
-  if (hit && Date.now() - hit.at < 5_000) return hit.pool;
+  const hit = caches?.pools.get(key);
+  if (hit) return hit;
   const pool = await poolForTenant(db, tenantId, poolId);
-  if (poolCache.size > 10_000) poolCache.clear();
-  poolCache.set(key, { at: Date.now(), pool });
+  caches?.pools.set(key, pool);
   return pool;
 }
 
@@ -69,6 +63,7 @@ export async function resolveRequestForPool(
   tenantId: string,
   pool: PoolForTenant,
   request: NormalizedRequest,
+  caches?: AdmissionCaches,
 ): Promise<{ request: NormalizedRequest; booked: HostResourceAmounts; share: HostResourceAmounts }> {
   const device = request.devices[0]!;
   const expected = classForSharing[pool.sharing_mode] ?? 'gpu';
@@ -104,7 +99,7 @@ export async function resolveRequestForPool(
       "binding: 'node' leases need the metal module, which this server does not run",
     );
   }
-  const perGpu = await poolPerGpuShare(db, { id: pool.id, policy: pool.policy });
+  const perGpu = await poolPerGpuShare(db, { id: pool.id, policy: pool.policy }, caches);
   const replicas = Number((pool.policy.sharing as { replicas?: number } | undefined)?.replicas ?? 0);
   const equivalent =
     device.class === 'gpu'
@@ -145,6 +140,7 @@ export async function writeDraft(
     request: NormalizedRequest;
     hash: string;
   },
+  caches?: AdmissionCaches,
 ): Promise<DraftResult> {
   const id = reservationDraftId(input.tenantId, input.principal.identityId, input.idempotencyKey);
   const repeated = async (): Promise<DraftResult | null> => {
@@ -161,14 +157,20 @@ export async function writeDraft(
   };
   let pool: PoolForTenant;
   try {
-    pool = await cachedPoolForTenant(db, input.tenantId, input.request.poolId);
+    pool = await cachedPoolForTenant(db, input.tenantId, input.request.poolId, caches);
   } catch (error) {
     // A repeated key still answers its stored reservation after its pool went away.
     const found = await repeated();
     if (found) return found;
     throw error;
   }
-  const { request, booked, share } = await resolveRequestForPool(db, input.tenantId, pool, input.request);
+  const { request, booked, share } = await resolveRequestForPool(
+    db,
+    input.tenantId,
+    pool,
+    input.request,
+    caches,
+  );
   const attributes = authzAttributes({
     request,
     gpuModel: pool.gpu_model,
@@ -213,7 +215,7 @@ export async function writeDraft(
   const found = await repeated();
   if (found) return found;
   if (!result.offered) {
-    poolCache.clear();
+    caches?.pools.clear();
     throw new ComputeError('NOT_FOUND', `poolId: pool ${pool.id} is not offered to tenant ${input.tenantId}`);
   }
   throw new ComputeError('INTERNAL', `reservation ${id} could be neither inserted nor found`);

@@ -1,0 +1,65 @@
+import type { HostResourceAmounts } from '../domain/reservation-request.ts';
+
+/** A pool a tenant may book, as admission reads it (owned by or offered to the tenant). */
+export interface PoolForTenant {
+  id: string;
+  owner_tenant_id: string;
+  gpu_model: string;
+  sharing_mode: string;
+  policy: Record<string, unknown>;
+  region: string;
+  on_budget_exceeded: string | null;
+}
+
+/**
+ * A small map of entries that expire `ttlMs` after they were stored; cleared whole when it grows
+ * past `maxEntries` (keys are pools and tenants, so that only happens on unusual fleets).
+ */
+export class TtlCache<V> {
+  readonly #entries = new Map<string, { at: number; value: V }>();
+  readonly ttlMs: number;
+  readonly maxEntries: number;
+
+  constructor(ttlMs: number, maxEntries = 10_000) {
+    this.ttlMs = ttlMs;
+    this.maxEntries = maxEntries;
+  }
+
+  /** The value stored less than `ttlMs` (this cache's by default) ago, else undefined. */
+  get(key: string, ttlMs = this.ttlMs): V | undefined {
+    const hit = this.#entries.get(key);
+    return hit && Date.now() - hit.at < ttlMs ? hit.value : undefined;
+  }
+
+  set(key: string, value: V): void {
+    if (this.#entries.size > this.maxEntries) this.#entries.clear();
+    this.#entries.set(key, { at: Date.now(), value });
+  }
+
+  clear(): void {
+    this.#entries.clear();
+  }
+}
+
+/**
+ * Admission's short-lived caches of heuristic inputs, created once per process and passed in the
+ * `Deps` bag (no module state). None of them decides a booking: every candidate node is re-read,
+ * the booking is decided under locks and the EXCLUDE constraint, and the draft's insert re-checks
+ * the pool's offer in the same statement.
+ */
+export interface AdmissionCaches {
+  /** Schedulable node ids per pool (5 s): the population placement samples are drawn from. */
+  schedulable: TtlCache<string[]>;
+  /** The measured per-GPU host share per pool (30 s). */
+  share: TtlCache<HostResourceAmounts>;
+  /** Positive poolForTenant answers per tenant and pool (5 s). */
+  pools: TtlCache<PoolForTenant>;
+}
+
+export function createAdmissionCaches(): AdmissionCaches {
+  return {
+    schedulable: new TtlCache<string[]>(5_000),
+    share: new TtlCache<HostResourceAmounts>(30_000),
+    pools: new TtlCache<PoolForTenant>(5_000),
+  };
+}
