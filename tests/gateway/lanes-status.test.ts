@@ -57,15 +57,8 @@ describe('lanes and bcd status', () => {
       .select('epoch')
       .where('id', '=', node.nodeId)
       .executeTakeFirstOrThrow();
-    const reboot = await db
-      .transaction()
-      .execute((trx) =>
-        enqueueNodeCommand(trx, {
-          nodeId: node.nodeId,
-          kind: 'node.reboot',
-          payload: { reason: 'kernel update' },
-        }),
-      );
+    const input = { nodeId: node.nodeId, kind: 'node.reboot', payload: { reason: 'kernel update' } };
+    const reboot = await db.transaction().execute((trx) => enqueueNodeCommand(trx, input));
     await eventually(async () => (await findNodeCommand(db, reboot.id))?.state === 'succeeded');
     await eventually(async () => {
       const n = await db
