@@ -5,6 +5,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { Connection, Client as TemporalClient } from '@temporalio/client';
 import { afterAll, describe, expect, it } from 'vitest';
+import { createComputeClient } from '../../client/index.ts';
 import { freePort } from '../../db/local-postgres.ts';
 import { createTestDatabase, type TestDatabase } from '../support/database.ts';
 
@@ -28,6 +29,7 @@ async function startDev(): Promise<{
   apiUrl: string;
   temporalUiUrl: string | null;
   temporalAddress: string;
+  tenants: { acme: { token: string } };
 }> {
   database = await createTestDatabase({ max: 1 });
   const env = {
@@ -119,6 +121,23 @@ describe("the README's first ten minutes", () => {
     } finally {
       await connection.close();
     }
+    // Its history, as events.list shows it: every step in order, each type in README's catalog.
+    const client = createComputeClient({ baseURL: info.apiUrl, token: info.tenants.acme.token });
+    const history = await client.events.list({ subject: `reservation/${id}` });
+    const types = history.items.map((e) => e.type);
+    const inOrder = [
+      'reservation.placed',
+      'reservation.binding',
+      'reservation.active',
+      'reservation.extended',
+      'reservation.released',
+    ];
+    expect(types.filter((t) => inOrder.includes(t))).toEqual(inOrder);
+    const catalog =
+      readFileSync(path.join(root, 'README.md'), 'utf8').split('**The event catalog.**')[1] ?? '';
+    for (const type of types)
+      expect(catalog, `${type} is missing from README's event catalog`).toContain(`\`${type}\``);
+
     if (info.temporalUiUrl) {
       expect((await fetch(`${info.temporalUiUrl}/namespaces/default/workflows/${id}`)).status).toBe(200);
     }
