@@ -1,13 +1,12 @@
 import { sql } from 'kysely';
 import {
-  allocationDevices,
   lockReservationAtVersion,
   markLifecycleStarted,
   readReservationSnapshot,
   updateReservation,
 } from '../db/lifecycle.ts';
 import { recordReservationEvent } from '../db/lifecycle-events.ts';
-import { changeNodeDeviceAssignments, type DeviceAssignment } from '../db/lifecycle-nodespec.ts';
+import { assignReservationDevices } from '../db/lifecycle-nodespec.ts';
 import { endCurrentAllocations, refundReservationQuota } from '../db/lifecycle-release.ts';
 import type { Db } from '../db/pool.ts';
 import { ComputeError } from '../domain/errors.ts';
@@ -74,17 +73,6 @@ export function createReservationActivities({ db, log }: ReservationActivityDeps
         db.transaction().execute(async (trx) => {
           const row = await lockReservationAtVersion(trx, input.reservationId, input.expectedVersion);
           if (row?.state !== 'placed') return { applied: false, state: row?.state ?? null };
-          const allocations = await trx
-            .selectFrom('allocations')
-            .where('reservation_id', '=', row.id)
-            .where('superseded_at', 'is', null)
-            .select(['id', 'node_id', 'state', sql<Date>`upper(during)`.as('until')])
-            .orderBy('id')
-            .execute();
-          const devices = await allocationDevices(
-            trx,
-            allocations.map((a) => a.id),
-          );
           await trx
             .updateTable('allocations')
             .set({ state: 'binding', updated_at: sql<Date>`compute_now()` })
@@ -92,32 +80,42 @@ export function createReservationActivities({ db, log }: ReservationActivityDeps
             .where('superseded_at', 'is', null)
             .where('state', '=', 'planned')
             .execute();
-          const byNode = new Map<string, DeviceAssignment[]>();
-          for (const a of allocations) {
-            const mine = devices.filter((d) => d.allocation_id === a.id);
-            const assignment: DeviceAssignment = {
-              allocationId: a.id,
-              deviceIds: mine.map((d) => d.device_id),
-              stableIds: mine.map((d) => d.stable_id),
-              until: new Date(a.until).getTime(),
-              binding: row.binding_kind === 'kubernetes' ? 'kubernetes' : 'hold',
-            };
-            byNode.set(a.node_id, [...(byNode.get(a.node_id) ?? []), assignment]);
-          }
-          for (const nodeId of [...byNode.keys()].sort()) {
-            await changeNodeDeviceAssignments(trx, nodeId, { upsert: byNode.get(nodeId)! });
-          }
+          const nodeIds = await assignReservationDevices(
+            trx,
+            row.id,
+            row.binding_kind === 'kubernetes' ? 'kubernetes' : 'hold',
+          );
           await updateReservation(trx, row.id, {
             state: 'binding',
             bindDeadline: new Date(input.bindDeadline),
           });
           await recordReservationEvent(trx, row, 'reservation.binding', 'binding', {
-            nodeIds: [...byNode.keys()].sort(),
+            nodeIds,
             bindDeadline: input.bindDeadline,
             attempt: row.bind_attempts + 1,
           });
-          log.info({ reservationId: row.id, nodes: byNode.size }, 'binding');
+          log.info({ reservationId: row.id, nodes: nodeIds.length }, 'binding');
           return { applied: true, state: 'binding' };
+        }),
+      );
+    },
+
+    /**
+     * Brings the nodes' `devices` assignments in line with the allocations' ends (after an extend
+     * moved them). Idempotent: a node whose spec already says so keeps its generation.
+     */
+    async syncAssignments(input: { reservationId: string; expectedVersion: number }): Promise<StepResult> {
+      return asActivity(() =>
+        db.transaction().execute(async (trx) => {
+          const row = await lockReservationAtVersion(trx, input.reservationId, input.expectedVersion);
+          if (row?.state !== 'binding' && row?.state !== 'active')
+            return { applied: false, state: row?.state ?? null };
+          await assignReservationDevices(
+            trx,
+            row.id,
+            row.binding_kind === 'kubernetes' ? 'kubernetes' : 'hold',
+          );
+          return { applied: true, state: row.state };
         }),
       );
     },

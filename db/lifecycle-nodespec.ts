@@ -1,4 +1,4 @@
-import type { Transaction } from 'kysely';
+import { sql, type Transaction } from 'kysely';
 import type { DeviceAssignment } from '../domain/node-spec.ts';
 import { setNodeDevicesAssignment } from './nodes.ts';
 import type { Database } from './schema.ts';
@@ -31,4 +31,50 @@ export async function changeNodeDeviceAssignments(
     ...before.filter((a) => !replaced.has(a.allocationId)),
     ...(change.upsert ?? []),
   ]);
+}
+
+/**
+ * Writes the `devices` assignment of every allocation of a reservation's current placement that
+ * the node should hold (planned, binding or bound), with `until` at the allocation's end, into each
+ * node's NodeSpec. Idempotent; used at the start of binding and whenever an extend moved the end.
+ * Answers the nodes it touched.
+ */
+export async function assignReservationDevices(
+  trx: Trx,
+  reservationId: string,
+  binding: 'hold' | 'kubernetes',
+): Promise<string[]> {
+  const rows = await trx
+    .selectFrom('allocations as a')
+    .leftJoin('device_bookings as b', 'b.allocation_id', 'a.id')
+    .leftJoin('devices as d', 'd.id', 'b.device_id')
+    .where('a.reservation_id', '=', reservationId)
+    .where('a.superseded_at', 'is', null)
+    .where('a.state', 'in', ['planned', 'binding', 'bound'])
+    .select(['a.id', 'a.node_id', 'd.id as device_id', 'd.stable_id', sql<Date>`upper(a.during)`.as('until')])
+    .orderBy('a.id')
+    .orderBy('d.stable_id')
+    .execute();
+  const byNode = new Map<string, Map<string, DeviceAssignment>>();
+  for (const row of rows) {
+    const node = byNode.get(row.node_id) ?? new Map<string, DeviceAssignment>();
+    byNode.set(row.node_id, node);
+    const assignment = node.get(row.id) ?? {
+      allocationId: row.id,
+      deviceIds: [],
+      stableIds: [],
+      until: new Date(row.until).getTime(),
+      binding,
+    };
+    node.set(row.id, assignment);
+    if (row.device_id && row.stable_id) {
+      assignment.deviceIds.push(row.device_id);
+      assignment.stableIds.push(row.stable_id);
+    }
+  }
+  const nodeIds = [...byNode.keys()].sort();
+  for (const nodeId of nodeIds) {
+    await changeNodeDeviceAssignments(trx, nodeId, { upsert: [...byNode.get(nodeId)!.values()] });
+  }
+  return nodeIds;
 }

@@ -96,6 +96,13 @@ export async function readReservationSnapshot(
       'a.bound_at',
       'a.binding_lost_at',
       'n.connectivity',
+      sql<Date>`upper(a.during)`.as('until'),
+      sql<
+        string | null
+      >`(SELECT e->>'until' FROM jsonb_array_elements(CASE WHEN jsonb_typeof(n.spec->'devices') = 'array'
+        THEN n.spec->'devices' ELSE '[]'::jsonb END) AS e WHERE e->>'allocationId' = a.id LIMIT 1)`.as(
+        'assigned_until',
+      ),
       sql<boolean>`EXISTS (SELECT 1 FROM node_conditions c WHERE c.node_id = a.node_id
         AND c.type = 'ForeignGpuExposure')`.as('foreign_gpu_exposure'),
       sql<string[] | null>`(SELECT array_agg(d.stable_id ORDER BY d.stable_id) FROM device_bookings b
@@ -139,6 +146,8 @@ export async function readReservationSnapshot(
         nodeId: a.node_id,
         state: a.state,
         boundAt: ms(a.bound_at),
+        until: ms(a.until)!,
+        assignedUntil: a.assigned_until === null ? null : Number(a.assigned_until),
         ...(a.binding_lost_at ? { bindingLost: true } : {}),
         ...(a.connectivity === 'unreachable' ? { nodeUnreachable: true } : {}),
         ...(a.foreign_gpu_exposure ? { foreignGpuExposure: true } : {}),
@@ -216,17 +225,4 @@ export async function updateReservation(
   }
   const row = await update.where('id', '=', reservationId).returning('version').executeTakeFirstOrThrow();
   return { version: row.version };
-}
-
-/** The device ids (and their stable ids) booked by each allocation, for NodeSpec assignments. */
-export async function allocationDevices(trx: Trx | Db, allocationIds: readonly string[]) {
-  if (allocationIds.length === 0) return [];
-  return trx
-    .selectFrom('device_bookings as b')
-    .innerJoin('devices as d', 'd.id', 'b.device_id')
-    .where('b.allocation_id', 'in', allocationIds)
-    .select(['b.allocation_id', 'd.id as device_id', 'd.stable_id', 'd.class', 'd.node_id'])
-    .orderBy('b.allocation_id')
-    .orderBy('d.stable_id')
-    .execute();
 }

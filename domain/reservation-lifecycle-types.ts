@@ -69,6 +69,10 @@ export interface AllocationView {
   nodeId: string;
   state: 'planned' | 'binding' | 'bound' | 'releasing' | 'released' | 'failed';
   boundAt: number | null;
+  /** The allocation's end (its booking's), epoch ms. */
+  until?: number;
+  /** The `until` of its node's NodeSpec assignment, or null when the node has none. */
+  assignedUntil?: number | null;
   /** A later report of this bound allocation failed verification: its binding is not trusted. */
   bindingLost?: boolean;
   /** The node is not connected (its session ended or its lease ran out). */
@@ -134,4 +138,5 @@ export type LifecycleAction =
   | { kind: 'rebind'; reason: 'NodeDidNotBind' | 'NodeRejectedBinding'; message: string }
   | { kind: 'end'; state: EndState; reason: string; condition?: Condition }
   | { kind: 'setConditions'; conditions: Condition[] }
+  | { kind: 'syncAssignments' }
   | { kind: 'meterUsage' };

@@ -190,4 +190,28 @@ describe('decide', () => {
       conditions: [{ reason: 'AtomUnhealthy', message: 'unhealthy: GPU-2' }],
     });
   });
+
+  it('re-assigns the devices when an extend moved the end past what the node holds', () => {
+    const active = snapshot({
+      state: 'active',
+      start: now - 10,
+      end: now + 7_200_000,
+      allocations: [
+        {
+          id: 'a',
+          nodeId: 'n',
+          state: 'bound',
+          boundAt: 1,
+          until: now + 7_200_000,
+          assignedUntil: now + 3_600_000,
+        },
+      ],
+    });
+    expect(decide(active, none, memory)).toEqual({ kind: 'syncAssignments' });
+    const synced = {
+      ...active,
+      allocations: [{ ...active.allocations[0]!, assignedUntil: now + 7_200_000 }],
+    };
+    expect(decide(synced, none, memory)).toMatchObject({ kind: 'wait' });
+  });
 });

@@ -22,6 +22,18 @@ function earliest(fallback: number, ...moments: Array<number | null | undefined>
   return Math.min(fallback, ...set);
 }
 
+/** An allocation the node should hold whose NodeSpec assignment ends elsewhere (an extend moved it). */
+function assignmentsStale(s: ReservationSnapshot): boolean {
+  return s.allocations.some(
+    (a) =>
+      a.until !== undefined &&
+      a.assignedUntil !== undefined &&
+      a.assignedUntil !== null &&
+      (a.state === 'binding' || a.state === 'bound') &&
+      a.assignedUntil !== a.until,
+  );
+}
+
 /** The start of the usage window after the one holding `at`. */
 export function nextWindowStart(at: number, windowMs: number): number {
   return (Math.floor(at / windowMs) + 1) * windowMs;
@@ -140,6 +152,7 @@ export function decide(
       ) {
         return bindFailure(s, 'NodeRejectedBinding');
       }
+      if (assignmentsStale(s)) return { kind: 'syncAssignments' };
       if (s.allocations.every((a) => a.state === 'bound')) return { kind: 'activate' };
       const deadline = s.bindDeadline ?? s.now + t.bindTimeoutMs;
       if (s.now >= deadline) return bindFailure(s, 'NodeDidNotBind');
@@ -152,6 +165,7 @@ export function decide(
     case 'active': {
       const ending = endFor(s, intents);
       if (ending) return ending;
+      if (assignmentsStale(s)) return { kind: 'syncAssignments' };
       const wanted = activeConditions(s);
       if (!sameConditions(wanted, s.conditions)) return { kind: 'setConditions', conditions: wanted };
       const meteredThrough = memory.meteredThrough ?? s.now;

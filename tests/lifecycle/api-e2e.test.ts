@@ -190,6 +190,18 @@ describe('admission and lifecycle together', () => {
     await expect
       .poll(async () => (await handle.query(snapshotQuery))?.end, { timeout: 5_000 })
       .toBe(before.end! + 300_000);
+    // The node's assignment follows the new end (a new NodeSpec generation).
+    await expect
+      .poll(
+        async () => {
+          const spec = (
+            await t.db.selectFrom('nodes').select('spec').where('id', '=', node.id).executeTakeFirstOrThrow()
+          ).spec as { devices?: Array<{ until: number }> };
+          return spec.devices?.[0]?.until;
+        },
+        { timeout: 5_000 },
+      )
+      .toBe(before.end! + 300_000);
     await call('reservations/release', { tenantId: 'acme', reservationId: id });
     expect(await handle.result()).toEqual({ state: 'released' });
   });

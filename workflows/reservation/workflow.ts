@@ -279,6 +279,9 @@ async function act(
       if (result.applied && s.allocations.length > 0) await acts.wakePoolPending({ poolId: s.poolId });
       return;
     }
+    case 'syncAssignments':
+      await acts.syncAssignments(guard);
+      return;
     case 'setConditions':
       await acts.setReservationConditions({ ...guard, conditions: action.conditions });
       return;
