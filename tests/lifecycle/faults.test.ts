@@ -2,6 +2,7 @@ import type { ChildProcess } from 'node:child_process';
 import { sql } from 'kysely';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { checkBookingInvariants } from '../../db/invariants.ts';
 import { killChild, spawnChildWorker } from './children.ts';
 import {
   eventTypes,
@@ -75,6 +76,7 @@ describe('faults', () => {
     expect(Number(node.spec_generation)).toBe(2);
     await h.lifecycle.signal(id, { type: 'release' });
     await waitForState(h, id, 'released');
+    expect(await checkBookingInvariants(h.db)).toEqual({ deviceOverlaps: 0, scalarOverbookings: 0 });
     await h.worker!.stop();
     h.worker = null;
   });
@@ -131,5 +133,6 @@ describe('faults', () => {
     expect(ledger.rows[0]!.n).toBe(1);
     expect((await waitForState(h, id, 'released')).end_reason).toBe('release');
     expect(await h.temporal.client.workflow.getHandle(id).result()).toEqual({ state: 'released' });
+    expect(await checkBookingInvariants(h.db)).toEqual({ deviceOverlaps: 0, scalarOverbookings: 0 });
   });
 });
