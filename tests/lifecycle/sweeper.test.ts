@@ -5,6 +5,7 @@ import { checkBookingInvariants } from '../../db/invariants.ts';
 import { bootstrapPlatform } from '../../iam/bootstrap.ts';
 import { createEmbeddedIam } from '../../iam/embedded/index.ts';
 import { createLogger } from '../../server/logger.ts';
+import { ensureSweeperSchedule } from '../../temporal/schedules.ts';
 import {
   insertPlacedReservation,
   insertUnplacedReservation,
@@ -114,5 +115,23 @@ describe('the orphan sweeper (a Temporal Schedule)', () => {
     expect(await checkBookingInvariants(h.db)).toEqual({ deviceOverlaps: 0, scalarOverbookings: 0 });
     await h.lifecycle.signal(row.id, { type: 'release' });
     await waitForState(h, row.id, 'released');
+  });
+
+  it('ensures its Schedule idempotently and brings an existing one to the new settings', async () => {
+    const scheduleId = `sweeper-ensure-${h.taskQueue}`;
+    try {
+      await ensureSweeperSchedule(h.temporal.client, { taskQueue: h.taskQueue, everyMs: 60_000, scheduleId });
+      await ensureSweeperSchedule(h.temporal.client, { taskQueue: h.taskQueue, everyMs: 60_000, scheduleId });
+      await ensureSweeperSchedule(h.temporal.client, {
+        taskQueue: `${h.taskQueue}-2`,
+        everyMs: 30_000,
+        scheduleId,
+      });
+      const described = await h.temporal.client.schedule.getHandle(scheduleId).describe();
+      expect(described.action).toMatchObject({ type: 'startWorkflow', taskQueue: `${h.taskQueue}-2` });
+      expect(described.spec.intervals?.[0]?.every).toBe(30_000);
+    } finally {
+      await h.temporal.client.schedule.getHandle(scheduleId).delete();
+    }
   });
 });
