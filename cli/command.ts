@@ -98,19 +98,13 @@ export function required(flags: string, description: string): Option {
 }
 
 /**
- * Makes commander's own usage errors (unknown option, missing argument, bad value) exit with the
- * usage status, and help or --version exit 0, for `command` and every command below it.
+ * Makes commander's own usage errors (unknown option or command, missing argument, bad value, a
+ * group run without its subcommand) exit with the usage status, and --help exit 0, for `command`
+ * and every command below it.
  */
 export function usageExits(command: Command): void {
   const handler = (error: CommanderError) => {
-    if (
-      error.code === 'commander.helpDisplayed' ||
-      error.code === 'commander.version' ||
-      error.code === 'commander.help'
-    ) {
-      process.exit(exitCodes.ok);
-    }
-    if (error.code === 'commander.executeSubCommandAsync') process.exit(error.exitCode);
+    // --help and --version exit 0; help shown because a command is missing is a usage error.
     process.exit(error.exitCode === 0 ? exitCodes.ok : exitCodes.usage);
   };
   const visit = (c: Command) => {
