@@ -130,10 +130,31 @@ export class Dispatcher {
     const ids = [...heard.keys()];
     const epochs = ids.map((id) => heard.get(id)!);
     heard.clear();
-    await sql`
-      UPDATE nodes n SET last_heartbeat_at = compute_now()
-      FROM unnest(${ids}::text[], ${epochs}::bigint[]) AS t(id, epoch)
-      WHERE n.id = t.id AND n.epoch = t.epoch`.execute(this.ctx.db);
+    const gatewayId = this.ctx.options.gatewayId;
+    // A node the database wrongly thinks silent (another gateway's sweep during a pause, a moved
+    // clock) while its session here is alive is connected again by its next heartbeat.
+    const revived = await this.ctx.db.transaction().execute(async (trx) => {
+      const { rows } = await sql<{ id: string }>`
+        UPDATE nodes n SET last_heartbeat_at = compute_now(), connectivity = 'connected',
+          session_gateway = ${gatewayId}
+        FROM unnest(${ids}::text[], ${epochs}::bigint[]) AS t(id, epoch)
+        WHERE n.id = t.id AND n.epoch = t.epoch
+        RETURNING n.id, (SELECT o.connectivity <> 'connected' OR o.session_gateway IS DISTINCT FROM ${gatewayId}
+                         FROM nodes o WHERE o.id = n.id) AS was_lost`.execute(trx);
+      const lost = rows.filter((r) => (r as { was_lost?: boolean }).was_lost).map((r) => r.id);
+      if (lost.length > 0) {
+        await trx
+          .deleteFrom('node_conditions')
+          .where('node_id', 'in', lost)
+          .where('type', '=', 'NodeUnreachable')
+          .execute();
+      }
+      return lost;
+    });
+    if (revived.length > 0) {
+      this.ctx.log.info({ nodeIds: revived.slice(0, 20), count: revived.length }, 'nodes connected again');
+      await wakeReservationsOnNodes(this.ctx, revived, 'node-reconnected');
+    }
   }
 
   /** A silent session: end it and mark its node unreachable (only if it still holds the epoch). */

@@ -83,6 +83,22 @@ describe('faults and refusals', () => {
     await advanceComputeClock(fx.database.db, 61_000);
     await expect(join(expiring)).rejects.toMatchObject({ code: 16 });
     await advanceComputeClock(fx.database.db, -61_000);
+    // The moved clock made every node look silent to the sweep; their live sessions' next
+    // heartbeats connect them again.
+    await eventually(async () => {
+      const ids = fleet.nodes.map((n) => n.nodeId);
+      const rows = await fx.database.db
+        .selectFrom('nodes')
+        .select('connectivity')
+        .where('id', 'in', ids)
+        .execute();
+      const conditions = await fx.database.db
+        .selectFrom('node_conditions')
+        .select('type')
+        .where('node_id', 'in', ids)
+        .execute();
+      return rows.every((r) => r.connectivity === 'connected') && conditions.length === 0;
+    });
     await expect(join('bcjt_nonsense')).rejects.toMatchObject({ code: 16 });
   });
 
@@ -110,6 +126,29 @@ describe('faults and refusals', () => {
     expect(await sessionStatus(fx.gateway.address, ca, identity.privateKeyPem, identity.certificatePem)).toBe(
       16,
     );
+    // A certificate of a role that holds no node session (a site agent's).
+    const site = await joinWithToken({
+      gateway: fx.gateway.address,
+      token: await fx.token(1),
+      caCertificatePem: ca,
+      dir: `${fx.dir}/site-agent`,
+      evidence: new SimHardware('site-agent').evidence(),
+      requestedName: 'site-agent',
+      agentVersion: 'test',
+    });
+    await fx.database.db
+      .updateTable('node_certificates')
+      .set({ role: 'site' })
+      .where('node_id', '=', site.nodeId)
+      .execute();
+    expect(await sessionStatus(fx.gateway.address, ca, site.privateKeyPem, site.certificatePem)).toBe(7);
+    // The same certificate with a workload role opens a session.
+    await fx.database.db
+      .updateTable('node_certificates')
+      .set({ role: 'node' })
+      .where('node_id', '=', site.nodeId)
+      .execute();
+    expect(await sessionStatus(fx.gateway.address, ca, site.privateKeyPem, site.certificatePem)).toBe('open');
   });
 
   it('runs commands in order, expires late ones, and a restarted bcd never runs one twice', async () => {
