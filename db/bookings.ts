@@ -1,5 +1,6 @@
 import { sql, type Transaction } from 'kysely';
 import { ComputeError } from '../domain/errors.ts';
+import { preparedMarker } from './pool.ts';
 import type { Database, HostResource } from './schema.ts';
 
 type Trx = Transaction<Database>;
@@ -50,6 +51,36 @@ export async function lockDevices(trx: Trx, deviceIds: readonly string[], option
   return rows.every((row) => row.got !== false);
 }
 
+/**
+ * lockDevices with `wait: false` and findBookedDevices in one round trip: the per-device locks are
+ * tried in the same fixed order and, only when every one was taken, the devices' bookings over
+ * `window` are looked up. 'locked' when a lock was held by another transaction, 'booked' when a
+ * device is already booked, else 'free' (with the locks held to the end of the transaction). The
+ * lookup reads the statement's snapshot, taken just before the locks: a booking committed in
+ * between is not seen here, and the EXCLUDE constraint refuses it at insert time (BookingConflict).
+ */
+export async function tryLockFreeDevices(
+  trx: Trx,
+  deviceIds: readonly string[],
+  window: TimeWindow,
+): Promise<'locked' | 'booked' | 'free'> {
+  if (deviceIds.length === 0) return 'free';
+  const { rows } = await sql<{ got: boolean; booked: boolean | null }>`${sql.raw(preparedMarker)}
+    WITH locks AS MATERIALIZED (
+      SELECT pg_try_advisory_xact_lock(${deviceLockSpace}, k) AS got
+      FROM (SELECT DISTINCT hashtext(id) AS k FROM unnest(${deviceIds}::text[]) AS id ORDER BY k) AS keys
+    )
+    SELECT bool_and(got) AS got,
+           CASE WHEN bool_and(got) THEN EXISTS (
+             SELECT 1 FROM device_bookings
+             WHERE device_id = ANY(${deviceIds}::text[])
+               AND during && tstzrange(${window.start.toISOString()}::timestamptz, ${window.end.toISOString()}::timestamptz, '[)'))
+           END AS booked
+    FROM locks`.execute(trx);
+  if (!rows[0]?.got) return 'locked';
+  return rows[0].booked ? 'booked' : 'free';
+}
+
 /** Device ids among `deviceIds` that already have a booking overlapping `window`. */
 export async function findBookedDevices(trx: Trx, deviceIds: readonly string[], window: TimeWindow) {
   if (deviceIds.length === 0) return new Set<string>();
@@ -73,7 +104,7 @@ export async function insertDeviceBookings(trx: Trx, bookings: readonly DeviceBo
   const deviceIds = bookings.map((b) => b.deviceId);
   try {
     // One round trip: the locks CTE runs first (an InitPlan of the WHERE clause), in key order.
-    await sql`
+    await sql`${sql.raw(preparedMarker)}
       WITH locks AS (
         SELECT pg_advisory_xact_lock(${deviceLockSpace}, k)
         FROM (SELECT DISTINCT hashtext(id) AS k FROM unnest(${deviceIds}::text[]) AS id ORDER BY k) AS keys
@@ -93,31 +124,36 @@ export async function insertDeviceBookings(trx: Trx, bookings: readonly DeviceBo
 }
 
 /**
- * Inserts scalar bookings in (node, resource) order; the guard trigger locks each node's resource
- * row and refuses a sum beyond allocatable with BookingConflict.
+ * Inserts scalar bookings in (node, resource) order, in one statement (rows are inserted in that
+ * order, and the row-level guard trigger of each row sees the rows inserted before it): the guard
+ * trigger locks each node's resource row and refuses a sum beyond allocatable with BookingConflict.
  */
 export async function insertScalarBookings(trx: Trx, bookings: readonly ScalarBooking[]): Promise<void> {
   const ordered = [...bookings]
     .filter((b) => b.amount > 0)
     .sort((a, b) => (a.nodeId + a.resource).localeCompare(b.nodeId + b.resource));
-  for (const booking of ordered) {
-    try {
-      await sql`
-        INSERT INTO scalar_bookings (allocation_id, node_id, resource, amount, during)
-        VALUES (${booking.allocationId}, ${booking.nodeId}, ${booking.resource}, ${booking.amount},
-                tstzrange(${booking.start}, ${booking.end}, '[)'))`.execute(trx);
-    } catch (error) {
-      if (isPgError(error, 'BC001') || isPgError(error, '23503')) {
-        throw new BookingConflict(
-          `node ${booking.nodeId} cannot give ${booking.amount} ${booking.resource}`,
-          {
-            nodeId: booking.nodeId,
-            resource: booking.resource,
-          },
-        );
-      }
-      throw error;
+  if (ordered.length === 0) return;
+  try {
+    await sql`${sql.raw(preparedMarker)}
+      INSERT INTO scalar_bookings (allocation_id, node_id, resource, amount, during)
+      SELECT a, n, r, m, tstzrange(s, e, '[)')
+      FROM unnest(${ordered.map((b) => b.allocationId)}::text[], ${ordered.map((b) => b.nodeId)}::text[],
+                  ${ordered.map((b) => b.resource)}::text[], ${ordered.map((b) => String(b.amount))}::numeric[],
+                  ${ordered.map((b) => b.start.toISOString())}::timestamptz[],
+                  ${ordered.map((b) => b.end.toISOString())}::timestamptz[]) WITH ORDINALITY AS t(a, n, r, m, s, e, i)
+      ORDER BY i`.execute(trx);
+  } catch (error) {
+    if (isPgError(error, 'BC001') || isPgError(error, '23503')) {
+      const refused =
+        ordered.find((b) =>
+          (error as { message: string }).message.includes(` ${b.resource} of node ${b.nodeId} `),
+        ) ?? ordered[0]!;
+      throw new BookingConflict(`node ${refused.nodeId} cannot give ${refused.amount} ${refused.resource}`, {
+        nodeId: refused.nodeId,
+        resource: refused.resource,
+      });
     }
+    throw error;
   }
 }
 

@@ -1,4 +1,4 @@
-import type { Transaction } from 'kysely';
+import { sql, type Transaction } from 'kysely';
 import { ComputeError } from '../domain/errors.ts';
 import { newId } from '../domain/ids.ts';
 import {
@@ -14,13 +14,12 @@ import type { NormalizedRequest } from '../domain/reservation-request.ts';
 import { type AdmissionCaches, createAdmissionCaches } from './admission-caches.ts';
 import {
   BookingConflict,
-  findBookedDevices,
   insertDeviceBookings,
   insertScalarBookings,
-  lockDevices,
+  tryLockFreeDevices,
 } from './bookings.ts';
 import { loadPlacerNodes, sampleNodeIds, schedulableNodeIds } from './placement-load.ts';
-import type { Db } from './pool.ts';
+import { type Db, preparedMarker } from './pool.ts';
 import type { Database } from './schema.ts';
 
 type Trx = Transaction<Database>;
@@ -111,23 +110,19 @@ async function tryBook(
   input: { fit: NodeFit; window: Interval; reservationId: string },
 ): Promise<'booked' | 'locked' | 'stale'> {
   const { fit, window } = input;
-  if (!(await lockDevices(trx, fit.deviceIds, { wait: false }))) return 'locked';
   const start = new Date(window.start);
   const end = new Date(window.end);
-  if ((await findBookedDevices(trx, fit.deviceIds, { start, end })).size > 0) return 'stale';
+  // The atoms' locks tried in their fixed order and, under them, their bookings re-checked.
+  const devices = await tryLockFreeDevices(trx, fit.deviceIds, { start, end });
+  if (devices === 'locked') return 'locked';
+  if (devices === 'booked') return 'stale';
   const allocationId = newId('alloc');
   try {
-    await trx
-      .insertInto('allocations')
-      .values({
-        id: allocationId,
-        reservation_id: input.reservationId,
-        node_id: fit.nodeId,
-        state: 'planned',
-        during: `[${start.toISOString()},${end.toISOString()})`,
-        resources: JSON.stringify(fit.resources),
-      })
-      .execute();
+    await sql`${sql.raw(preparedMarker)}
+      INSERT INTO allocations (id, reservation_id, node_id, state, during, resources)
+      VALUES (${allocationId}, ${input.reservationId}, ${fit.nodeId}, 'planned',
+              tstzrange(${start.toISOString()}::timestamptz, ${end.toISOString()}::timestamptz, '[)'),
+              ${JSON.stringify(fit.resources)}::jsonb)`.execute(trx);
     await insertDeviceBookings(
       trx,
       fit.deviceIds.map((deviceId) => ({ deviceId, allocationId, start, end })),

@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import { Kysely, PostgresDialect } from 'kysely';
 import pg from 'pg';
 import type { Database } from './schema.ts';
@@ -8,6 +9,30 @@ export interface DbHandle {
   db: Db;
   pool: pg.Pool;
   close(): Promise<void>;
+}
+
+/** The marker a hot statement's text starts with to be prepared once per connection. */
+export const preparedMarker = '/*prepared*/';
+
+/**
+ * Statements whose text starts with `preparedMarker` run as named prepared statements (parsed and
+ * planned once per connection, then only bound and executed): for the few hot statements of
+ * admission, whose texts are fixed (values are always parameters). Everything else is unchanged.
+ */
+function prepareMarkedStatements(client: pg.PoolClient) {
+  const query = client.query.bind(client) as (...args: unknown[]) => unknown;
+  const names = new Map<string, string>();
+  (client as { query: unknown }).query = (text: unknown, values?: unknown, callback?: unknown) => {
+    if (typeof text !== 'string' || !text.startsWith(preparedMarker) || typeof values === 'function') {
+      return query(text, values, callback);
+    }
+    let name = names.get(text);
+    if (!name) {
+      name = `bc_${createHash('sha1').update(text).digest('hex').slice(0, 20)}`;
+      names.set(text, name);
+    }
+    return query({ name, text, values }, callback);
+  };
 }
 
 /** Opens a pool and a typed Kysely instance over it. `max` defaults to 10 connections. */
@@ -22,6 +47,7 @@ export function createDb(
   });
   // An idle client that errors (the server restarted) must not crash the process.
   pool.on('error', () => {});
+  pool.on('connect', prepareMarkedStatements);
   const db = new Kysely<Database>({ dialect: new PostgresDialect({ pool }) });
   return {
     db,

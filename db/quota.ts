@@ -1,7 +1,7 @@
 import { sql, type Transaction } from 'kysely';
 import { ComputeError } from '../domain/errors.ts';
 import type { HostResourceAmounts, NormalizedRequest } from '../domain/reservation-request.ts';
-import type { Db } from './pool.ts';
+import { type Db, preparedMarker } from './pool.ts';
 import type { Database } from './schema.ts';
 
 type Trx = Transaction<Database>;
@@ -83,7 +83,7 @@ export async function chargeQuota(
     if (amount <= 0) continue;
     // One round trip: the guarded update and its charge row; a reservation already charged for
     // this resource (an unrefunded row) is not charged again.
-    const { rows } = await sql<{ charged: boolean }>`
+    const { rows } = await sql<{ charged: boolean }>`${sql.raw(preparedMarker)}
       WITH already AS (
         SELECT 1 FROM quota_charges WHERE reservation_id = ${input.reservationId} AND resource = ${resource}
           AND refunded_at IS NULL

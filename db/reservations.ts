@@ -7,6 +7,7 @@ import type { AdmissionCaches } from './admission-caches.ts';
 import { endCurrentAllocations, refundReservationQuota } from './lifecycle-release.ts';
 import { insertOutboxEvent } from './outbox.ts';
 import { findAndBook, placementRequestOf } from './placement.ts';
+import { preparedMarker } from './pool.ts';
 import type { Database, Reservation } from './schema.ts';
 
 type Trx = Transaction<Database>;
@@ -28,7 +29,7 @@ export async function lockReservationForPlacement(
   trx: Trx,
   reservationId: string,
 ): Promise<(Reservation & { now: Date; quota: QuotaRows | null }) | undefined> {
-  const { rows } = await sql<Reservation & { now: Date; quota: QuotaRows | null }>`
+  const { rows } = await sql<Reservation & { now: Date; quota: QuotaRows | null }>`${sql.raw(preparedMarker)}
     SELECT r.*, compute_now() AS now,
            (SELECT json_object_agg(q.resource, json_build_object('limit', q.limit_amount, 'used', q.used)) FROM quotas q
              WHERE q.tenant_id = r.tenant_id AND q.pool_id = r.pool_id) AS quota
@@ -59,7 +60,7 @@ async function updateWithRecords(
 ): Promise<{ version: number }> {
   const event = records.event;
   const audit = records.audit;
-  const { rows } = await sql<{ version: number; id: string }>`
+  const { rows } = await sql<{ version: number; id: string }>`${sql.raw(preparedMarker)}
     WITH u AS (${update}),
     o AS (
       INSERT INTO outbox_events (id, type, subject, tenant_id, data)

@@ -1,7 +1,7 @@
 import { sql, type Transaction } from 'kysely';
 import type { AdmissionCaches, PoolForTenant } from '../../db/admission-caches.ts';
 import { poolPerGpuShare } from '../../db/placement-load.ts';
-import type { Db } from '../../db/pool.ts';
+import { type Db, preparedMarker } from '../../db/pool.ts';
 import type { Database, Reservation } from '../../db/schema.ts';
 import { ComputeError } from '../../domain/errors.ts';
 import { reservationDraftId } from '../../domain/ids.ts';
@@ -177,7 +177,7 @@ export async function writeDraft(
     region: pool.region,
     resources: booked,
   });
-  const { rows } = await sql<Reservation & { offered: boolean }>`
+  const { rows } = await sql<Reservation & { offered: boolean }>`${sql.raw(preparedMarker)}
     WITH offered AS (
       SELECT 1 FROM pools p
       WHERE p.id = ${pool.id} AND p.archived_at IS NULL
