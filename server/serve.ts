@@ -1,5 +1,6 @@
 import type { Client } from '@temporalio/client';
 import { createDb } from '../db/pool.ts';
+import { startWebhookDispatcher } from '../events/webhook-dispatcher.ts';
 import { startGateway } from '../gateway/server.ts';
 import { createEmbeddedIam, type EmbeddedIam } from '../iam/embedded/index.ts';
 import { connectTemporal } from '../temporal/client.ts';
@@ -64,6 +65,10 @@ export async function startControlPlane(options: {
       stops.push(server.stop);
       apiUrl = server.url;
       log.info({ url: apiUrl }, 'API listening');
+      // Webhooks are delivered beside the API; a lease per webhook keeps several processes from
+      // delivering the same event twice.
+      const webhooks = startWebhookDispatcher({ db: handle.db, log });
+      stops.push(webhooks.stop);
     }
     if (mode === 'worker' || mode === 'all') {
       const worker = await startWorker({

@@ -1,10 +1,9 @@
 import type { Command } from 'commander';
-import { migrateToLatest } from '../../db/migrate.ts';
-import { createDb } from '../../db/pool.ts';
 import { type ProcessMode, parseConfig, processModes } from '../../server/config.ts';
-import { startDevStack } from '../../server/dev-stack.ts';
 import { createLogger, type Logger } from '../../server/logger.ts';
-import { startControlPlane } from '../../server/serve.ts';
+
+// The control plane's modules (Temporal worker, gateway, database) load only when a server command
+// runs, so every other command starts fast.
 
 /** Stops `stop` once on SIGINT/SIGTERM, then exits. */
 function stopOnSignal(log: Logger, stop: () => Promise<void>) {
@@ -25,9 +24,10 @@ function stopOnSignal(log: Logger, stop: () => Promise<void>) {
   process.once('SIGTERM', handler);
 }
 
-function fail(message: string): never {
+/** Exit status 1: the stack could not start; 2: the command line itself is wrong. */
+function fail(message: string, status = 1): never {
   console.error(`error: ${message}`);
-  process.exit(1);
+  process.exit(status);
 }
 
 /** Commands that run the control plane itself: `dev`, `serve`, `migrate`. */
@@ -42,7 +42,7 @@ export function registerServerCommands(program: Command) {
     .action(async (options: { sim: string; json?: boolean }) => {
       const sim = Number(options.sim);
       if (!Number.isInteger(sim) || sim < 0 || sim > 10_000)
-        fail(`--sim must be a whole number from 0 to 10000, got '${options.sim}'`);
+        fail(`--sim must be a whole number from 0 to 10000, got '${options.sim}'`, 2);
       let config: ReturnType<typeof parseConfig>;
       try {
         config = parseConfig();
@@ -50,6 +50,7 @@ export function registerServerCommands(program: Command) {
         fail((error as Error).message);
       }
       const log = createLogger({ level: config.LOG_LEVEL, pretty: !options.json && process.stdout.isTTY });
+      const { startDevStack } = await import('../../server/dev-stack.ts');
       let stack: Awaited<ReturnType<typeof startDevStack>>;
       try {
         stack = await startDevStack({ config, log, sim });
@@ -88,7 +89,7 @@ export function registerServerCommands(program: Command) {
     .option('--mode <mode>', `what this process runs: ${processModes.join(', ')}`, 'all')
     .action(async (options: { mode: string }) => {
       if (!(processModes as readonly string[]).includes(options.mode)) {
-        fail(`--mode must be one of ${processModes.join(', ')}, got '${options.mode}'`);
+        fail(`--mode must be one of ${processModes.join(', ')}, got '${options.mode}'`, 2);
       }
       let config: ReturnType<typeof parseConfig>;
       try {
@@ -101,6 +102,7 @@ export function registerServerCommands(program: Command) {
       if (!config.TEMPORAL_ADDRESS)
         fail('TEMPORAL_ADDRESS is not set: point it at a Temporal frontend (or use `better-compute dev`)');
       const log = createLogger({ level: config.LOG_LEVEL });
+      const { startControlPlane } = await import('../../server/serve.ts');
       try {
         const plane = await startControlPlane({
           mode: options.mode as ProcessMode,
@@ -128,6 +130,8 @@ export function registerServerCommands(program: Command) {
       }
       if (!config.DATABASE_URL)
         fail('DATABASE_URL is not set: point it at the PostgreSQL database to migrate');
+      const { createDb } = await import('../../db/pool.ts');
+      const { migrateToLatest } = await import('../../db/migrate.ts');
       const handle = createDb(config.DATABASE_URL, { max: 1 });
       try {
         const { applied } = await migrateToLatest(handle.db);
