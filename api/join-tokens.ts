@@ -1,5 +1,6 @@
 import { z } from 'zod';
 import { createJoinToken, findJoinToken, listJoinTokens, revokeJoinToken } from '../db/join-tokens.ts';
+import { ensureCertificateAuthority } from '../db/nodes.ts';
 import { ComputeError } from '../domain/errors.ts';
 import { defineMethod } from './method.ts';
 import { requirePool, requireTenantRead } from './nodes-access.ts';
@@ -51,7 +52,13 @@ const create = defineMethod({
       .default(3600),
     maxUses: z.number().int().min(1).max(10_000).default(1),
   }),
-  output: tokenView.extend({ token: z.string() }),
+  output: tokenView.extend({
+    token: z.string(),
+    /** What `bcd join` needs besides the token: the gateway and the control plane's CA. */
+    gateway: z.string(),
+    caCertificatePem: z.string(),
+    command: z.string(),
+  }),
   handler: async (ctx, input) => {
     await requirePool(ctx, input.poolId, 'compute:nodes:join');
     const archived = await ctx.deps.db
@@ -62,7 +69,17 @@ const create = defineMethod({
     if (archived.archived_at) throw new ComputeError('INVALID_STATE', `pool ${input.poolId} is archived`);
     const created = await createJoinToken(ctx.deps.db, { ...input, createdBy: ctx.principal.identityId });
     const stored = await findJoinToken(ctx.deps.db, created.id);
-    return { ...view(stored!, Date.now()), token: created.token };
+    const { config } = ctx.deps;
+    const ca = await ensureCertificateAuthority(ctx.deps.db, config.BETTER_COMPUTE_TRUST_DOMAIN);
+    const host = config.BETTER_COMPUTE_GATEWAY_HOST;
+    const gateway = `${host.includes(':') ? `[${host}]` : host}:${config.BETTER_COMPUTE_GATEWAY_PORT}`;
+    return {
+      ...view(stored!, Date.now()),
+      token: created.token,
+      gateway,
+      caCertificatePem: ca.certificatePem,
+      command: `bcd join --token ${created.token} --gateway ${gateway} --ca-file ca.pem`,
+    };
   },
 });
 

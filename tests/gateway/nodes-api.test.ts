@@ -44,6 +44,8 @@ describe('the nodes and joinTokens API groups', () => {
     expect(created.status).toBe(200);
     expect(created.body.data).toMatchObject({ poolId, maxUses: 1, uses: 0, state: 'active' });
     expect(created.body.data.token).toMatch(/^bcjt_[0-9a-z]{26}\.[A-Za-z0-9_-]{43}$/);
+    expect(created.body.data.caCertificatePem).toBe(gateway.caCertificatePem);
+    expect(created.body.data.command).toContain(`bcd join --token ${created.body.data.token} --gateway `);
     const listed = await h.call(h.rootToken, 'joinTokens/list', { poolId });
     expect(listed.body.data.tokens).toHaveLength(1);
     expect(JSON.stringify(listed.body)).not.toContain(created.body.data.token.split('.')[1]);
