@@ -72,7 +72,9 @@ export async function applyExtend(
     .selectFrom('allocations')
     .select('id')
     .where('reservation_id', '=', input.reservationId)
-    .where('released_at', 'is', null)
+    // The current placement: a bound allocation whose node reported it released (BindingLost)
+    // is still current and keeps its bookings; only the control plane supersedes one.
+    .where('superseded_at', 'is', null)
     .execute();
   const allocationIds = allocations.map((a) => a.id);
   const devices = allocationIds.length

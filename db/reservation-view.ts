@@ -43,7 +43,7 @@ export async function readReservationViews(db: Db, ids: readonly string[]): Prom
                'deviceIds', COALESCE((SELECT jsonb_agg(b.device_id ORDER BY b.device_id) FROM device_bookings b
                                       WHERE b.allocation_id = a.id), '[]'::jsonb)) ORDER BY a.gang_index, a.id)
              FROM allocations a WHERE a.reservation_id = r.id
-               AND (a.released_at IS NULL OR r.state IN ('released', 'cancelled', 'expired', 'failed'))
+               AND (a.superseded_at IS NULL OR r.state IN ('released', 'cancelled', 'expired', 'failed'))
                AND a.state <> 'failed'), '[]'::jsonb) AS allocations
     FROM reservations r WHERE r.id = ANY(${ids as string[]}::text[])`.execute(db);
   const byId = new Map(rows.map((r) => [r.id, r]));

@@ -24,9 +24,9 @@ const action = 'compute:reservations:create';
 const decidable = new Set(['draft', 'awaiting-confirmation']);
 
 async function markRefused(ctx: MethodContext, row: Reservation, error: ComputeError) {
-  await ctx.deps.db.transaction().execute(async (trx) => {
+  const awaiting = await ctx.deps.db.transaction().execute(async (trx) => {
     const locked = await lockReservation(trx, row.id);
-    if (!locked || !decidable.has(locked.state)) return;
+    if (!locked || !decidable.has(locked.state)) return false;
     if (error.code === 'CONFIRMATION_REQUIRED') {
       const expiresAt = Number(error.details?.expiresAt ?? 0);
       const confirmationId = String(error.details?.confirmationId ?? '');
@@ -63,7 +63,7 @@ async function markRefused(ctx: MethodContext, row: Reservation, error: ComputeE
           },
         });
       }
-      return;
+      return true;
     }
     await trx
       .updateTable('reservations')
@@ -85,7 +85,19 @@ async function markRefused(ctx: MethodContext, row: Reservation, error: ComputeE
       requestId: ctx.requestId,
       context: { ...admissionContext(ctx.principal, ctx.requestId), reason: error.message },
     });
+    return false;
   });
+  // The lifecycle owns the confirmation's deadline: start it now rather than at the next sweep.
+  if (awaiting) {
+    await afterCommit(ctx, 'start', () =>
+      ctx.deps.lifecycle?.start({
+        id: row.id,
+        tenantId: row.tenant_id,
+        poolId: row.pool_id,
+        state: 'awaiting-confirmation',
+      }),
+    );
+  }
 }
 
 async function budgetCheck(ctx: MethodContext, row: Reservation, known?: PoolForTenant) {
