@@ -11,6 +11,7 @@ import {
   isInventorySectionName,
   sectionHash,
 } from '../proto/inventory.ts';
+import { sessionFenced } from './fence.ts';
 
 /** The latest hash the control plane holds for each inventory section of a node. */
 export async function latestSectionHashes(db: Db, nodeId: string): Promise<Map<string, string>> {
@@ -70,7 +71,7 @@ export async function applyInventory(
       .select(['id'])
       .forUpdate()
       .executeTakeFirst();
-    if (!node) throw new ComputeError('INVALID_STATE', 'session fenced by a newer epoch');
+    if (!node) throw sessionFenced();
     for (const [name, data] of Object.entries(sections)) {
       await trx
         .insertInto('inventory_snapshots')

@@ -5,6 +5,7 @@ import { ComputeError } from '../domain/errors.ts';
 import type { AttestedReport } from '../proto/gen/agent/v1/agent.ts';
 import type { ReservationLifecycle } from '../server/deps.ts';
 import type { Logger } from '../server/logger.ts';
+import { sessionFenced } from './fence.ts';
 
 export const maxReportBytes = 16 * 1024;
 
@@ -37,7 +38,7 @@ export async function acceptAllocationReport(
       .select('id')
       .forShare()
       .executeTakeFirst();
-    if (!node) throw new ComputeError('INVALID_STATE', 'session fenced by a newer epoch');
+    if (!node) throw sessionFenced();
     const allocation = await trx
       .selectFrom('allocations')
       .where('id', '=', allocationId)

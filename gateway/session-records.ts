@@ -2,14 +2,13 @@ import { sql } from 'kysely';
 import type { Db } from '../db/pool.ts';
 import { ComputeError } from '../domain/errors.ts';
 import { CommandOutcome, type CommandResult } from '../proto/gen/agent/v1/agent.ts';
+import { sessionFenced } from './fence.ts';
 
 /** The session writes that carry its epoch: a fenced session changes nothing (INVALID_STATE). */
 interface Fence {
   nodeId: string;
   epoch: number;
 }
-
-const fenced = () => new ComputeError('INVALID_STATE', 'session fenced by a newer epoch');
 
 const outcomeState: Partial<Record<CommandOutcome, 'succeeded' | 'failed' | 'expired'>> = {
   [CommandOutcome.COMMAND_OUTCOME_SUCCEEDED]: 'succeeded',
@@ -26,7 +25,7 @@ export async function recordObservedGeneration(db: Db, session: Fence, generatio
     .where('id', '=', session.nodeId)
     .where('epoch', '=', String(session.epoch))
     .executeTakeFirst();
-  if (Number(result.numUpdatedRows) === 0) throw fenced();
+  if (Number(result.numUpdatedRows) === 0) throw sessionFenced();
   await markReadyIfConverged(db, session);
 }
 
@@ -84,6 +83,6 @@ export async function recordCommandResult(db: Db, session: Fence, result: Comman
     .select('epoch')
     .where('id', '=', session.nodeId)
     .executeTakeFirst();
-  if (Number(epoch?.epoch) !== session.epoch) throw fenced();
+  if (Number(epoch?.epoch) !== session.epoch) throw sessionFenced();
   return false;
 }

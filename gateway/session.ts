@@ -11,6 +11,7 @@ import type {
 } from '../proto/gen/agent/v1/agent.ts';
 import type { Logger } from '../server/logger.ts';
 import type { GatewayContext } from './context.ts';
+import { isSessionFenced } from './fence.ts';
 import { applyInventory, parseInventory } from './inventory.ts';
 import { laneToProto } from './options.ts';
 import type { RegisteredSession } from './registry.ts';
@@ -133,11 +134,11 @@ export class NodeSession implements RegisteredSession {
 
   private onError(error: unknown, message: AgentMessage): void {
     const subject = message.body?.$case ?? 'unknown';
+    if (isSessionFenced(error)) {
+      this.fence('a newer session holds the node');
+      return;
+    }
     if (isComputeError(error)) {
-      if (error.message === 'session fenced by a newer epoch') {
-        this.fence(error.message);
-        return;
-      }
       this.refuse(error.code, error.message, subject);
       return;
     }
@@ -245,7 +246,7 @@ export class NodeSession implements RegisteredSession {
             },
           });
         } catch (error) {
-          if (isComputeError(error) && error.code !== 'INVALID_STATE') {
+          if (isComputeError(error) && !isSessionFenced(error)) {
             this.send({
               body: {
                 $case: 'reportAck',
