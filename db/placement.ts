@@ -1,4 +1,4 @@
-import { sql, type Transaction } from 'kysely';
+import type { Transaction } from 'kysely';
 import { ComputeError } from '../domain/errors.ts';
 import { newId } from '../domain/ids.ts';
 import {
@@ -12,14 +12,9 @@ import {
 } from '../domain/placer.ts';
 import type { NormalizedRequest } from '../domain/reservation-request.ts';
 import { type AdmissionCaches, createAdmissionCaches } from './admission-caches.ts';
-import {
-  BookingConflict,
-  insertDeviceBookings,
-  insertScalarBookings,
-  tryLockFreeDevices,
-} from './bookings.ts';
+import { BookingConflict, insertAllocationWithBookings, tryLockFreeDevices } from './bookings.ts';
 import { loadPlacerNodes, sampleNodeIds, schedulableNodeIds } from './placement-load.ts';
-import { type Db, preparedMarker } from './pool.ts';
+import type { Db } from './pool.ts';
 import type { Database } from './schema.ts';
 
 type Trx = Transaction<Database>;
@@ -116,28 +111,16 @@ async function tryBook(
   const devices = await tryLockFreeDevices(trx, fit.deviceIds, { start, end });
   if (devices === 'locked') return 'locked';
   if (devices === 'booked') return 'stale';
-  const allocationId = newId('alloc');
   try {
-    await sql`${sql.raw(preparedMarker)}
-      INSERT INTO allocations (id, reservation_id, node_id, state, during, resources)
-      VALUES (${allocationId}, ${input.reservationId}, ${fit.nodeId}, 'planned',
-              tstzrange(${start.toISOString()}::timestamptz, ${end.toISOString()}::timestamptz, '[)'),
-              ${JSON.stringify(fit.resources)}::jsonb)`.execute(trx);
-    await insertDeviceBookings(
-      trx,
-      fit.deviceIds.map((deviceId) => ({ deviceId, allocationId, start, end })),
-    );
-    await insertScalarBookings(
-      trx,
-      Object.entries(fit.resources).map(([resource, amount]) => ({
-        allocationId,
-        nodeId: fit.nodeId,
-        resource: resource as 'vcpu',
-        amount: amount ?? 0,
-        start,
-        end,
-      })),
-    );
+    await insertAllocationWithBookings(trx, {
+      allocationId: newId('alloc'),
+      reservationId: input.reservationId,
+      nodeId: fit.nodeId,
+      deviceIds: fit.deviceIds,
+      resources: fit.resources,
+      start,
+      end,
+    });
     return 'booked';
   } catch (error) {
     // The atoms were locked and re-checked, so only the scalar guard can refuse here (a node's
