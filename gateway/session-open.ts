@@ -1,11 +1,13 @@
 import { sql } from 'kysely';
 import { failInFlightCommands } from '../db/commands.ts';
 import { setNodeCondition } from '../db/nodes.ts';
+import type { CommandLane } from '../db/schema.ts';
 import { ComputeError } from '../domain/errors.ts';
-import type { Hello } from '../proto/gen/agent/v1/agent.ts';
+import type { Hello, Welcome } from '../proto/gen/agent/v1/agent.ts';
 import { inventorySections } from '../proto/inventory.ts';
 import type { GatewayContext } from './context.ts';
 import { latestSectionHashes } from './inventory.ts';
+import { type GatewayOptions, laneToProto } from './options.ts';
 import type { QueuedCommandRow } from './session.ts';
 
 const capabilityPattern = /^[a-z0-9][a-z0-9.-]{0,63}$/;
@@ -110,4 +112,41 @@ export async function openSession(ctx: GatewayContext, nodeId: string, hello: He
       minGeneration: c.min_generation === null ? null : Number(c.min_generation),
     })),
   };
+}
+
+/** The Welcome that answers a Hello: epoch, heartbeat interval, lease, wanted sections, credits. */
+export function welcomeFor(options: GatewayOptions, opened: OpenedSession): Welcome {
+  return {
+    epoch: opened.epoch,
+    heartbeatIntervalMs: options.heartbeatIntervalMs,
+    leaseMs: options.leaseMs,
+    wantSections: opened.wantSections,
+    credits: (Object.keys(options.credits) as CommandLane[]).map((lane) => ({
+      lane: laneToProto[lane],
+      credits: options.credits[lane],
+    })),
+    gatewayId: options.gatewayId,
+  };
+}
+
+/** A session's message budget: `perSecond` on average, bursts up to `burst`. */
+export class TokenBucket {
+  private tokens: number;
+  private last = Date.now();
+
+  constructor(
+    private readonly perSecond: number,
+    private readonly burst: number,
+  ) {
+    this.tokens = burst;
+  }
+
+  take(): boolean {
+    const now = Date.now();
+    this.tokens = Math.min(this.burst, this.tokens + ((now - this.last) / 1000) * this.perSecond);
+    this.last = now;
+    if (this.tokens < 1) return false;
+    this.tokens -= 1;
+    return true;
+  }
 }

@@ -16,7 +16,7 @@ import { applyInventory, parseInventory } from './inventory.ts';
 import { laneToProto } from './options.ts';
 import type { RegisteredSession } from './registry.ts';
 import { acceptAllocationReport } from './reports.ts';
-import { openSession } from './session-open.ts';
+import { openSession, TokenBucket, welcomeFor } from './session-open.ts';
 import { markReadyIfConverged, recordCommandResult, recordObservedGeneration } from './session-records.ts';
 import { SpecSender } from './spec-sender.ts';
 import { wakeReservationsOnNodes } from './wake.ts';
@@ -49,8 +49,7 @@ export class NodeSession implements RegisteredSession {
   /** Commands delivered on this session and not yet answered, by id. */
   readonly inFlight = new Map<string, { seq: number; lane: CommandLane }>();
   private heartbeats = 0;
-  private tokens: number;
-  private lastRefill = Date.now();
+  private readonly bucket: TokenBucket;
   private refusals = 0;
   private chain: Promise<void> = Promise.resolve();
   private pending = 0;
@@ -64,7 +63,7 @@ export class NodeSession implements RegisteredSession {
     readonly peer: PeerCertificateRow,
   ) {
     this.nodeId = peer.nodeId;
-    this.tokens = ctx.options.messageBurst;
+    this.bucket = new TokenBucket(ctx.options.messagesPerSecond, ctx.options.messageBurst);
     this.log = ctx.log.child({ nodeId: peer.nodeId, nodeName: peer.nodeName });
   }
 
@@ -75,7 +74,7 @@ export class NodeSession implements RegisteredSession {
     }, this.ctx.options.helloTimeoutMs);
     this.call.on('data', (message: AgentMessage) => {
       this.lastSeenMs = Date.now();
-      if (!this.takeToken()) {
+      if (!this.bucket.take()) {
         this.refuse('RATE_LIMITED', 'per-session message rate exceeded', message.body?.$case ?? 'unknown');
         return;
       }
@@ -109,18 +108,6 @@ export class NodeSession implements RegisteredSession {
     });
     this.call.on('cancelled', () => this.finish());
     this.call.on('close', () => clearTimeout(helloTimer));
-  }
-
-  private takeToken(): boolean {
-    const now = Date.now();
-    this.tokens = Math.min(
-      this.ctx.options.messageBurst,
-      this.tokens + ((now - this.lastRefill) / 1000) * this.ctx.options.messagesPerSecond,
-    );
-    this.lastRefill = now;
-    if (this.tokens < 1) return false;
-    this.tokens -= 1;
-    return true;
   }
 
   private refuse(code: string, message: string, subject: string): void {
@@ -276,23 +263,7 @@ export class NodeSession implements RegisteredSession {
       { epoch: this.epoch, journalId: this.journalId, failedInFlight: opened.failedInFlight },
       'session opened',
     );
-    const credits = (Object.keys(this.ctx.options.credits) as CommandLane[]).map((lane) => ({
-      lane: laneToProto[lane],
-      credits: this.ctx.options.credits[lane],
-    }));
-    this.send({
-      body: {
-        $case: 'welcome',
-        value: {
-          epoch: this.epoch,
-          heartbeatIntervalMs: this.ctx.options.heartbeatIntervalMs,
-          leaseMs: this.ctx.options.leaseMs,
-          wantSections: opened.wantSections,
-          credits,
-          gatewayId: this.ctx.options.gatewayId,
-        },
-      },
-    });
+    this.send({ body: { $case: 'welcome', value: welcomeFor(this.ctx.options, opened) } });
     this.pushSpec(opened.generation, opened.spec);
     if (opened.wasUnreachable) void wakeReservationsOnNodes(this.ctx, [this.nodeId], 'node-reconnected');
     for (const command of opened.redeliver) this.deliver(command);
