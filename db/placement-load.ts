@@ -2,7 +2,7 @@ import { sql } from 'kysely';
 import type { Interval, PlacerNode } from '../domain/placer.ts';
 import type { DeviceClass, HostResourceAmounts } from '../domain/reservation-request.ts';
 import type { AdmissionCaches } from './admission-caches.ts';
-import type { Db } from './pool.ts';
+import { type Db, preparedMarker } from './pool.ts';
 
 /**
  * The placer's reads, in one place: nodes of a pool with their atoms of one class, the bookings
@@ -96,7 +96,7 @@ export async function loadPlacerNodes(
         WHERE a.during && ${range(input.horizon)})`
     : sql``;
   const horizon = range(input.horizon);
-  const { rows } = await sql<NodeRow>`
+  const { rows } = await sql<NodeRow>`${sql.raw(preparedMarker)}
     SELECT n.id, n.name, n.provision_state = 'ready' AS ready, n.cordoned, n.maintenance, n.draining,
            n.connectivity = 'connected' AS connected, COALESCE(n.observed_generation, 0) >= 1 AS converged,
            (SELECT c.type FROM node_conditions c WHERE c.node_id = n.id AND c.effect = 'NoSchedule' LIMIT 1) AS no_schedule,
