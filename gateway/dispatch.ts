@@ -32,6 +32,7 @@ export class Dispatcher {
     every('deliver', this.ctx.options.deliveryIntervalMs, () => this.deliver());
     every('heartbeats', Math.min(1_000, this.ctx.options.leaseMs / 4), () => this.flushHeartbeats());
     every('liveness', Math.min(2_000, this.ctx.options.leaseMs / 4), () => this.sweepLiveness());
+    every('certificates', this.ctx.options.certificateCheckMs, () => this.recheckCertificates());
   }
 
   stop(): void {
@@ -154,6 +155,23 @@ export class Dispatcher {
     if (revived.length > 0) {
       this.ctx.log.info({ nodeIds: revived.slice(0, 20), count: revived.length }, 'nodes connected again');
       await wakeReservationsOnNodes(this.ctx, revived, 'node-reconnected');
+    }
+  }
+
+  /** Ends every live session whose certificate was revoked (or expired) since it opened. */
+  async recheckCertificates(): Promise<void> {
+    const sessions = [...this.ctx.registry.sessions.values()] as NodeSession[];
+    if (sessions.length === 0) return;
+    const { rows } = await sql<{ serial: string }>`
+      SELECT serial FROM node_certificates
+      WHERE serial = ANY(${sessions.map((s) => s.peer.serial)}::text[])
+        AND (revoked_at IS NOT NULL OR not_after <= compute_now())`.execute(this.ctx.db);
+    if (rows.length === 0) return;
+    const bad = new Set(rows.map((r) => r.serial));
+    for (const session of sessions) {
+      if (!bad.has(session.peer.serial)) continue;
+      session.log.warn({ serial: session.peer.serial }, 'certificate revoked or expired: session ended');
+      session.end(16, 'the node certificate was revoked or expired');
     }
   }
 

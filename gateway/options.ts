@@ -20,6 +20,8 @@ export interface GatewayOptions {
   messageBurst: number;
   maxRefusals: number;
   helloTimeoutMs: number;
+  /** How often live sessions' certificates are checked again (a revoked one ends its session). */
+  certificateCheckMs: number;
   maxMessageBytes: number;
 }
 
@@ -34,6 +36,7 @@ export const defaultGatewayOptions: Omit<GatewayOptions, 'gatewayId' | 'trustDom
   messageBurst: 200,
   maxRefusals: 500,
   helloTimeoutMs: 10_000,
+  certificateCheckMs: 15_000,
   maxMessageBytes: 1024 * 1024,
 };
 

@@ -119,10 +119,17 @@ describe('faults and refusals', () => {
     const ca = fx.gateway.caCertificatePem;
     expect(await sessionStatus(fx.gateway.address, ca, keys.privateKeyPem, forged.certificatePem)).toBe(16);
     // Revoked: the node's own certificate after revocation.
+    // Revoked while its session is live: the session ends, and no new one opens.
     const victim = fleet.nodes[2]!;
+    const sessionsBefore = victim.agent.status.sessions;
+    expect(victim.agent.status.connected).toBe(true);
+    await revokeNodeCertificates(fx.database.db, victim.nodeId);
+    await eventually(async () => !victim.agent.status.connected);
+    await new Promise((r) => setTimeout(r, 500));
+    expect(victim.agent.status.connected).toBe(false);
+    expect(victim.agent.status.sessions).toBe(sessionsBefore);
     await victim.agent.stop();
     const identity = loadIdentity(victim.dir);
-    await revokeNodeCertificates(fx.database.db, victim.nodeId);
     expect(await sessionStatus(fx.gateway.address, ca, identity.privateKeyPem, identity.certificatePem)).toBe(
       16,
     );

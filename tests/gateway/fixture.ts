@@ -54,7 +54,7 @@ export async function gatewayFixture(options: Partial<GatewayOptions> = {}): Pro
       lifecycle,
       host: '127.0.0.1',
       port,
-      options: { deliveryIntervalMs: 50, ...opts },
+      options: { deliveryIntervalMs: 50, certificateCheckMs: 500, ...opts },
     });
   const fixture: GatewayFixture = {
     database,
