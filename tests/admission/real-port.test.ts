@@ -21,6 +21,11 @@ afterAll(async () => {
   await h?.close();
 });
 
+interface Envelope {
+  data: { id: string; state: string; [field: string]: unknown };
+  error?: { code: string; message: string; requestId: string };
+}
+
 async function post(path: string, body: unknown, headers: Record<string, string> = {}) {
   const response = await fetch(`${server.url}/api/compute/${path}`, {
     method: 'POST',
@@ -35,7 +40,7 @@ async function post(path: string, body: unknown, headers: Record<string, string>
   return {
     status: response.status,
     requestId: response.headers.get('x-request-id'),
-    body: await response.json(),
+    body: (await response.json()) as Envelope,
   };
 }
 
@@ -64,5 +69,5 @@ it('serves the reservations API over a real port: 16 concurrent creates fill 4 n
     requestId: 'req_mine',
     body: { error: { code: 'INVALID_INPUT', requestId: 'req_mine' } },
   });
-  expect(bad.body.error.message).toContain('reservationId');
+  expect(bad.body.error?.message).toContain('reservationId');
 });
