@@ -44,6 +44,7 @@ export function createOutboxHub(deps: { db: Db; log: Logger }, options: OutboxHu
   const live = new Set<LiveFollower>();
   let head: OutboxCursor | null = null;
   let starting: Promise<OutboxCursor> | null = null;
+  // biome-ignore lint/correctness/noUnusedVariables: read by `??=` so only one poll is ever scheduled
   let timer: NodeJS.Timeout | null = null;
   let followers = 0;
   let overflows = 0;
