@@ -1,7 +1,7 @@
 import { sql } from 'kysely';
 import type { Condition, LifecycleState } from '../domain/reservation-lifecycle.ts';
 import { operationOf, type ReservationView } from '../domain/reservation-view.ts';
-import type { Db } from './pool.ts';
+import { type Db, preparedMarker } from './pool.ts';
 
 interface Row {
   id: string;
@@ -34,7 +34,7 @@ interface Row {
 /** Reads reservations as the API shows them (allocations of the current placement included), in the order of `ids`. */
 export async function readReservationViews(db: Db, ids: readonly string[]): Promise<ReservationView[]> {
   if (ids.length === 0) return [];
-  const { rows } = await sql<Row>`
+  const { rows } = await sql<Row>`${sql.raw(preparedMarker)}
     SELECT r.id, r.tenant_id, r.pool_id, r.state, r.request, lower(r.during) AS start, upper(r.during) AS "end",
            r.owner_identity_id, r.idempotency_key, r.project_id, r.conditions, r.lease_seconds, r.lease_expires_at,
            r.host_share, r.end_reason, r.version, r.created_at, r.updated_at,
