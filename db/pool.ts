@@ -18,20 +18,35 @@ export const preparedMarker = '/*prepared*/';
  * Statements whose text starts with `preparedMarker` run as named prepared statements (parsed and
  * planned once per connection, then only bound and executed): for the few hot statements of
  * admission, whose texts are fixed (values are always parameters). Everything else is unchanged.
+ * PostgreSQL re-plans a prepared statement when the tables it reads change; only a changed result
+ * type (`SELECT *` over a table that gained a column) fails it, once, on each connection.
  */
 function prepareMarkedStatements(client: pg.PoolClient) {
   const query = client.query.bind(client) as (...args: unknown[]) => unknown;
   const names = new Map<string, string>();
+  let generation = 0;
   (client as { query: unknown }).query = (text: unknown, values?: unknown, callback?: unknown) => {
     if (typeof text !== 'string' || !text.startsWith(preparedMarker) || typeof values === 'function') {
       return query(text, values, callback);
     }
     let name = names.get(text);
     if (!name) {
-      name = `bc_${createHash('sha1').update(text).digest('hex').slice(0, 20)}`;
+      name = `bc_${createHash('sha1').update(text).digest('hex').slice(0, 20)}_${generation}`;
       names.set(text, name);
     }
-    return query({ name, text, values }, callback);
+    const result = query({ name, text, values }, callback);
+    if (result instanceof Promise) {
+      return result.catch((error: { code?: string }) => {
+        // A table's columns changed under a prepared `*` (a migration while this connection
+        // lived): this call fails, the next one prepares the statement afresh under a new name.
+        if (error?.code === '0A000') {
+          generation++;
+          names.delete(text);
+        }
+        throw error;
+      });
+    }
+    return result;
   };
 }
 
