@@ -82,20 +82,37 @@ export async function joinWithToken(input: {
   } finally {
     client.close();
   }
-  writeFileSync(path.join(input.dir, 'key.pem'), keys.privateKeyPem, { mode: 0o600 });
-  writeFileSync(path.join(input.dir, 'key.pub.pem'), keys.publicKeyPem, { mode: 0o644 });
-  saveCertificate(input.dir, response.certificatePem);
-  writeFileSync(path.join(input.dir, 'ca.pem'), response.caCertificatePem, { mode: 0o644 });
-  const meta = {
+  saveIdentity(input.dir, {
     nodeId: response.nodeId,
     nodeName: response.nodeName,
     siteId: response.siteId,
     poolId: response.poolId,
     spiffeId: response.spiffeId,
     gateway: input.gateway,
-  };
-  writeFileSync(path.join(input.dir, 'node.json'), `${JSON.stringify(meta, null, 2)}\n`);
+    privateKeyPem: keys.privateKeyPem,
+    publicKeyPem: keys.publicKeyPem,
+    certificatePem: response.certificatePem,
+    caCertificatePem: response.caCertificatePem,
+  });
   return { ...loadIdentity(input.dir), reclaimed: response.reclaimed };
+}
+
+/** Writes an identity to `dir` as `loadIdentity` reads it (the key readable by its owner only). */
+export function saveIdentity(dir: string, identity: NodeIdentity): void {
+  mkdirSync(dir, { recursive: true, mode: 0o700 });
+  writeFileSync(path.join(dir, 'key.pem'), identity.privateKeyPem, { mode: 0o600 });
+  writeFileSync(path.join(dir, 'key.pub.pem'), identity.publicKeyPem, { mode: 0o644 });
+  saveCertificate(dir, identity.certificatePem);
+  writeFileSync(path.join(dir, 'ca.pem'), identity.caCertificatePem, { mode: 0o644 });
+  const meta = {
+    nodeId: identity.nodeId,
+    nodeName: identity.nodeName,
+    siteId: identity.siteId,
+    poolId: identity.poolId,
+    spiffeId: identity.spiffeId,
+    gateway: identity.gateway,
+  };
+  writeFileSync(path.join(dir, 'node.json'), `${JSON.stringify(meta, null, 2)}\n`);
 }
 
 /** Renews the certificate over mutual TLS with the current one (same key). */

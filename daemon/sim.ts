@@ -19,6 +19,21 @@ export interface SimulatedFleet {
 }
 
 /**
+ * Where `bcd sim` keeps simulated node `index` under `rootDir`: its name, its state directory and
+ * the seed of its fake hardware (stable for one root directory). Benchmarks that provision
+ * identities themselves write them to `dir`.
+ */
+export function simulatedNodeLayout(
+  rootDir: string,
+  index: number,
+  namePrefix = 'sim',
+): { name: string; dir: string; hardwareSeed: string } {
+  const rootTag = createHash('sha256').update(path.resolve(rootDir)).digest('hex').slice(0, 8);
+  const name = `${namePrefix}-${String(index).padStart(4, '0')}`;
+  return { name, dir: path.join(rootDir, name), hardwareSeed: `${namePrefix}-${rootTag}-${index}` };
+}
+
+/**
  * `bcd sim`: N real node agents on fake hardware in one process, each with its own key,
  * certificate, session, journal and state directory (`<rootDir>/<name>/`, CDI specs in `cdi/`, env
  * files in `allocations/`). A node whose directory already holds an identity starts with it; the
@@ -41,7 +56,6 @@ export async function startSimulatedFleet(input: {
 }): Promise<SimulatedFleet> {
   const shape = { ...defaultSimShape, ...input.shape };
   const prefix = input.namePrefix ?? 'sim';
-  const rootTag = createHash('sha256').update(path.resolve(input.rootDir)).digest('hex').slice(0, 8);
   const nodes: SimulatedNode[] = new Array(input.nodes);
   let next = 0;
   let launched = 0;
@@ -49,9 +63,8 @@ export async function startSimulatedFleet(input: {
   const worker = async () => {
     while (next < input.nodes) {
       const index = next++;
-      const name = `${prefix}-${String(index).padStart(4, '0')}`;
-      const dir = path.join(input.rootDir, name);
-      const hardware = new SimHardware(`${prefix}-${rootTag}-${index}`, shape);
+      const { name, dir, hardwareSeed } = simulatedNodeLayout(input.rootDir, index, prefix);
+      const hardware = new SimHardware(hardwareSeed, shape);
       const identity = identityExists(dir)
         ? { ...loadIdentity(dir), gateway: input.gatewayAddress }
         : await joinWithToken({

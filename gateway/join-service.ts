@@ -1,12 +1,15 @@
 import { type handleUnaryCall, Metadata, status } from '@grpc/grpc-js';
-import { sql } from 'kysely';
+import { sql, type Transaction } from 'kysely';
 import { checkJoinToken, spendJoinToken } from '../db/join-tokens.ts';
 import { findPeerCertificate, insertJoinedNode, revokeNodeCertificates } from '../db/nodes.ts';
 import type { Db } from '../db/pool.ts';
+import type { Database, NodeRole } from '../db/schema.ts';
 import { ComputeError, errorCodeTraits, isComputeError } from '../domain/errors.ts';
 import { computeHardwareKey } from '../domain/hardware-key.ts';
 import {
   type CaMaterial,
+  type CsrContents,
+  type IssuedCertificate,
   issueNodeCertificate,
   maxNodeCertificateMs,
   nodeSpiffeId,
@@ -52,6 +55,43 @@ function sanitizeName(requested: string, hostname: string): string {
     .replace(/^-+|-+$/g, '')
     .slice(0, 63);
   return name || 'node';
+}
+
+/**
+ * Signs a node certificate for `publicKeyPem` (valid from the database's clock for the configured
+ * lifetime, at most 24 hours) and records it in `node_certificates`, inside the caller's
+ * transaction. Join and renewal issue every node certificate through here.
+ */
+export async function issueStoredNodeCertificate(
+  trx: Transaction<Database>,
+  options: Pick<JoinServiceOptions, 'ca' | 'certificateTtlMs'>,
+  input: { nodeId: string; nodeName: string; role: NodeRole; spiffeId: string } & CsrContents,
+): Promise<IssuedCertificate> {
+  const { rows } = await sql<{ now: Date }>`SELECT compute_now() AS now`.execute(trx);
+  const cert = await issueNodeCertificate({
+    ca: options.ca,
+    publicKeyPem: input.publicKeyPem,
+    spiffeId: input.spiffeId,
+    nodeName: input.nodeName,
+    role: input.role,
+    now: rows[0]!.now,
+    validForMs: Math.min(options.certificateTtlMs, maxNodeCertificateMs),
+  });
+  await trx
+    .insertInto('node_certificates')
+    .values({
+      serial: cert.serial,
+      node_id: input.nodeId,
+      role: input.role,
+      spiffe_id: input.spiffeId,
+      key_id: input.keyId,
+      public_key_pem: input.publicKeyPem,
+      certificate_pem: cert.certificatePem,
+      not_before: cert.notBefore,
+      not_after: cert.notAfter,
+    })
+    .execute();
+  return cert;
 }
 
 /**
@@ -117,31 +157,14 @@ export async function joinNode(options: JoinServiceOptions, request: JoinRequest
       });
       node = { ...created, siteId: pool.site_id, poolId: pool.id };
     }
-    const { rows } = await sql<{ now: Date }>`SELECT compute_now() AS now`.execute(trx);
     const spiffeId = nodeSpiffeId(options.trustDomain, node.siteId, node.id);
-    const cert = await issueNodeCertificate({
-      ca: options.ca,
-      publicKeyPem: csr.publicKeyPem,
-      spiffeId,
+    const cert = await issueStoredNodeCertificate(trx, options, {
+      nodeId: node.id,
       nodeName: node.name,
       role: 'node',
-      now: rows[0]!.now,
-      validForMs: Math.min(options.certificateTtlMs, maxNodeCertificateMs),
+      spiffeId,
+      ...csr,
     });
-    await trx
-      .insertInto('node_certificates')
-      .values({
-        serial: cert.serial,
-        node_id: node.id,
-        role: 'node',
-        spiffe_id: spiffeId,
-        key_id: csr.keyId,
-        public_key_pem: csr.publicKeyPem,
-        certificate_pem: cert.certificatePem,
-        not_before: cert.notBefore,
-        not_after: cert.notAfter,
-      })
-      .execute();
     await spendJoinToken(trx, token.tokenId);
     options.log.info(
       {
@@ -181,30 +204,13 @@ export async function renewNodeCertificate(
   if (current.provisionState === 'retired') throw new ComputeError('ACCESS_DENIED', 'the node is retired');
   const csr = await readCsr(request.csrPem);
   return options.db.transaction().execute(async (trx) => {
-    const { rows } = await sql<{ now: Date }>`SELECT compute_now() AS now`.execute(trx);
-    const cert = await issueNodeCertificate({
-      ca: options.ca,
-      publicKeyPem: csr.publicKeyPem,
-      spiffeId: current.spiffeId,
+    const cert = await issueStoredNodeCertificate(trx, options, {
+      nodeId: current.nodeId,
       nodeName: current.nodeName,
       role: current.role,
-      now: rows[0]!.now,
-      validForMs: Math.min(options.certificateTtlMs, maxNodeCertificateMs),
+      spiffeId: current.spiffeId,
+      ...csr,
     });
-    await trx
-      .insertInto('node_certificates')
-      .values({
-        serial: cert.serial,
-        node_id: current.nodeId,
-        role: current.role,
-        spiffe_id: current.spiffeId,
-        key_id: csr.keyId,
-        public_key_pem: csr.publicKeyPem,
-        certificate_pem: cert.certificatePem,
-        not_before: cert.notBefore,
-        not_after: cert.notAfter,
-      })
-      .execute();
     options.log.info({ nodeId: current.nodeId, serial: cert.serial }, 'node certificate renewed');
     return {
       certificatePem: cert.certificatePem,
