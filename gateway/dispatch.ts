@@ -128,30 +128,44 @@ export class Dispatcher {
     }
     const heard = this.ctx.registry.heard;
     if (heard.size === 0) return;
-    const ids = [...heard.keys()];
+    const ids = [...heard.keys()].sort();
     const epochs = ids.map((id) => heard.get(id)!);
     heard.clear();
     const gatewayId = this.ctx.options.gatewayId;
     // A node the database wrongly thinks silent (another gateway's sweep during a pause, a moved
     // clock) while its session here is alive is connected again by its next heartbeat.
-    const revived = await this.ctx.db.transaction().execute(async (trx) => {
-      const { rows } = await sql<{ id: string }>`
+    // Rows are locked in id order (the liveness sweep skips locked rows), so the two never deadlock.
+    const revived = await this.ctx.db
+      .transaction()
+      .execute(async (trx) => {
+        const { rows } = await sql<{ id: string }>`
+        WITH locked AS (
+          SELECT n.id FROM nodes n
+          JOIN unnest(${ids}::text[], ${epochs}::bigint[]) AS t(id, epoch) ON n.id = t.id AND n.epoch = t.epoch
+          ORDER BY n.id FOR UPDATE OF n
+        )
         UPDATE nodes n SET last_heartbeat_at = compute_now(), connectivity = 'connected',
           session_gateway = ${gatewayId}
-        FROM unnest(${ids}::text[], ${epochs}::bigint[]) AS t(id, epoch)
-        WHERE n.id = t.id AND n.epoch = t.epoch
+        FROM locked WHERE n.id = locked.id
         RETURNING n.id, (SELECT o.connectivity <> 'connected' OR o.session_gateway IS DISTINCT FROM ${gatewayId}
                          FROM nodes o WHERE o.id = n.id) AS was_lost`.execute(trx);
-      const lost = rows.filter((r) => (r as { was_lost?: boolean }).was_lost).map((r) => r.id);
-      if (lost.length > 0) {
-        await trx
-          .deleteFrom('node_conditions')
-          .where('node_id', 'in', lost)
-          .where('type', '=', 'NodeUnreachable')
-          .execute();
-      }
-      return lost;
-    });
+        const lost = rows.filter((r) => (r as { was_lost?: boolean }).was_lost).map((r) => r.id);
+        if (lost.length > 0) {
+          await trx
+            .deleteFrom('node_conditions')
+            .where('node_id', 'in', lost)
+            .where('type', '=', 'NodeUnreachable')
+            .execute();
+        }
+        return lost;
+      })
+      .catch((error: unknown) => {
+        // Put the batch back (unless a newer heartbeat already replaced it) for the next flush.
+        ids.forEach((id, i) => {
+          if (!heard.has(id)) heard.set(id, epochs[i]!);
+        });
+        throw error;
+      });
     if (revived.length > 0) {
       this.ctx.log.info({ nodeIds: revived.slice(0, 20), count: revived.length }, 'nodes connected again');
       await wakeReservationsOnNodes(this.ctx, revived, 'node-reconnected');
@@ -192,10 +206,15 @@ export class Dispatcher {
     const leaseSeconds = this.ctx.options.leaseMs / 1000;
     await this.markUnreachable(
       sql<{ id: string }>`
+        WITH stale AS (
+          SELECT id FROM nodes
+          WHERE connectivity = 'connected'
+            AND (last_heartbeat_at IS NULL OR last_heartbeat_at < compute_now() - make_interval(secs => ${leaseSeconds}))
+          ORDER BY id FOR UPDATE SKIP LOCKED
+        )
         UPDATE nodes SET connectivity = 'unreachable', session_gateway = NULL, updated_at = compute_now()
-        WHERE connectivity = 'connected'
-          AND (last_heartbeat_at IS NULL OR last_heartbeat_at < compute_now() - make_interval(secs => ${leaseSeconds}))
-        RETURNING id`,
+        FROM stale WHERE nodes.id = stale.id
+        RETURNING nodes.id`,
     );
     await expireOverdueCommands(this.ctx.db);
     await failTimedOutCommands(this.ctx.db);
