@@ -1,4 +1,5 @@
 import type { ColumnType, Generated, Insertable, Selectable, Updateable } from 'kysely';
+import type { ReservationState } from '../domain/reservation-states.ts';
 
 /** Timestamps read as Date, written as Date or an SQL expression. */
 type Timestamp = ColumnType<Date, Date | string, Date | string>;
@@ -174,21 +175,7 @@ export interface InventorySnapshotsTable {
   received_at: TimestampDefault;
 }
 
-export const reservationStates = [
-  'draft',
-  'denied',
-  'awaiting-confirmation',
-  'pending',
-  'placed',
-  'binding',
-  'active',
-  'releasing',
-  'released',
-  'failed',
-  'cancelled',
-  'expired',
-] as const;
-export type ReservationState = (typeof reservationStates)[number];
+export { type ReservationState, reservationStates } from '../domain/reservation-states.ts';
 
 export interface ReservationsTable {
   id: string;

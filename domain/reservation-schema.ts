@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { visibleReservationStates } from './reservation-states.ts';
 
 /**
  * The reservations API's input schemas: the single source of the server types, the typed client,
@@ -88,39 +89,7 @@ export const listReservationsInput = z.strictObject({
   tenantId: tenantIdSchema,
   scope: z.enum(['mine', 'all']).optional(),
   state: z
-    .union([
-      z.enum([
-        'denied',
-        'awaiting-confirmation',
-        'pending',
-        'placed',
-        'binding',
-        'active',
-        'releasing',
-        'released',
-        'failed',
-        'cancelled',
-        'expired',
-      ]),
-      z
-        .array(
-          z.enum([
-            'denied',
-            'awaiting-confirmation',
-            'pending',
-            'placed',
-            'binding',
-            'active',
-            'releasing',
-            'released',
-            'failed',
-            'cancelled',
-            'expired',
-          ]),
-        )
-        .min(1)
-        .max(12),
-    ])
+    .union([z.enum(visibleReservationStates), z.array(z.enum(visibleReservationStates)).min(1).max(12)])
     .optional(),
   poolId: z.string().min(1).max(100).optional(),
   limit: z.number().int().min(1).max(200).optional(),
