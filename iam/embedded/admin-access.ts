@@ -2,6 +2,7 @@ import { sql } from 'kysely';
 import { ComputeError } from '../../domain/errors.ts';
 import { newId } from '../../domain/ids.ts';
 import type { Directory, IamDb } from './directory.ts';
+import { createLookups } from './lookups.ts';
 import { type PolicyDocument, policyDocumentSchema } from './policy.ts';
 
 function isUniqueViolation(error: unknown): boolean {
@@ -13,21 +14,7 @@ function isUniqueViolation(error: unknown): boolean {
  * to a confirmation, budgets and feature flags. Every write drops the decision cache.
  */
 export function createAccessAdmin(db: IamDb, directory: Directory) {
-  async function requireTenant(tenantId: string) {
-    const tenant = await directory.tenant(tenantId);
-    if (!tenant) throw new ComputeError('NOT_FOUND', `tenant ${tenantId} does not exist`);
-    return tenant;
-  }
-
-  async function requireIdentity(identityId: string) {
-    const row = await db
-      .selectFrom('iam.identities')
-      .selectAll()
-      .where('id', '=', identityId)
-      .executeTakeFirst();
-    if (!row) throw new ComputeError('NOT_FOUND', `identity ${identityId} does not exist`);
-    return row;
-  }
+  const { requireTenant, requireIdentity } = createLookups(db, directory);
 
   return {
     async createRole(input: { tenantId: string; name: string; actions: string[] }) {

@@ -6,6 +6,7 @@ import type { IdentityKind } from '../port.ts';
 import { createAccessAdmin } from './admin-access.ts';
 import { maxConfirmationMs } from './decide.ts';
 import type { Directory, IamDb } from './directory.ts';
+import { createLookups } from './lookups.ts';
 
 export const tenantIdPattern = /^[a-z0-9][a-z0-9_-]{0,62}$/;
 
@@ -59,21 +60,7 @@ export interface TokenInfo {
  * and budgets. Every write drops the decision cache so the next decision sees it.
  */
 export function createIamAdmin(db: IamDb, directory: Directory) {
-  async function requireTenant(tenantId: string) {
-    const tenant = await directory.tenant(tenantId);
-    if (!tenant) throw new ComputeError('NOT_FOUND', `tenant ${tenantId} does not exist`);
-    return tenant;
-  }
-
-  async function requireIdentity(identityId: string) {
-    const row = await db
-      .selectFrom('iam.identities')
-      .selectAll()
-      .where('id', '=', identityId)
-      .executeTakeFirst();
-    if (!row) throw new ComputeError('NOT_FOUND', `identity ${identityId} does not exist`);
-    return row;
-  }
+  const { requireTenant, requireIdentity } = createLookups(db, directory);
 
   return {
     /** Creates a tenant under `parentId` (default: the root). The first tenant ever is the root. */
