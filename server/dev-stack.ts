@@ -1,4 +1,4 @@
-import { mkdirSync, writeFileSync } from 'node:fs';
+import { mkdirSync, renameSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import pg from 'pg';
 import { startLocalPostgres } from '../db/local-postgres.ts';
@@ -107,7 +107,10 @@ export async function startDevStack(options: {
       tenants: demo.tenants,
       pools: demo.pools,
     };
-    writeFileSync(path.join(dataDir, 'dev.json'), `${JSON.stringify(info, null, 2)}\n`, { mode: 0o600 });
+    // Written whole and renamed into place, so a script waiting for dev.json never reads half of it.
+    const devJson = path.join(dataDir, 'dev.json');
+    writeFileSync(`${devJson}.tmp`, `${JSON.stringify(info, null, 2)}\n`, { mode: 0o600 });
+    renameSync(`${devJson}.tmp`, devJson);
     return { info, stop: stopAll };
   } catch (error) {
     await stopAll();
