@@ -1,3 +1,4 @@
+import type { AdmissionCaches } from '../db/admission-caches.ts';
 import { lockReservationAtVersion } from '../db/lifecycle.ts';
 import { withPlacementTransaction } from '../db/placement.ts';
 import type { Db } from '../db/pool.ts';
@@ -8,10 +9,12 @@ import type { StepResult } from './reservation.ts';
 export interface PlacementActivityDeps {
   db: Db;
   log: Logger;
+  /** The process's admission caches, so a retry does not re-read the pool's schedulable nodes. */
+  caches: AdmissionCaches;
 }
 
 /** Placement from the lifecycle: a pending reservation tries again with admission's placer. */
-export function createPlacementActivities({ db, log }: PlacementActivityDeps) {
+export function createPlacementActivities({ db, log, caches }: PlacementActivityDeps) {
   return {
     /**
      * Places a pending reservation (the retry every pendingRetry, or at once when capacity was
@@ -25,7 +28,7 @@ export function createPlacementActivities({ db, log }: PlacementActivityDeps) {
       return withPlacementTransaction(db, async (trx) => {
         const row = await lockReservationAtVersion(trx, input.reservationId, input.expectedVersion);
         if (row?.state !== 'pending') return { applied: false, state: row?.state ?? null };
-        const outcome = await placeReservation(trx, input.reservationId);
+        const outcome = await placeReservation(trx, input.reservationId, { caches });
         if (outcome.outcome === 'placed') {
           log.info(
             { reservationId: input.reservationId, nodeId: outcome.nodeId },

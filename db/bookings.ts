@@ -35,24 +35,50 @@ export class BookingConflict extends ComputeError {
 }
 
 /**
- * Takes the per-device transaction locks for `deviceIds` in one fixed order (the traffic light of
- * DESIGN.md principle 1), so concurrent writers of the same atoms queue instead of deadlocking on
- * the EXCLUDE constraint. With `wait: false` it only tries, never blocks, and answers whether it got
- * every lock; a caller that already holds locks must not wait for more (that would break the order).
+ * The per-device lock keys of `deviceIds`, one row each (`k`), in the one fixed order every
+ * booking writer takes them in. Every statement that locks devices selects from this.
  */
-export async function lockDevices(trx: Trx, deviceIds: readonly string[], options: { wait?: boolean } = {}) {
-  if (deviceIds.length === 0) return true;
-  const fn = options.wait === false ? sql.raw('pg_try_advisory_xact_lock') : sql.raw('pg_advisory_xact_lock');
-  const { rows } = await sql<{ got: boolean | null }>`
-    SELECT ${fn}(${deviceLockSpace}, k)::text <> 'false' AS got
-    FROM (SELECT DISTINCT hashtext(id) AS k FROM unnest(${deviceIds}::text[]) AS id ORDER BY k) AS keys`.execute(
-    trx,
-  );
-  return rows.every((row) => row.got !== false);
+function deviceLockKeys(deviceIds: readonly string[]) {
+  return sql`(SELECT DISTINCT hashtext(id) AS k FROM unnest(${deviceIds as string[]}::text[]) AS id ORDER BY k) AS keys`;
 }
 
 /**
- * lockDevices with `wait: false` and findBookedDevices in one round trip: the per-device locks are
+ * An exclusion refusal (23P01) as BookingConflict and, for writers of a node's scalar resources
+ * (`nodeId` given), a guard refusal (BC001, or 23503 for a missing resource row); anything else as is.
+ */
+function bookingConflictOf(
+  error: unknown,
+  what: { deviceIds?: readonly string[]; nodeId?: string; resource?: string; message?: string },
+) {
+  if (isPgError(error, '23P01')) {
+    return new BookingConflict('a device is already booked for an overlapping window', {
+      deviceIds: what.deviceIds,
+    });
+  }
+  if (what.nodeId && (isPgError(error, 'BC001') || isPgError(error, '23503'))) {
+    return new BookingConflict(what.message ?? `node ${what.nodeId} cannot give the host resources asked`, {
+      nodeId: what.nodeId,
+      ...(what.resource ? { resource: what.resource } : {}),
+    });
+  }
+  return error;
+}
+
+/**
+ * Takes the per-device transaction locks for `deviceIds` in one fixed order (the traffic light of
+ * DESIGN.md principle 1), so concurrent writers of the same atoms queue instead of deadlocking on
+ * the EXCLUDE constraint. A caller that already holds device locks must not wait for more (that
+ * would break the order): it uses tryLockFreeDevices instead.
+ */
+export async function lockDevices(trx: Trx, deviceIds: readonly string[]): Promise<void> {
+  if (deviceIds.length === 0) return;
+  await sql`SELECT pg_advisory_xact_lock(${deviceLockSpace}, k) FROM ${deviceLockKeys(deviceIds)}`.execute(
+    trx,
+  );
+}
+
+/**
+ * Tries the per-device locks (never waits) and looks up bookings in one round trip: the locks are
  * tried in the same fixed order and, only when every one was taken, the devices' bookings over
  * `window` are looked up. 'locked' when a lock was held by another transaction, 'booked' when a
  * device is already booked, else 'free' (with the locks held to the end of the transaction). The
@@ -67,8 +93,7 @@ export async function tryLockFreeDevices(
   if (deviceIds.length === 0) return 'free';
   const { rows } = await sql<{ got: boolean; booked: boolean | null }>`${sql.raw(preparedMarker)}
     WITH locks AS MATERIALIZED (
-      SELECT pg_try_advisory_xact_lock(${deviceLockSpace}, k) AS got
-      FROM (SELECT DISTINCT hashtext(id) AS k FROM unnest(${deviceIds}::text[]) AS id ORDER BY k) AS keys
+      SELECT pg_try_advisory_xact_lock(${deviceLockSpace}, k) AS got FROM ${deviceLockKeys(deviceIds)}
     )
     SELECT bool_and(got) AS got,
            CASE WHEN bool_and(got) THEN EXISTS (
@@ -79,16 +104,6 @@ export async function tryLockFreeDevices(
     FROM locks`.execute(trx);
   if (!rows[0]?.got) return 'locked';
   return rows[0].booked ? 'booked' : 'free';
-}
-
-/** Device ids among `deviceIds` that already have a booking overlapping `window`. */
-export async function findBookedDevices(trx: Trx, deviceIds: readonly string[], window: TimeWindow) {
-  if (deviceIds.length === 0) return new Set<string>();
-  const { rows } = await sql<{ device_id: string }>`
-    SELECT DISTINCT device_id FROM device_bookings
-    WHERE device_id = ANY(${deviceIds}::text[])
-      AND during && tstzrange(${window.start}, ${window.end}, '[)')`.execute(trx);
-  return new Set(rows.map((row) => row.device_id));
 }
 
 function isPgError(error: unknown, code: string): error is { code: string; message: string } {
@@ -106,8 +121,7 @@ export async function insertDeviceBookings(trx: Trx, bookings: readonly DeviceBo
     // One round trip: the locks CTE runs first (an InitPlan of the WHERE clause), in key order.
     await sql`${sql.raw(preparedMarker)}
       WITH locks AS (
-        SELECT pg_advisory_xact_lock(${deviceLockSpace}, k)
-        FROM (SELECT DISTINCT hashtext(id) AS k FROM unnest(${deviceIds}::text[]) AS id ORDER BY k) AS keys
+        SELECT pg_advisory_xact_lock(${deviceLockSpace}, k) FROM ${deviceLockKeys(deviceIds)}
       )
       INSERT INTO device_bookings (device_id, allocation_id, during)
       SELECT d, a, tstzrange(s, e, '[)')
@@ -116,10 +130,7 @@ export async function insertDeviceBookings(trx: Trx, bookings: readonly DeviceBo
                   ${bookings.map((b) => b.end.toISOString())}::timestamptz[]) AS t(d, a, s, e)
       WHERE (SELECT count(*) FROM locks) >= 0`.execute(trx);
   } catch (error) {
-    if (isPgError(error, '23P01')) {
-      throw new BookingConflict('a device is already booked for an overlapping window', { deviceIds });
-    }
-    throw error;
+    throw bookingConflictOf(error, { deviceIds });
   }
 }
 
@@ -143,17 +154,14 @@ export async function insertScalarBookings(trx: Trx, bookings: readonly ScalarBo
                   ${ordered.map((b) => b.end.toISOString())}::timestamptz[]) WITH ORDINALITY AS t(a, n, r, m, s, e, i)
       ORDER BY i`.execute(trx);
   } catch (error) {
-    if (isPgError(error, 'BC001') || isPgError(error, '23503')) {
-      const refused =
-        ordered.find((b) =>
-          (error as { message: string }).message.includes(` ${b.resource} of node ${b.nodeId} `),
-        ) ?? ordered[0]!;
-      throw new BookingConflict(`node ${refused.nodeId} cannot give ${refused.amount} ${refused.resource}`, {
-        nodeId: refused.nodeId,
-        resource: refused.resource,
-      });
-    }
-    throw error;
+    const message = isPgError(error, 'BC001') || isPgError(error, '23503') ? error.message : '';
+    const refused =
+      ordered.find((b) => message.includes(` ${b.resource} of node ${b.nodeId} `)) ?? ordered[0]!;
+    throw bookingConflictOf(error, {
+      nodeId: refused.nodeId,
+      resource: refused.resource,
+      message: `node ${refused.nodeId} cannot give ${refused.amount} ${refused.resource}`,
+    });
   }
 }
 
@@ -188,8 +196,7 @@ export async function insertAllocationWithBookings(trx: Trx, input: AllocationWi
                 ${JSON.stringify(input.resources)}::jsonb)
         RETURNING id
       ), locks AS (
-        SELECT pg_advisory_xact_lock(${deviceLockSpace}, k)
-        FROM (SELECT DISTINCT hashtext(id) AS k FROM unnest(${input.deviceIds as string[]}::text[]) AS id ORDER BY k) AS keys
+        SELECT pg_advisory_xact_lock(${deviceLockSpace}, k) FROM ${deviceLockKeys(input.deviceIds)}
       ), devices AS (
         INSERT INTO device_bookings (device_id, allocation_id, during)
         SELECT d, (SELECT id FROM alloc), ${during}
@@ -204,17 +211,7 @@ export async function insertAllocationWithBookings(trx: Trx, input: AllocationWi
       WHERE (SELECT count(*) FROM devices) >= 0
       ORDER BY i`.execute(trx);
   } catch (error) {
-    if (isPgError(error, '23P01')) {
-      throw new BookingConflict('a device is already booked for an overlapping window', {
-        deviceIds: input.deviceIds,
-      });
-    }
-    if (isPgError(error, 'BC001') || isPgError(error, '23503')) {
-      throw new BookingConflict(`node ${input.nodeId} cannot give the host resources asked`, {
-        nodeId: input.nodeId,
-      });
-    }
-    throw error;
+    throw bookingConflictOf(error, { deviceIds: input.deviceIds, nodeId: input.nodeId });
   }
 }
 

@@ -1,6 +1,14 @@
 import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { existsSync, mkdirSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
+import {
+  createWriteStream,
+  existsSync,
+  mkdirSync,
+  readdirSync,
+  readFileSync,
+  statSync,
+  writeFileSync,
+} from 'node:fs';
 import { createRequire } from 'node:module';
 import net from 'node:net';
 import os from 'node:os';
@@ -206,7 +214,7 @@ export async function startLocalPostgres(options: LocalPostgresOptions): Promise
     ['-D', dataDir, ...settings.flatMap(([k, v]) => ['-c', `${k}=${v}`])],
     { stdio: ['ignore', 'ignore', 'pipe'], ...spawnAs },
   );
-  const logStream = (await import('node:fs')).createWriteStream(logFile, { flags: 'a' });
+  const logStream = createWriteStream(logFile, { flags: 'a' });
   child.stderr?.pipe(logStream);
   const adminUrl = `postgres://postgres@127.0.0.1:${port}/postgres`;
   await waitUntilAccepting(adminUrl, child, logFile);

@@ -13,6 +13,7 @@ import { createReportActivities } from '../activities/reports.ts';
 import { createReservationActivities } from '../activities/reservation.ts';
 import { createSweeperActivities } from '../activities/sweeper.ts';
 import { createUsageActivities } from '../activities/usage.ts';
+import { createAdmissionCaches } from '../db/admission-caches.ts';
 import type { Db } from '../db/pool.ts';
 import type { LifecycleTimers } from '../domain/reservation-lifecycle.ts';
 import type { IamPort } from '../iam/port.ts';
@@ -113,7 +114,7 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
   };
   const activities = {
     ...createReservationActivities({ db: deps.db, log }),
-    ...createPlacementActivities({ db: deps.db, log }),
+    ...createPlacementActivities({ db: deps.db, log, caches: createAdmissionCaches() }),
     ...createReportActivities({ db: deps.db, log }),
     ...createUsageActivities({ db: deps.db, log, iam: deps.iam }),
     ...createSweeperActivities({ db: deps.db, log, temporal: temporal.client, lifecycle }),

@@ -92,7 +92,7 @@ describe('attested bindings', () => {
   it('activates only on the node-signed report; an unsigned one is rejected and changes nothing', async () => {
     const node = h.nodes[0]!;
     const { id, allocationId } = await insertPlacedReservation(h, { node });
-    await h.lifecycle.start({ id, tenantId: h.tenantId, poolId: h.poolId, state: 'placed' });
+    await h.startLifecycle(id);
     await waitForState(h, id, 'binding');
 
     await report(node.id, allocationId, null);
@@ -113,7 +113,7 @@ describe('attested bindings', () => {
   it('marks an active reservation Degraded/BindingLost when a forged re-report arrives', async () => {
     const node = h.nodes[1]!;
     const { id, allocationId } = await insertPlacedReservation(h, { node });
-    await h.lifecycle.start({ id, tenantId: h.tenantId, poolId: h.poolId, state: 'placed' });
+    await h.startLifecycle(id);
     await waitForState(h, id, 'binding');
     await report(node.id, allocationId, keys.get(node.id)!);
     await waitForState(h, id, 'active');

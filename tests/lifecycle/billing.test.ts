@@ -22,7 +22,7 @@ afterAll(async () => {
 describe('billing', () => {
   it('writes usage windows as the reservation runs, sends each once, and stops at the release', async () => {
     const { id, allocationId } = await insertPlacedReservation(h);
-    await h.lifecycle.start({ id, tenantId: h.tenantId, poolId: h.poolId, state: 'placed' });
+    await h.startLifecycle(id);
     await waitForState(h, id, 'binding');
     await reportAllocation(h, id, allocationId, 'bound');
     await waitForState(h, id, 'active');

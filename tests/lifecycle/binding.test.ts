@@ -21,8 +21,7 @@ afterAll(async () => {
   await h?.stop();
 });
 
-const start = (id: string) =>
-  h.lifecycle.start({ id, tenantId: h.tenantId, poolId: h.poolId, state: 'placed' });
+const start = (id: string) => h.startLifecycle(id);
 
 async function nodeAssignments(nodeId: string): Promise<string[]> {
   const node = await h.db

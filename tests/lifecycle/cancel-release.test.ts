@@ -19,8 +19,7 @@ afterAll(async () => {
   await h?.stop();
 });
 
-const start = (id: string, state: string) =>
-  h.lifecycle.start({ id, tenantId: h.tenantId, poolId: h.poolId, state });
+const start = (id: string, state: string) => h.startLifecycle(id, state);
 
 async function refunded(id: string): Promise<boolean> {
   const rows = await h.db

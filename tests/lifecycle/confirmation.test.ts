@@ -20,8 +20,7 @@ afterAll(async () => {
   await h?.stop();
 });
 
-const start = (id: string) =>
-  h.lifecycle.start({ id, tenantId: h.tenantId, poolId: h.poolId, state: 'awaiting-confirmation' });
+const start = (id: string) => h.startLifecycle(id, 'awaiting-confirmation');
 
 describe('delegated confirmation', () => {
   it('expires a reservation whose confirmation deadline passes', async () => {
@@ -60,7 +59,7 @@ describe('delegated confirmation', () => {
         trx,
       );
     });
-    await h.lifecycle.start({ id, tenantId: h.tenantId, poolId: h.poolId, state: 'placed' });
+    await h.startLifecycle(id);
     await waitForState(h, id, 'binding');
     await expect(
       h.lifecycle.signal(id, { type: 'confirmation', decision: 'approved' }),

@@ -58,7 +58,7 @@ describe('faults', () => {
     await blocker.connect();
     await blocker.query('BEGIN');
     await blocker.query('SELECT 1 FROM reservations WHERE id = $1 FOR UPDATE', [id]);
-    await h.lifecycle.start({ id, tenantId: h.tenantId, poolId: h.poolId, state: 'placed' });
+    await h.startLifecycle(id);
     await waitForBlockedSession();
     await killChild(child);
     child = null;
@@ -84,7 +84,7 @@ describe('faults', () => {
   it('a worker SIGKILLed after billing recorded usage but before marking it sent: billed once', async () => {
     child = await spawnChildWorker(h, { activityTimeoutMs });
     const { id, allocationId } = await insertPlacedReservation(h, { node: h.nodes[1]! });
-    await h.lifecycle.start({ id, tenantId: h.tenantId, poolId: h.poolId, state: 'placed' });
+    await h.startLifecycle(id);
     await waitForState(h, id, 'binding', 15_000);
     await reportAllocation(h, id, allocationId, 'bound');
     await waitForState(h, id, 'active', 15_000);

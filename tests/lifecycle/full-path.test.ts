@@ -26,8 +26,8 @@ describe('a reservation lifecycle on Temporal', () => {
       startInMs: 1_500,
       durationMs: 3_600_000,
     });
-    await h.lifecycle.start({ id, tenantId: h.tenantId, poolId: h.poolId, state: 'placed' });
-    await h.lifecycle.start({ id, tenantId: h.tenantId, poolId: h.poolId, state: 'placed' }); // harmless twice
+    await h.startLifecycle(id);
+    await h.startLifecycle(id); // harmless twice
 
     await waitForState(h, id, 'binding');
     const node = await h.db

@@ -53,6 +53,8 @@ export interface LifecycleHarness {
   worker: RunningWorker | null;
   /** Starts the in-process worker (when the harness began without one). */
   startWorker(): Promise<void>;
+  /** Starts the lifecycle of a reservation of the harness's tenant and pool, as admission would. */
+  startLifecycle(id: string, state?: string): Promise<void>;
   stop(): Promise<void>;
 }
 
@@ -126,6 +128,7 @@ export async function startLifecycleHarness(options: {
     async startWorker() {
       harness.worker = await startInProcessWorker();
     },
+    startLifecycle: (id, state = 'placed') => lifecycle.start({ id, tenantId, poolId, state }),
     async stop() {
       if (options.sweeper) {
         await temporal.client.schedule

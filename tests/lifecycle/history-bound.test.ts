@@ -19,7 +19,7 @@ afterAll(async () => {
 describe('bounded history', () => {
   it('continues as new while a reservation is renewed again and again, keeping its lease and its state', async () => {
     const { id } = await insertPlacedReservation(h, { startInMs: 3_600_000, leaseSeconds: 30 });
-    await h.lifecycle.start({ id, tenantId: h.tenantId, poolId: h.poolId, state: 'placed' });
+    await h.startLifecycle(id);
     await waitForState(h, id, 'placed');
     const handle = h.temporal.client.workflow.getHandle(id);
     const firstRun = (await handle.describe()).runId;

@@ -22,8 +22,7 @@ afterAll(async () => {
   await h?.stop();
 });
 
-const start = (id: string, state: string) =>
-  h.lifecycle.start({ id, tenantId: h.tenantId, poolId: h.poolId, state });
+const start = (id: string, state: string) => h.startLifecycle(id, state);
 
 describe('pending reservations', () => {
   it('are placed as soon as a release frees the capacity they wait for', async () => {

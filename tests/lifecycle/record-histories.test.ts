@@ -40,8 +40,7 @@ async function save(name: string, reservationId: string): Promise<void> {
   writeFileSync(new URL(`${name}.json`, dir), `${historyToRecordedJson(await handle.fetchHistory())}\n`);
 }
 
-const start = (id: string, state: string) =>
-  h.lifecycle.start({ id, tenantId: h.tenantId, poolId: h.poolId, state });
+const start = (id: string, state: string) => h.startLifecycle(id, state);
 
 describe.skipIf(missing.length === 0)('recording lifecycle histories', () => {
   it('records every missing scenario', async () => {

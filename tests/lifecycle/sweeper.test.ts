@@ -51,7 +51,7 @@ describe('the orphan sweeper (a Temporal Schedule)', () => {
 
   it('restarts the lifecycle of a live reservation whose workflow was terminated', async () => {
     const placed = await insertPlacedReservation(h, { node: h.nodes[1]!, startInMs: 3_600_000 });
-    await h.lifecycle.start({ id: placed.id, tenantId: h.tenantId, poolId: h.poolId, state: 'placed' });
+    await h.startLifecycle(placed.id);
     const handle = h.temporal.client.workflow.getHandle(placed.id);
     await expect
       .poll(

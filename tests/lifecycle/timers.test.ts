@@ -20,8 +20,7 @@ afterAll(async () => {
   await h?.stop();
 });
 
-const start = (id: string) =>
-  h.lifecycle.start({ id, tenantId: h.tenantId, poolId: h.poolId, state: 'placed' });
+const start = (id: string) => h.startLifecycle(id);
 
 describe('the moments a lifecycle owns', () => {
   it('releases with lease-lapsed when the lease runs out, and renew moves the deadline first', async () => {
