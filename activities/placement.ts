@@ -1,9 +1,9 @@
-import type { AdmissionCaches } from '../db/admission-caches.ts';
+import type { AdmissionCaches } from '../core/admission-caches.ts';
+import type { Db } from '../core/database.ts';
+import type { Logger } from '../core/logger.ts';
 import { lockReservationAtVersion } from '../db/lifecycle.ts';
 import { withPlacementTransaction } from '../db/placement.ts';
-import type { Db } from '../db/pool.ts';
 import { placeReservation } from '../db/reservations.ts';
-import type { Logger } from '../server/logger.ts';
 import type { StepResult } from './reservation.ts';
 
 export interface PlacementActivityDeps {

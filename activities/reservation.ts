@@ -1,4 +1,6 @@
 import { sql } from 'kysely';
+import type { Db } from '../core/database.ts';
+import type { Logger } from '../core/logger.ts';
 import {
   lockReservationAtVersion,
   markLifecycleStarted,
@@ -8,7 +10,6 @@ import {
 import { recordReservationEvent } from '../db/lifecycle-events.ts';
 import { assignReservationDevices } from '../db/lifecycle-nodespec.ts';
 import { endCurrentAllocations, refundReservationQuota } from '../db/lifecycle-release.ts';
-import type { Db } from '../db/pool.ts';
 import { ComputeError } from '../domain/errors.ts';
 import type {
   Condition,
@@ -16,7 +17,6 @@ import type {
   LifecycleTimers,
   ReservationSnapshot,
 } from '../domain/reservation-lifecycle.ts';
-import type { Logger } from '../server/logger.ts';
 import { asActivity } from './failure.ts';
 
 export interface ReservationActivityDeps {

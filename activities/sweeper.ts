@@ -1,19 +1,12 @@
-import type { Client } from '@temporalio/client';
 import { sql } from 'kysely';
-import type { Db } from '../db/pool.ts';
-import type { Logger } from '../server/logger.ts';
-import {
-  createTemporalLifecycle,
-  type LifecycleOptions,
-  startReservationLifecycle,
-} from '../temporal/lifecycle.ts';
-import { reservationWorkflowType } from '../workflows/reservation/messages.ts';
+import type { Db } from '../core/database.ts';
+import type { ReservationLifecycle } from '../core/deps.ts';
+import type { Logger } from '../core/logger.ts';
 
 export interface SweeperActivityDeps {
   db: Db;
   log: Logger;
-  temporal: Client;
-  lifecycle: LifecycleOptions;
+  lifecycle: ReservationLifecycle;
 }
 
 const liveStates = ['awaiting-confirmation', 'pending', 'placed', 'binding', 'active', 'releasing'];
@@ -24,12 +17,11 @@ const liveStates = ['awaiting-confirmation', 'pending', 'placed', 'binding', 'ac
  * lists the running lifecycles from Temporal's visibility, and signal-with-starts every
  * reservation that has none (harmless when visibility lags and one does run).
  */
-export function createSweeperActivities({ db, log, temporal, lifecycle }: SweeperActivityDeps) {
-  const lifecycles = createTemporalLifecycle(temporal, lifecycle);
+export function createSweeperActivities({ db, log, lifecycle }: SweeperActivityDeps) {
   return {
     /** Capacity was freed in a pool (a lifecycle released bookings): its pending reservations try now. */
     async wakePoolPending(input: { poolId: string }): Promise<void> {
-      await lifecycles.wakePool(input.poolId);
+      await lifecycle.wakePool(input.poolId);
     },
 
     async sweepOrphanReservations(input: { graceMs: number; limit: number }): Promise<{ started: string[] }> {
@@ -42,21 +34,11 @@ export function createSweeperActivities({ db, log, temporal, lifecycle }: Sweepe
         .limit(input.limit)
         .execute();
       if (candidates.length === 0) return { started: [] };
-      const running = new Set<string>();
-      for (let i = 0; i < candidates.length; i += 100) {
-        const ids = candidates.slice(i, i + 100).map((r) => `'${r.id.replace(/'/g, '')}'`);
-        for await (const execution of temporal.workflow.list({
-          query: `WorkflowType = '${reservationWorkflowType}' AND ExecutionStatus = 'Running' AND WorkflowId IN (${ids.join(', ')})`,
-        })) {
-          running.add(execution.workflowId);
-        }
-      }
+      const running = await lifecycle.running(candidates.map((r) => r.id));
       const orphans = candidates.filter((r) => r.lifecycle_started_at === null || !running.has(r.id));
       const started: string[] = [];
       for (const r of orphans) {
-        await startReservationLifecycle(
-          temporal,
-          lifecycle,
+        await lifecycle.start(
           { id: r.id, tenantId: r.tenant_id, poolId: r.pool_id, state: r.state },
           'sweeper',
         );

@@ -1,7 +1,7 @@
-import type { Db } from '../db/pool.ts';
+import type { Db } from '../core/database.ts';
+import type { IamPort } from '../core/iam-port.ts';
+import type { Logger } from '../core/logger.ts';
 import { markUsageSent, meterReservationUsage, unsentUsage } from '../db/usage.ts';
-import type { IamPort } from '../iam/port.ts';
-import type { Logger } from '../server/logger.ts';
 
 export interface UsageActivityDeps {
   db: Db;

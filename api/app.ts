@@ -1,22 +1,18 @@
 import { Hono } from 'hono';
 import type { ContentfulStatusCode } from 'hono/utils/http-status';
+import type { Deps } from '../core/deps.ts';
+import type { Principal } from '../core/iam-port.ts';
 import { ComputeError } from '../domain/errors.ts';
 import { newId } from '../domain/ids.ts';
-import type { Principal } from '../iam/port.ts';
-import type { Deps } from '../server/deps.ts';
 import { type Authenticator, bearerToken, createAuthenticator } from './authenticate.ts';
 import { mountDoors } from './doors.ts';
+import type { ApiEnv } from './env.ts';
 import { errorEnvelope, toComputeError } from './envelope.ts';
 import type { Credential, MethodDefinition, MethodRegistry, ServerApi } from './method.ts';
 import { parseInput } from './validation.ts';
 
 /** The header every call must carry, so a browser form on another site cannot post to the API. */
 export const requiredHeader = { name: 'X-Better-Compute', value: '1' } as const;
-
-/** Request-scoped values, in one typed Hono Env. */
-export interface ApiEnv {
-  Variables: { requestId: string };
-}
 
 interface Invocation {
   principal: Principal;

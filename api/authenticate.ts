@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
+import type { IamPort, Principal } from '../core/iam-port.ts';
 import { ComputeError } from '../domain/errors.ts';
-import type { IamPort, Principal } from '../iam/port.ts';
 
 /**
  * Authenticates bearer tokens through IAM with a 30-second cache (keyed by the token's hash, never

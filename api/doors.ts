@@ -1,7 +1,7 @@
 import type { Hono } from 'hono';
-import type { Deps } from '../server/deps.ts';
-import type { ApiEnv } from './app.ts';
+import type { Deps } from '../core/deps.ts';
 import type { Authenticator } from './authenticate.ts';
+import type { ApiEnv } from './env.ts';
 import { mountEventStream } from './events-stream.ts';
 import type { MethodRegistry } from './method.ts';
 import { buildOpenApiDocument } from './openapi.ts';

@@ -1,5 +1,5 @@
+import type { Logger } from '../core/logger.ts';
 import { ComputeError, type ErrorCode, errorCodeTraits } from '../domain/errors.ts';
-import type { Logger } from '../server/logger.ts';
 
 export interface ErrorBody {
   error: { code: ErrorCode; message: string; details?: Record<string, unknown>; requestId: string };

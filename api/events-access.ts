@@ -1,5 +1,5 @@
-import type { Principal } from '../iam/port.ts';
-import type { Deps } from '../server/deps.ts';
+import type { Deps } from '../core/deps.ts';
+import type { Principal } from '../core/iam-port.ts';
 
 export const eventsReadAction = 'compute:events:read';
 

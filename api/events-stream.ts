@@ -1,11 +1,11 @@
 import type { Hono } from 'hono';
 import { streamSSE } from 'hono/streaming';
+import type { Deps } from '../core/deps.ts';
 import { ComputeError } from '../domain/errors.ts';
 import { cursorAfterSeq, type OutboxCursor, outboxHead } from '../events/outbox.ts';
 import { createOutboxHub } from '../events/outbox-hub.ts';
-import type { Deps } from '../server/deps.ts';
-import type { ApiEnv } from './app.ts';
 import { type Authenticator, bearerToken } from './authenticate.ts';
+import type { ApiEnv } from './env.ts';
 import { authorizeEventRead } from './events-access.ts';
 
 export interface EventStreamOptions {

@@ -1,7 +1,7 @@
 import type { z } from 'zod';
-import type { Principal } from '../iam/port.ts';
-import type { Deps } from '../server/deps.ts';
-import type { Logger } from '../server/logger.ts';
+import type { Deps } from '../core/deps.ts';
+import type { Principal } from '../core/iam-port.ts';
+import type { Logger } from '../core/logger.ts';
 
 /** Everything a method handler may use for one call. */
 export interface MethodContext {

@@ -1,5 +1,5 @@
+import type { ResourceRef } from '../core/iam-port.ts';
 import { ComputeError } from '../domain/errors.ts';
-import type { ResourceRef } from '../iam/port.ts';
 import type { MethodContext } from './method.ts';
 
 /**

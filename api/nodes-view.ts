@@ -1,6 +1,6 @@
 import { sql } from 'kysely';
 import { z } from 'zod';
-import type { Db } from '../db/pool.ts';
+import type { Db } from '../core/database.ts';
 
 const ms = (d: Date | null | undefined) => (d ? d.getTime() : null);
 

@@ -1,12 +1,11 @@
 import { sql } from 'kysely';
 import { z } from 'zod';
+import type { Deps } from '../core/deps.ts';
+import type { Principal } from '../core/iam-port.ts';
 import { ComputeError } from '../domain/errors.ts';
 import { newId } from '../domain/ids.ts';
 import { outboxHead } from '../events/outbox.ts';
-import type {} from '../events/schema.ts';
 import { newWebhookSecret } from '../events/webhook-signature.ts';
-import type { Principal } from '../iam/port.ts';
-import type { Deps } from '../server/deps.ts';
 import { defineMethod } from './method.ts';
 
 const manageAction = 'compute:webhooks:manage';

@@ -24,6 +24,8 @@ import { loadavg, tmpdir } from 'node:os';
 import path from 'node:path';
 import { monitorEventLoopDelay } from 'node:perf_hooks';
 import { parseArgs } from 'node:util';
+import { parseConfig } from '../core/config.ts';
+import { createLogger } from '../core/logger.ts';
 import { defaultSimShape, SimHardware } from '../daemon/hardware.ts';
 import { saveIdentity } from '../daemon/identity.ts';
 import { simulatedNodeLayout } from '../daemon/sim.ts';
@@ -36,8 +38,6 @@ import { generateKeyPairPem, keyIdOfPublicKey, nodeSpiffeId } from '../domain/pk
 import { issueStoredNodeCertificate } from '../gateway/join-service.ts';
 import { defaultGatewayOptions } from '../gateway/options.ts';
 import { startGateway } from '../gateway/server.ts';
-import { parseConfig } from '../server/config.ts';
-import { createLogger } from '../server/logger.ts';
 import { benchDatabase, percentile } from './support.ts';
 
 const { values } = parseArgs({

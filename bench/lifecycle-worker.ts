@@ -1,8 +1,9 @@
 // The lifecycle worker of bench/lifecycle.ts in a process of its own, so its memory and CPU are
 // measured alone. It answers every IPC message with its process.memoryUsage() and cpuUsage().
+
+import { createLogger } from '../core/logger.ts';
 import { createDb } from '../db/pool.ts';
 import { createEmbeddedIam } from '../iam/embedded/index.ts';
-import { createLogger } from '../server/logger.ts';
 import { startWorker } from '../temporal/worker.ts';
 
 const options = JSON.parse(process.argv[2] ?? '{}') as {

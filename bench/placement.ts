@@ -10,14 +10,14 @@
 import { readdirSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
+import { parseConfig } from '../core/config.ts';
+import { createLogger } from '../core/logger.ts';
 import { insertPool, insertSite, offerPool, registerReadyNodes } from '../db/fleet.ts';
 import { checkBookingInvariants } from '../db/invariants.ts';
 import { bootstrapPlatform } from '../iam/bootstrap.ts';
 import { createEmbeddedIam } from '../iam/embedded/index.ts';
 import { createCompute } from '../server/compute.ts';
-import { parseConfig } from '../server/config.ts';
 import { listen } from '../server/http.ts';
-import { createLogger } from '../server/logger.ts';
 import { benchDatabase, runLoad } from './support.ts';
 
 const { values } = parseArgs({

@@ -1,10 +1,10 @@
 import { rmSync } from 'node:fs';
 import path from 'node:path';
 import pg from 'pg';
+import { createLogger } from '../core/logger.ts';
 import { startLocalPostgres } from '../db/local-postgres.ts';
 import { migrateToLatest } from '../db/migrate.ts';
 import { createDb, type DbHandle } from '../db/pool.ts';
-import { createLogger } from '../server/logger.ts';
 
 /**
  * A fresh migrated database for one benchmark: on DATABASE_URL's server when set, else on a

@@ -1,6 +1,8 @@
 import { writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { type ClientDuplexStream, credentials, Metadata, status } from '@grpc/grpc-js';
+import type { Logger } from '../core/logger.ts';
+import { sectionHash } from '../domain/inventory-sections.ts';
 import { certificateNotAfter } from '../domain/pki.ts';
 import {
   type AgentMessage,
@@ -9,8 +11,6 @@ import {
   type ControlMessage,
   type Lane,
 } from '../proto/gen/agent/v1/agent.ts';
-import { sectionHash } from '../proto/inventory.ts';
-import type { Logger } from '../server/logger.ts';
 import { runCommand } from './commands.ts';
 import type { DeviceRoots, HeldAllocation } from './devices.ts';
 import type { Hardware } from './hardware.ts';

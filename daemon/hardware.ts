@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
+import type { GpusSection, HostSection } from '../domain/inventory-sections.ts';
 import type { HardwareEvidence } from '../proto/gen/agent/v1/agent.ts';
-import type { GpusSection, HostSection } from '../proto/inventory.ts';
 
 /** What bcd reads from (and does to) the machine. */
 export interface Hardware {

@@ -1,7 +1,7 @@
 import { readFileSync } from 'node:fs';
 import path from 'node:path';
 import { Command } from 'commander';
-import { createLogger } from '../server/logger.ts';
+import { createLogger } from '../core/logger.ts';
 import { agentVersion, NodeAgent } from './agent.ts';
 import { parseDaemonConfig } from './config.ts';
 import { defaultSimShape } from './hardware.ts';

@@ -2,8 +2,8 @@ import { execFile } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { cpus, hostname, networkInterfaces, totalmem } from 'node:os';
 import { promisify } from 'node:util';
+import type { GpuInventory, GpusSection, HostSection } from '../domain/inventory-sections.ts';
 import type { HardwareEvidence } from '../proto/gen/agent/v1/agent.ts';
-import type { GpuInventory, GpusSection, HostSection } from '../proto/inventory.ts';
 import type { Hardware } from './hardware.ts';
 
 const run = promisify(execFile);

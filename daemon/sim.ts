@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import path from 'node:path';
-import type { Logger } from '../server/logger.ts';
+import type { Logger } from '../core/logger.ts';
 import { NodeAgent } from './agent.ts';
 import { defaultSimShape, SimHardware, type SimShape } from './hardware.ts';
 import { identityExists, joinWithToken, loadIdentity } from './identity.ts';

@@ -1,3 +1,4 @@
+import type { Logger } from '../core/logger.ts';
 import { attestedReportPurpose, signAllocationReport } from '../domain/attestation.ts';
 import { applySpecPatch, type DeviceAssignment, nodeSpecSchema } from '../domain/node-spec.ts';
 import type {
@@ -6,7 +7,6 @@ import type {
   NodeSpecUpdate,
   SpecStatus,
 } from '../proto/gen/agent/v1/agent.ts';
-import type { Logger } from '../server/logger.ts';
 import { convergeDevices, type DeviceRoots, type HeldAllocation } from './devices.ts';
 import type { NodeIdentity } from './identity.ts';
 import type { Journal } from './journal.ts';

@@ -1,7 +1,6 @@
 import { sql, type Transaction } from 'kysely';
-import type { ResourceRef } from '../iam/port.ts';
-import type { Db } from './pool.ts';
-import type { Database } from './schema.ts';
+import type { Database, Db } from '../core/database.ts';
+import type { ResourceRef } from '../core/iam-port.ts';
 
 type Trx = Transaction<Database>;
 

@@ -1,5 +1,5 @@
 import { sql } from 'kysely';
-import type { Db } from './pool.ts';
+import type { Db } from '../core/database.ts';
 
 /** The control plane's one clock, as the database reads it. */
 export async function readComputeNow(db: Db): Promise<Date> {

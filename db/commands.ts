@@ -1,9 +1,9 @@
 import { sql, type Transaction } from 'kysely';
+import type { Database, Db } from '../core/database.ts';
 import { commandKinds, isCommandKind } from '../domain/command-kinds.ts';
 import { ComputeError } from '../domain/errors.ts';
+import type { CommandLane, CommandState } from '../domain/fleet.ts';
 import { newId } from '../domain/ids.ts';
-import type { Db } from './pool.ts';
-import type { CommandLane, CommandState, Database } from './schema.ts';
 
 type Trx = Transaction<Database>;
 
@@ -145,4 +145,16 @@ export async function failTimedOutCommands(db: Db): Promise<number> {
       AND c.delivered_at < compute_now() - make_interval(secs => t.seconds)
     RETURNING c.id`.execute(db);
   return result.rows.length;
+}
+
+/** A queued command as a session delivers it. */
+export interface QueuedCommandRow {
+  id: string;
+  seq: number;
+  kind: string;
+  lane: CommandLane;
+  payload: Record<string, unknown>;
+  notBefore: Date | null;
+  notAfter: Date | null;
+  minGeneration: number | null;
 }

@@ -1,7 +1,7 @@
 import { sql, type Transaction } from 'kysely';
+import type { Database } from '../core/database.ts';
 import { truncateAllocationBookings } from './bookings.ts';
 import { changeNodeDeviceAssignments } from './lifecycle-nodespec.ts';
-import type { Database } from './schema.ts';
 
 type Trx = Transaction<Database>;
 

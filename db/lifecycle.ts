@@ -1,4 +1,5 @@
 import { sql, type Transaction } from 'kysely';
+import type { Database, Db } from '../core/database.ts';
 import {
   type AllocationView,
   type Condition,
@@ -7,8 +8,6 @@ import {
   type LifecycleTimers,
   type ReservationSnapshot,
 } from '../domain/reservation-lifecycle.ts';
-import type { Db } from './pool.ts';
-import type { Database } from './schema.ts';
 
 type Trx = Transaction<Database>;
 

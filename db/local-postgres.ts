@@ -14,7 +14,7 @@ import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import pg from 'pg';
-import type { Logger } from '../server/logger.ts';
+import type { Logger } from '../core/logger.ts';
 
 /** A private PostgreSQL server this process started (and stops) on a loopback port. */
 export interface LocalPostgres {

@@ -1,4 +1,6 @@
 import type { Transaction } from 'kysely';
+import { type AdmissionCaches, createAdmissionCaches } from '../core/admission-caches.ts';
+import type { Database, Db } from '../core/database.ts';
 import { ComputeError } from '../domain/errors.ts';
 import { newId } from '../domain/ids.ts';
 import {
@@ -11,11 +13,8 @@ import {
   summarizeNoFit,
 } from '../domain/placer.ts';
 import type { NormalizedRequest } from '../domain/reservation-request.ts';
-import { type AdmissionCaches, createAdmissionCaches } from './admission-caches.ts';
 import { BookingConflict, insertAllocationWithBookings, tryLockFreeDevices } from './bookings.ts';
 import { loadPlacerNodes, sampleNodeIds, schedulableNodeIds } from './placement-load.ts';
-import type { Db } from './pool.ts';
-import type { Database } from './schema.ts';
 
 type Trx = Transaction<Database>;
 

@@ -1,9 +1,7 @@
 import { createHash } from 'node:crypto';
 import { Kysely, PostgresDialect } from 'kysely';
 import pg from 'pg';
-import type { Database } from './schema.ts';
-
-export type Db = Kysely<Database>;
+import type { Database, Db } from '../core/database.ts';
 
 export interface DbHandle {
   db: Db;

@@ -1,10 +1,9 @@
 import { sql, type Transaction } from 'kysely';
+import type { Database, Db } from '../core/database.ts';
 import { newId } from '../domain/ids.ts';
 import { setAuthzPending } from './authz.ts';
 import { BookingConflict, lockDevices } from './bookings.ts';
 import { insertOutboxEvent } from './outbox.ts';
-import type { Db } from './pool.ts';
-import type { Database } from './schema.ts';
 
 type Trx = Transaction<Database>;
 

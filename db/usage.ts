@@ -1,7 +1,6 @@
 import { sql, type Transaction } from 'kysely';
-import type { UsageRecord } from '../iam/port.ts';
-import type { Db } from './pool.ts';
-import type { Database } from './schema.ts';
+import type { Database, Db } from '../core/database.ts';
+import type { UsageRecord } from '../core/iam-port.ts';
 
 type Trx = Transaction<Database>;
 

@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import type { CommandLane, NodeRole } from '../db/schema.ts';
+import type { CommandLane, NodeRole } from './fleet.ts';
 
 /**
  * The registered command kinds: lane, the roles that accept them, a timeout, the payload schema and

@@ -1,5 +1,5 @@
-import type { Db } from '../db/pool.ts';
-import type { Logger } from '../server/logger.ts';
+import type { Db } from '../core/database.ts';
+import type { Logger } from '../core/logger.ts';
 import {
   compareCursors,
   eventMatches,

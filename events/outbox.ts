@@ -1,6 +1,5 @@
 import { sql } from 'kysely';
-import type { Db } from '../db/pool.ts';
-import type {} from './schema.ts';
+import type { Db } from '../core/database.ts';
 
 /** One outbox event as every door shows it (events.list, the stream, webhooks). */
 export interface OutboxEvent {

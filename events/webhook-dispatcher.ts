@@ -1,9 +1,9 @@
 import { sql } from 'kysely';
-import type { Db } from '../db/pool.ts';
+import type { Db } from '../core/database.ts';
+import type { Logger } from '../core/logger.ts';
 import { newId } from '../domain/ids.ts';
-import type { Logger } from '../server/logger.ts';
 import { type OutboxEvent, outboxHead, readOutbox } from './outbox.ts';
-import type {} from './schema.ts';
+
 import { signatureHeaders, signWebhook } from './webhook-signature.ts';
 
 export interface WebhookDispatcherOptions {

@@ -1,6 +1,6 @@
-import type { Db } from '../db/pool.ts';
-import type { ReservationLifecycle } from '../server/deps.ts';
-import type { Logger } from '../server/logger.ts';
+import type { Db } from '../core/database.ts';
+import type { ReservationLifecycle } from '../core/deps.ts';
+import type { Logger } from '../core/logger.ts';
 import type { GatewayOptions } from './options.ts';
 import type { SessionRegistry } from './registry.ts';
 

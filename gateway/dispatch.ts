@@ -1,8 +1,9 @@
 import { sql } from 'kysely';
+import type { QueuedCommandRow } from '../db/commands.ts';
 import { expireOverdueCommands, failTimedOutCommands } from '../db/commands.ts';
-import type { CommandLane } from '../db/schema.ts';
+import type { CommandLane } from '../domain/fleet.ts';
 import type { GatewayContext } from './context.ts';
-import type { NodeSession, QueuedCommandRow } from './session.ts';
+import type { NodeSession } from './session.ts';
 import { wakeReservationsOnNodes } from './wake.ts';
 
 /**

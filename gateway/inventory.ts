@@ -1,16 +1,16 @@
 import { sql } from 'kysely';
+import type { Db } from '../core/database.ts';
 import { setNodeCondition } from '../db/nodes.ts';
-import type { Db } from '../db/pool.ts';
 import { ComputeError } from '../domain/errors.ts';
 import { newId } from '../domain/ids.ts';
-import type { InventorySection } from '../proto/gen/agent/v1/agent.ts';
 import {
   type GpusSection,
   type HostSection,
   inventorySections,
   isInventorySectionName,
   sectionHash,
-} from '../proto/inventory.ts';
+} from '../domain/inventory-sections.ts';
+import type { InventorySection } from '../proto/gen/agent/v1/agent.ts';
 import { sessionFenced } from './fence.ts';
 
 /** The latest hash the control plane holds for each inventory section of a node. */

@@ -1,10 +1,11 @@
 import { type handleUnaryCall, Metadata, status } from '@grpc/grpc-js';
 import { sql, type Transaction } from 'kysely';
+import type { Database, Db } from '../core/database.ts';
+import type { Logger } from '../core/logger.ts';
 import { checkJoinToken, spendJoinToken } from '../db/join-tokens.ts';
 import { findPeerCertificate, insertJoinedNode, revokeNodeCertificates } from '../db/nodes.ts';
-import type { Db } from '../db/pool.ts';
-import type { Database, NodeRole } from '../db/schema.ts';
 import { ComputeError, errorCodeTraits, isComputeError } from '../domain/errors.ts';
+import type { NodeRole } from '../domain/fleet.ts';
 import { computeHardwareKey } from '../domain/hardware-key.ts';
 import {
   type CaMaterial,
@@ -22,7 +23,6 @@ import type {
   RenewRequest,
   RenewResponse,
 } from '../proto/gen/agent/v1/agent.ts';
-import type { Logger } from '../server/logger.ts';
 import { verifiedPeer } from './tls.ts';
 
 export interface JoinServiceOptions {

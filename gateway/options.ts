@@ -1,4 +1,4 @@
-import type { CommandLane } from '../db/schema.ts';
+import type { CommandLane } from '../domain/fleet.ts';
 import { Lane } from '../proto/gen/agent/v1/agent.ts';
 
 /** Tunables of one gateway process; tests shorten the lease and the intervals. */

@@ -1,10 +1,10 @@
 import { sql } from 'kysely';
-import type { Db } from '../db/pool.ts';
+import type { Db } from '../core/database.ts';
+import type { ReservationLifecycle } from '../core/deps.ts';
+import type { Logger } from '../core/logger.ts';
 import { decodeAllocationReport } from '../domain/attestation.ts';
 import { ComputeError } from '../domain/errors.ts';
 import type { AttestedReport } from '../proto/gen/agent/v1/agent.ts';
-import type { ReservationLifecycle } from '../server/deps.ts';
-import type { Logger } from '../server/logger.ts';
 import { sessionFenced } from './fence.ts';
 
 export const maxReportBytes = 16 * 1024;

@@ -1,5 +1,6 @@
 import { Server, type ServerDuplexStream, status } from '@grpc/grpc-js';
 import { ulid } from 'ulid';
+import type { Deps } from '../core/deps.ts';
 import { ensureCertificateAuthority, findPeerCertificate } from '../db/nodes.ts';
 import { issueServerCertificate } from '../domain/pki.ts';
 import {
@@ -8,7 +9,6 @@ import {
   type ControlMessage,
   JoinServiceService,
 } from '../proto/gen/agent/v1/agent.ts';
-import type { Deps } from '../server/deps.ts';
 import type { GatewayContext } from './context.ts';
 import { Dispatcher } from './dispatch.ts';
 import { createJoinService } from './join-service.ts';

@@ -1,14 +1,13 @@
 import { sql } from 'kysely';
-import { failInFlightCommands } from '../db/commands.ts';
+import { failInFlightCommands, type QueuedCommandRow } from '../db/commands.ts';
 import { setNodeCondition } from '../db/nodes.ts';
-import type { CommandLane } from '../db/schema.ts';
 import { ComputeError } from '../domain/errors.ts';
+import type { CommandLane } from '../domain/fleet.ts';
+import { inventorySections } from '../domain/inventory-sections.ts';
 import type { Hello, Welcome } from '../proto/gen/agent/v1/agent.ts';
-import { inventorySections } from '../proto/inventory.ts';
 import type { GatewayContext } from './context.ts';
 import { latestSectionHashes } from './inventory.ts';
 import { type GatewayOptions, laneToProto } from './options.ts';
-import type { QueuedCommandRow } from './session.ts';
 
 const capabilityPattern = /^[a-z0-9][a-z0-9.-]{0,63}$/;
 

@@ -1,5 +1,5 @@
 import { sql } from 'kysely';
-import type { Db } from '../db/pool.ts';
+import type { Db } from '../core/database.ts';
 import { ComputeError } from '../domain/errors.ts';
 import { CommandOutcome, type CommandResult } from '../proto/gen/agent/v1/agent.ts';
 import { sessionFenced } from './fence.ts';

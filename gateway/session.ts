@@ -1,7 +1,9 @@
 import { type ServerDuplexStream, status } from '@grpc/grpc-js';
+import type { Logger } from '../core/logger.ts';
+import type { QueuedCommandRow } from '../db/commands.ts';
 import type { PeerCertificateRow } from '../db/nodes.ts';
-import type { CommandLane } from '../db/schema.ts';
 import { ComputeError, errorCodeTraits, isComputeError } from '../domain/errors.ts';
+import type { CommandLane } from '../domain/fleet.ts';
 import type {
   AgentMessage,
   CommandResult,
@@ -9,7 +11,6 @@ import type {
   Hello,
   SpecStatus,
 } from '../proto/gen/agent/v1/agent.ts';
-import type { Logger } from '../server/logger.ts';
 import type { GatewayContext } from './context.ts';
 import { isSessionFenced } from './fence.ts';
 import { applyInventory, parseInventory } from './inventory.ts';
@@ -22,17 +23,6 @@ import { SpecSender } from './spec-sender.ts';
 import { wakeReservationsOnNodes } from './wake.ts';
 
 type Stream = ServerDuplexStream<AgentMessage, ControlMessage>;
-
-export interface QueuedCommandRow {
-  id: string;
-  seq: number;
-  kind: string;
-  lane: CommandLane;
-  payload: Record<string, unknown>;
-  notBefore: Date | null;
-  notAfter: Date | null;
-  minGeneration: number | null;
-}
 
 /**
  * One node's session on this gateway: Hello and Welcome, then heartbeats, inventory, spec status,

@@ -1,8 +1,8 @@
 import { createApiApp, createServerApi } from '../api/app.ts';
 import { createAuthenticator } from '../api/authenticate.ts';
 import { methods } from '../api/registry.ts';
-import { createAdmissionCaches } from '../db/admission-caches.ts';
-import type { Deps } from './deps.ts';
+import { createAdmissionCaches } from '../core/admission-caches.ts';
+import type { Deps } from '../core/deps.ts';
 
 /**
  * The embeddable control plane: `compute.api.{group}.{method}(credential, input)` in process, and

@@ -1,13 +1,13 @@
 import { mkdirSync, renameSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import pg from 'pg';
+import type { Config } from '../core/config.ts';
+import type { Logger } from '../core/logger.ts';
 import { startLocalPostgres } from '../db/local-postgres.ts';
 import { migrateToLatest } from '../db/migrate.ts';
 import { createDb } from '../db/pool.ts';
 import { defaultToolsDir, startTemporalDevServer, waitForTemporal } from '../temporal/dev-server.ts';
-import type { Config } from './config.ts';
 import { seedDevStack } from './dev-seed.ts';
-import type { Logger } from './logger.ts';
 import { startControlPlane } from './serve.ts';
 
 /** What `.data/dev.json` holds, for scripts and the CLI. */

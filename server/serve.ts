@@ -1,4 +1,7 @@
 import type { Client } from '@temporalio/client';
+import type { Config, ProcessMode } from '../core/config.ts';
+import type { Deps } from '../core/deps.ts';
+import type { Logger } from '../core/logger.ts';
 import { createDb } from '../db/pool.ts';
 import { startWebhookDispatcher } from '../events/webhook-dispatcher.ts';
 import { startGateway } from '../gateway/server.ts';
@@ -7,10 +10,7 @@ import { connectTemporal } from '../temporal/client.ts';
 import { createTemporalLifecycle } from '../temporal/lifecycle.ts';
 import { startWorker } from '../temporal/worker.ts';
 import { type Compute, createCompute } from './compute.ts';
-import type { Config, ProcessMode } from './config.ts';
-import type { Deps } from './deps.ts';
 import { listen } from './http.ts';
-import type { Logger } from './logger.ts';
 
 export interface ControlPlane {
   deps: Deps;

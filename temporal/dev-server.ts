@@ -3,9 +3,9 @@ import { createWriteStream, existsSync, mkdirSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { Connection } from '@temporalio/client';
+import type { Logger } from '../core/logger.ts';
 import { freePort, isPortFree, stopChild } from '../db/local-postgres.ts';
-import type { Logger } from '../server/logger.ts';
-import { searchAttributeFlags } from './search-attributes.ts';
+import { searchAttributeFlags } from '../workflows/search-attributes.ts';
 
 /** The newest Temporal CLI release whose module `go install` accepts (later ones use `replace`). */
 export const temporalCliModule = 'github.com/temporalio/cli/cmd/temporal@v1.5.1';

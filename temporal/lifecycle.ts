@@ -1,8 +1,8 @@
 import { type Client, WorkflowUpdateFailedError } from '@temporalio/client';
 import { ActivityFailure, ApplicationFailure, WorkflowNotFoundError } from '@temporalio/common';
+import type { LifecycleSignal, ReservationLifecycle } from '../core/deps.ts';
 import { ComputeError, isErrorCode } from '../domain/errors.ts';
 import type { LifecycleTimers } from '../domain/reservation-lifecycle.ts';
-import type { LifecycleSignal, ReservationLifecycle } from '../server/deps.ts';
 import {
   allocationReportSignal,
   cancelUpdate,
@@ -14,7 +14,7 @@ import {
   reservationWorkflowType,
   wakeSignal,
 } from '../workflows/reservation/messages.ts';
-import { searchAttributes } from './search-attributes.ts';
+import { searchAttributes } from '../workflows/search-attributes.ts';
 
 export interface LifecycleOptions {
   taskQueue: string;
@@ -126,8 +126,21 @@ export function createTemporalLifecycle(
   }
 
   return {
-    async start(reservation) {
-      await startReservationLifecycle(client, options, reservation);
+    async start(reservation, reason) {
+      await startReservationLifecycle(client, options, reservation, reason);
+    },
+
+    async running(reservationIds) {
+      const running = new Set<string>();
+      for (let i = 0; i < reservationIds.length; i += 100) {
+        const ids = reservationIds.slice(i, i + 100).map((id) => `'${id.replace(/'/g, '')}'`);
+        for await (const execution of client.workflow.list({
+          query: `WorkflowType = '${reservationWorkflowType}' AND ExecutionStatus = 'Running' AND WorkflowId IN (${ids.join(', ')})`,
+        })) {
+          running.add(execution.workflowId);
+        }
+      }
+      return running;
     },
 
     async signal(reservationId: string, signal: LifecycleSignal) {

@@ -13,12 +13,13 @@ import { createReportActivities } from '../activities/reports.ts';
 import { createReservationActivities } from '../activities/reservation.ts';
 import { createSweeperActivities } from '../activities/sweeper.ts';
 import { createUsageActivities } from '../activities/usage.ts';
-import { createAdmissionCaches } from '../db/admission-caches.ts';
-import type { Db } from '../db/pool.ts';
+import { createAdmissionCaches } from '../core/admission-caches.ts';
+import type { Db } from '../core/database.ts';
+import type { IamPort } from '../core/iam-port.ts';
+import type { Logger } from '../core/logger.ts';
 import type { LifecycleTimers } from '../domain/reservation-lifecycle.ts';
-import type { IamPort } from '../iam/port.ts';
-import type { Logger } from '../server/logger.ts';
 import { connectTemporal } from './client.ts';
+import { createTemporalLifecycle } from './lifecycle.ts';
 import { ensureSweeperSchedule, sweeperScheduleId } from './schedules.ts';
 
 export const workflowsPath = fileURLToPath(new URL('../workflows/index.ts', import.meta.url));
@@ -117,7 +118,11 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
     ...createPlacementActivities({ db: deps.db, log, caches: createAdmissionCaches() }),
     ...createReportActivities({ db: deps.db, log }),
     ...createUsageActivities({ db: deps.db, log, iam: deps.iam }),
-    ...createSweeperActivities({ db: deps.db, log, temporal: temporal.client, lifecycle }),
+    ...createSweeperActivities({
+      db: deps.db,
+      log,
+      lifecycle: createTemporalLifecycle(temporal.client, lifecycle),
+    }),
   };
   const worker = await Worker.create({
     connection,

@@ -1,6 +1,6 @@
+import type { ResourceRef } from '../../core/iam-port.ts';
 import { ComputeError } from '../../domain/errors.ts';
 import type { EmbeddedIam } from '../../iam/embedded/index.ts';
-import type { ResourceRef } from '../../iam/port.ts';
 import type { MethodContext } from '../method.ts';
 
 /**

@@ -1,4 +1,5 @@
 import { sql } from 'kysely';
+import type { Reservation } from '../../core/database.ts';
 import { admissionContext, insertAuditEvent } from '../../db/audit.ts';
 import { readAuthzResource } from '../../db/authz.ts';
 import { insertOutboxEvent } from '../../db/outbox.ts';
@@ -10,7 +11,6 @@ import {
   lockReservationForPlacement,
   placeLockedReservation,
 } from '../../db/reservations.ts';
-import type { Reservation } from '../../db/schema.ts';
 import { ComputeError, isComputeError } from '../../domain/errors.ts';
 import type { HostResourceAmounts, NormalizedRequest } from '../../domain/reservation-request.ts';
 import { normalizeRequest, requestHash } from '../../domain/reservation-request.ts';

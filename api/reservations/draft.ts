@@ -1,8 +1,9 @@
 import { sql, type Transaction } from 'kysely';
-import type { AdmissionCaches, PoolForTenant } from '../../db/admission-caches.ts';
+import type { AdmissionCaches, PoolForTenant } from '../../core/admission-caches.ts';
+import type { Database, Db, Reservation } from '../../core/database.ts';
+import type { Principal } from '../../core/iam-port.ts';
 import { poolPerGpuShare } from '../../db/placement-load.ts';
-import { type Db, preparedMarker } from '../../db/pool.ts';
-import type { Database, Reservation } from '../../db/schema.ts';
+import { preparedMarker } from '../../db/pool.ts';
 import { ComputeError } from '../../domain/errors.ts';
 import { reservationDraftId } from '../../domain/ids.ts';
 import {
@@ -10,7 +11,6 @@ import {
   type HostResourceAmounts,
   type NormalizedRequest,
 } from '../../domain/reservation-request.ts';
-import type { Principal } from '../../iam/port.ts';
 
 type Trx = Transaction<Database>;
 

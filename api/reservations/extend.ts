@@ -1,8 +1,8 @@
 import { sql } from 'kysely';
 import { z } from 'zod';
+import type { Db } from '../../core/database.ts';
 import { admissionContext, insertAuditEvent } from '../../db/audit.ts';
 import { readAuthzResource } from '../../db/authz.ts';
-import type { Db } from '../../db/pool.ts';
 import { abandonExtend, applyExtend, stageExtend } from '../../db/reservation-extend.ts';
 import { readReservationView } from '../../db/reservation-view.ts';
 import { lockReservation } from '../../db/reservations.ts';

@@ -1,6 +1,6 @@
 import type { Command } from 'commander';
-import { type ProcessMode, parseConfig, processModes } from '../../server/config.ts';
-import { createLogger, type Logger } from '../../server/logger.ts';
+import { type ProcessMode, parseConfig, processModes } from '../../core/config.ts';
+import { createLogger, type Logger } from '../../core/logger.ts';
 
 // The control plane's modules (Temporal worker, gateway, database) load only when a server command
 // runs, so every other command starts fast.
@@ -130,17 +130,13 @@ export function registerServerCommands(program: Command) {
       }
       if (!config.DATABASE_URL)
         fail('DATABASE_URL is not set: point it at the PostgreSQL database to migrate');
-      const { createDb } = await import('../../db/pool.ts');
-      const { migrateToLatest } = await import('../../db/migrate.ts');
-      const handle = createDb(config.DATABASE_URL, { max: 1 });
+      const { migrateDatabase } = await import('../../server/migrate.ts');
       try {
-        const { applied } = await migrateToLatest(handle.db);
+        const { applied } = await migrateDatabase(config.DATABASE_URL);
         if (options.json) console.log(JSON.stringify({ applied }));
         else console.log(applied.length ? `applied ${applied.join(', ')}` : 'the database is up to date');
       } catch (error) {
         fail((error as Error).message);
-      } finally {
-        await handle.close();
       }
     });
 }

@@ -1,8 +1,8 @@
 import { createHash, randomBytes } from 'node:crypto';
 import { sql } from 'kysely';
+import type { IdentityKind } from '../../core/iam-port.ts';
 import { ComputeError } from '../../domain/errors.ts';
 import { newId } from '../../domain/ids.ts';
-import type { IdentityKind } from '../port.ts';
 import { createAccessAdmin } from './admin-access.ts';
 import { maxConfirmationMs } from './decide.ts';
 import type { Directory, IamDb } from './directory.ts';

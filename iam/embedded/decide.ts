@@ -1,5 +1,5 @@
 import { sql } from 'kysely';
-import type { Confirmation, Decision, Principal, ResourceRef } from '../port.ts';
+import type { Confirmation, Decision, Principal, ResourceRef } from '../../core/iam-port.ts';
 import type { Directory, IamDb } from './directory.ts';
 import { actionMatches, evaluateCondition, statementApplies } from './policy.ts';
 

@@ -1,8 +1,5 @@
 import { type Kysely, sql } from 'kysely';
-import type { Db } from '../../db/pool.ts';
-import { ComputeError } from '../../domain/errors.ts';
-import { newId } from '../../domain/ids.ts';
-import type { Logger } from '../../server/logger.ts';
+import type { Db } from '../../core/database.ts';
 import type {
   BillingCheck,
   Confirmation,
@@ -12,7 +9,10 @@ import type {
   Principal,
   ResourceRef,
   UsageRecord,
-} from '../port.ts';
+} from '../../core/iam-port.ts';
+import type { Logger } from '../../core/logger.ts';
+import { ComputeError } from '../../domain/errors.ts';
+import { newId } from '../../domain/ids.ts';
 import { createIamAdmin, hashToken, type IamAdmin } from './admin.ts';
 import { type DelegationRow, decide, latestConfirmation, maxConfirmationMs } from './decide.ts';
 import { createDirectory } from './directory.ts';

@@ -1,9 +1,9 @@
+import { parseConfig } from '../../core/config.ts';
+import type { Deps, LifecycleSignal, ReservationLifecycle } from '../../core/deps.ts';
+import { createLogger } from '../../core/logger.ts';
 import { bootstrapPlatform } from '../../iam/bootstrap.ts';
 import { createEmbeddedIam, type EmbeddedIam } from '../../iam/embedded/index.ts';
 import { createCompute } from '../../server/compute.ts';
-import { parseConfig } from '../../server/config.ts';
-import type { Deps, LifecycleSignal, ReservationLifecycle } from '../../server/deps.ts';
-import { createLogger } from '../../server/logger.ts';
 import { createTestDatabase, type TestDatabase } from '../support/database.ts';
 
 /** What the lifecycle seam was asked to do (a recorder, not a stand-in for Temporal's behaviour). */
@@ -41,6 +41,7 @@ export async function createAdmissionHarness(options: { max?: number } = {}): Pr
     start: async (r) => {
       calls.started.push({ id: r.id, state: r.state });
     },
+    running: async (ids) => new Set(calls.started.map((r) => r.id).filter((id) => ids.includes(id))),
     signal: async (reservationId, signal) => {
       calls.signals.push({ reservationId, signal });
     },

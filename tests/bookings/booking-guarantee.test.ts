@@ -7,7 +7,7 @@ import {
 } from '../../db/bookings.ts';
 import { insertPool, insertSite, type RegisteredNode, registerReadyNodes } from '../../db/fleet.ts';
 import { checkBookingInvariants } from '../../db/invariants.ts';
-import type { HostResource } from '../../db/schema.ts';
+import type { HostResource } from '../../domain/fleet.ts';
 import { insertBareAllocation } from '../support/allocations.ts';
 import { createTestDatabase, type TestDatabase } from '../support/database.ts';
 

@@ -1,10 +1,10 @@
+import { parseConfig } from '../../core/config.ts';
+import type { Deps } from '../../core/deps.ts';
+import { createLogger } from '../../core/logger.ts';
 import { bootstrapPlatform } from '../../iam/bootstrap.ts';
 import { createEmbeddedIam, type EmbeddedIam } from '../../iam/embedded/index.ts';
 import { createCompute } from '../../server/compute.ts';
-import { parseConfig } from '../../server/config.ts';
-import type { Deps } from '../../server/deps.ts';
 import { listen } from '../../server/http.ts';
-import { createLogger } from '../../server/logger.ts';
 import { createTestDatabase, type TestDatabase } from '../support/database.ts';
 
 export interface TenantLogin {

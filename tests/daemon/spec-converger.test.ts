@@ -2,12 +2,12 @@ import { existsSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
+import { createLogger } from '../../core/logger.ts';
 import type { NodeIdentity } from '../../daemon/identity.ts';
 import { Journal } from '../../daemon/journal.ts';
 import { SpecConverger } from '../../daemon/spec-converger.ts';
 import { generateKeyPairPem } from '../../domain/pki.ts';
 import type { AgentMessage } from '../../proto/gen/agent/v1/agent.ts';
-import { createLogger } from '../../server/logger.ts';
 
 const dir = mkdtempSync(path.join(tmpdir(), 'bcd-spec-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));

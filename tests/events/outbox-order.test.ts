@@ -1,8 +1,8 @@
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { createLogger } from '../../core/logger.ts';
 import { newId } from '../../domain/ids.ts';
 import { outboxHead, outboxStart, readOutbox } from '../../events/outbox.ts';
 import { createOutboxHub } from '../../events/outbox-hub.ts';
-import { createLogger } from '../../server/logger.ts';
 import { createTestDatabase, type TestDatabase } from '../support/database.ts';
 
 let database: TestDatabase;

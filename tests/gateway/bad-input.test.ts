@@ -1,13 +1,13 @@
 import { readFileSync } from 'node:fs';
 import { Client, credentials, Metadata } from '@grpc/grpc-js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { parseConfig } from '../../core/config.ts';
 import { loadIdentity, renewCertificate } from '../../daemon/identity.ts';
 import { type SimulatedFleet, startSimulatedFleet } from '../../daemon/sim.ts';
 import { enqueueNodeCommand, findNodeCommand } from '../../db/commands.ts';
 import { revokeNodeCertificates } from '../../db/nodes.ts';
 import { startGateway } from '../../gateway/server.ts';
 import { AgentMessage, CommandOutcome, type ControlMessage } from '../../proto/gen/agent/v1/agent.ts';
-import { parseConfig } from '../../server/config.ts';
 import { insertBareAllocation } from '../support/allocations.ts';
 import { eventually, type GatewayFixture, gatewayFixture, testLog } from './fixture.ts';
 import { openRawSession } from './raw-session.ts';

@@ -2,10 +2,10 @@ import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { parseConfig } from '../../core/config.ts';
 import { type SimulatedFleet, startSimulatedFleet } from '../../daemon/sim.ts';
 import { createJoinToken } from '../../db/join-tokens.ts';
 import { type StartedGateway, startGateway } from '../../gateway/server.ts';
-import { parseConfig } from '../../server/config.ts';
 import {
   insertPlacedReservation,
   type LifecycleHarness,

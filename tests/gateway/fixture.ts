@@ -1,13 +1,13 @@
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
+import { parseConfig } from '../../core/config.ts';
+import type { LifecycleSignal, ReservationLifecycle } from '../../core/deps.ts';
+import { createLogger } from '../../core/logger.ts';
 import { insertPool, insertSite } from '../../db/fleet.ts';
 import { createJoinToken } from '../../db/join-tokens.ts';
 import type { GatewayOptions } from '../../gateway/options.ts';
 import { type StartedGateway, startGateway } from '../../gateway/server.ts';
-import { parseConfig } from '../../server/config.ts';
-import type { LifecycleSignal, ReservationLifecycle } from '../../server/deps.ts';
-import { createLogger } from '../../server/logger.ts';
 import { createTestDatabase, type TestDatabase } from '../support/database.ts';
 
 /** Signals the gateway sent, recorded at the lifecycle seam (the workflow side is helper C's). */
@@ -18,6 +18,9 @@ export class RecordingLifecycle implements ReservationLifecycle {
     this.signals.push({ reservationId, signal });
   }
   async wakePool(): Promise<void> {}
+  async running(): Promise<Set<string>> {
+    return new Set();
+  }
 }
 
 export interface GatewayFixture {

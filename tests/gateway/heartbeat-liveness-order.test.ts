@@ -1,10 +1,10 @@
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createLogger } from '../../core/logger.ts';
 import { insertPool, insertSite, type RegisteredNode, registerReadyNodes } from '../../db/fleet.ts';
 import { Dispatcher } from '../../gateway/dispatch.ts';
 import { defaultGatewayOptions } from '../../gateway/options.ts';
 import { SessionRegistry } from '../../gateway/registry.ts';
-import { createLogger } from '../../server/logger.ts';
 import { createTestDatabase, type TestDatabase } from '../support/database.ts';
 
 let t: TestDatabase;

@@ -1,9 +1,9 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { Principal, ResourceRef } from '../../core/iam-port.ts';
+import { createLogger } from '../../core/logger.ts';
 import { advanceComputeClock } from '../../db/clock.ts';
 import { bootstrapPlatform } from '../../iam/bootstrap.ts';
 import { createEmbeddedIam, type EmbeddedIam } from '../../iam/embedded/index.ts';
-import type { Principal, ResourceRef } from '../../iam/port.ts';
-import { createLogger } from '../../server/logger.ts';
 import { createTestDatabase, type TestDatabase } from '../support/database.ts';
 
 let t: TestDatabase;

@@ -1,6 +1,8 @@
 import { randomBytes } from 'node:crypto';
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
+import { parseConfig } from '../../core/config.ts';
+import { createLogger } from '../../core/logger.ts';
 import {
   insertPool,
   insertSite,
@@ -11,8 +13,6 @@ import {
 import { bootstrapPlatform } from '../../iam/bootstrap.ts';
 import { createEmbeddedIam } from '../../iam/embedded/index.ts';
 import { createCompute } from '../../server/compute.ts';
-import { parseConfig } from '../../server/config.ts';
-import { createLogger } from '../../server/logger.ts';
 import { connectTemporal, type TemporalClientHandle } from '../../temporal/client.ts';
 import { createTemporalLifecycle } from '../../temporal/lifecycle.ts';
 import { type RunningWorker, startWorker } from '../../temporal/worker.ts';

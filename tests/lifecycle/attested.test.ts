@@ -1,10 +1,10 @@
 import { generateKeyPairSync } from 'node:crypto';
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createLogger } from '../../core/logger.ts';
 import { signAllocationReport } from '../../domain/attestation.ts';
 import { keyIdOfPublicKey } from '../../domain/pki.ts';
 import { acceptAllocationReport } from '../../gateway/reports.ts';
-import { createLogger } from '../../server/logger.ts';
 import {
   eventTypes,
   insertPlacedReservation,

@@ -1,7 +1,7 @@
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { searchAttributes } from '../../temporal/search-attributes.ts';
 import { confirmationUpdate, snapshotQuery } from '../../workflows/reservation/messages.ts';
+import { searchAttributes } from '../../workflows/search-attributes.ts';
 import {
   eventTypes,
   insertUnplacedReservation,

@@ -1,6 +1,6 @@
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { searchAttributes } from '../../temporal/search-attributes.ts';
+import { searchAttributes } from '../../workflows/search-attributes.ts';
 import {
   eventTypes,
   insertPlacedReservation,

@@ -1,6 +1,8 @@
 import { randomBytes } from 'node:crypto';
 import { sql } from 'kysely';
 import { inject } from 'vitest';
+import type { Db, ReservationState } from '../../core/database.ts';
+import { createLogger } from '../../core/logger.ts';
 import {
   insertPool,
   insertSite,
@@ -9,11 +11,8 @@ import {
   type RegisteredNode,
   registerReadyNodes,
 } from '../../db/fleet.ts';
-import type { Db } from '../../db/pool.ts';
-import type { ReservationState } from '../../db/schema.ts';
 import type { LifecycleTimers } from '../../domain/reservation-lifecycle.ts';
 import { createEmbeddedIam } from '../../iam/embedded/index.ts';
-import { createLogger } from '../../server/logger.ts';
 import { connectTemporal, type TemporalClientHandle } from '../../temporal/client.ts';
 import { createTemporalLifecycle } from '../../temporal/lifecycle.ts';
 import { type RunningWorker, startWorker } from '../../temporal/worker.ts';

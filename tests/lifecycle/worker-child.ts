@@ -1,8 +1,9 @@
 // A worker in a process of its own, so a test can SIGKILL it in the middle of an activity.
 // Usage: node --import tsx tests/lifecycle/worker-child.ts '<json options>'
+
+import { createLogger } from '../../core/logger.ts';
 import { createDb } from '../../db/pool.ts';
 import { createEmbeddedIam } from '../../iam/embedded/index.ts';
-import { createLogger } from '../../server/logger.ts';
 import { startWorker } from '../../temporal/worker.ts';
 
 const options = JSON.parse(process.argv[2] ?? '{}') as {

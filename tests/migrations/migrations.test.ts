@@ -1,8 +1,9 @@
 import { type Kysely, sql } from 'kysely';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
+import type { Db } from '../../core/database.ts';
 import { migrateToLatest } from '../../db/migrate.ts';
-import { createDb, type Db, type DbHandle } from '../../db/pool.ts';
+import { createDb, type DbHandle } from '../../db/pool.ts';
 import { migrations } from '../../migrations/index.ts';
 
 let admin: pg.Client;

@@ -1,5 +1,5 @@
 import type { Transaction } from 'kysely';
-import type { Database } from '../../db/schema.ts';
+import type { Database } from '../../core/database.ts';
 import { newId } from '../../domain/ids.ts';
 
 /**

@@ -27,7 +27,7 @@ import {
   type LifecycleAction,
   type ReservationSnapshot,
 } from '../../domain/reservation-lifecycle.ts';
-import { searchAttributes } from '../../temporal/search-attributes.ts';
+import { searchAttributes } from '../search-attributes.ts';
 import {
   allocationReportSignal,
   cancelUpdate,

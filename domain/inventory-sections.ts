@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import { z } from 'zod';
-import { canonicalJson } from '../domain/node-spec.ts';
+import { canonicalJson } from './node-spec.ts';
 
 /**
  * The JSON sections of `NodeInventory v1` carried in `InventorySection.data`. Each is hashed

@@ -1,4 +1,16 @@
-import type { ColumnType, Generated, Insertable, Selectable, Updateable } from 'kysely';
+import type { ColumnType, Generated, Insertable, Kysely, Selectable, Updateable } from 'kysely';
+import type {
+  AllocationState,
+  CommandLane,
+  CommandState,
+  Connectivity,
+  DeviceClass,
+  HostResource,
+  NodeRole,
+  PoolClass,
+  PoolSharingMode,
+  ProvisionState,
+} from '../domain/fleet.ts';
 import type { ReservationState } from '../domain/reservation-states.ts';
 
 /** Timestamps read as Date, written as Date or an SQL expression. */
@@ -24,9 +36,6 @@ export interface SitesTable {
   owner_tenant_id: string | null;
   created_at: TimestampDefault;
 }
-
-export type PoolSharingMode = 'exclusive' | 'mig' | 'time-slice' | 'mps';
-export type PoolClass = 'metal-host' | 'metal-dedicated' | 'vps-host' | 'provider';
 
 export interface PoolsTable {
   id: string;
@@ -73,19 +82,6 @@ export interface ProjectsTable {
   name: string;
   created_at: TimestampDefault;
 }
-
-export type ProvisionState =
-  | 'adopting'
-  | 'enrolling'
-  | 'inspecting'
-  | 'available'
-  | 'ready'
-  | 'deploying'
-  | 'deployed'
-  | 'retiring'
-  | 'retired';
-export type Connectivity = 'connected' | 'unreachable' | 'unknown';
-export type NodeRole = 'node' | 'node-tenant' | 'site' | 'ramdisk';
 
 export interface NodesTable {
   id: string;
@@ -134,8 +130,6 @@ export interface NodeConditionsTable {
   updated_at: TimestampDefault;
 }
 
-export type DeviceClass = 'gpu' | 'gpu.mig' | 'gpu.slot' | 'nic.vf' | 'disk' | 'node';
-
 export interface DeviceAttributes {
   model?: string;
   memoryMiB?: number;
@@ -156,8 +150,6 @@ export interface DevicesTable {
   removed_at: Timestamp | null;
   created_at: TimestampDefault;
 }
-
-export type HostResource = 'vcpu' | 'memoryGiB' | 'hugepages2Mi' | 'hugepages1Gi';
 
 export interface HostResourcesTable {
   node_id: string;
@@ -211,8 +203,6 @@ export interface ReservationsTable {
   created_at: TimestampDefault;
   updated_at: TimestampDefault;
 }
-
-export type AllocationState = 'planned' | 'binding' | 'bound' | 'releasing' | 'released' | 'failed';
 
 export interface AllocationsTable {
   id: string;
@@ -318,16 +308,6 @@ export interface OutboxEventsTable {
   created_at: TimestampDefault;
 }
 
-export type CommandLane = 'control' | 'provision' | 'bulk';
-export type CommandState =
-  | 'queued'
-  | 'delivered'
-  | 'running'
-  | 'succeeded'
-  | 'failed'
-  | 'expired'
-  | 'cancelled';
-
 export interface NodeCommandsTable {
   id: string;
   node_id: string;
@@ -381,6 +361,9 @@ export interface NodeCertificatesTable {
   created_at: TimestampDefault;
 }
 
+/** A handle on the compute database (a pool or a transaction's connection). */
+export type Db = Kysely<Database>;
+
 /** The compute schema (public). IAM's tables live in their own schema and their own interface. */
 export interface Database {
   compute_clock: ComputeClockTable;
@@ -433,7 +416,44 @@ export interface AllocationReportsTable {
   received_at: TimestampDefault;
 }
 
-// Declaration merging keeps each area's tables in its own block.
 export interface Database {
   allocation_reports: AllocationReportsTable;
+  webhook_subscriptions: WebhookSubscriptionsTable;
+  webhook_deliveries: WebhookDeliveriesTable;
+}
+
+/** One webhook endpoint of a tenant (migration 2026-11-29T40-events-and-webhooks). */
+export interface WebhookSubscriptionsTable {
+  id: string;
+  tenant_id: string;
+  url: string;
+  secret: string;
+  event_types: ColumnType<string[], string[] | undefined, string[]>;
+  description: Generated<string>;
+  created_by: string | null;
+  /** xid8 as text. */
+  cursor_xid: ColumnType<string, string | undefined, string>;
+  cursor_seq: ColumnType<string, string | number | undefined, string | number>;
+  attempts: Generated<number>;
+  next_attempt_at: Timestamp | null;
+  lease_owner: string | null;
+  lease_until: Timestamp | null;
+  deleted_at: Timestamp | null;
+  created_at: TimestampDefault;
+  updated_at: TimestampDefault;
+}
+
+/** Every delivery attempt of an event to a webhook. */
+export interface WebhookDeliveriesTable {
+  id: string;
+  subscription_id: string;
+  event_id: string;
+  event_seq: ColumnType<string, string | number, string | number>;
+  event_type: string;
+  attempt: number;
+  outcome: 'succeeded' | 'retrying' | 'failed';
+  status_code: number | null;
+  error: string | null;
+  duration_ms: number;
+  created_at: TimestampDefault;
 }

@@ -1,8 +1,8 @@
 import type { Client } from '@temporalio/client';
-import type { AdmissionCaches } from '../db/admission-caches.ts';
-import type { Db } from '../db/pool.ts';
-import type { IamPort } from '../iam/port.ts';
+import type { AdmissionCaches } from './admission-caches.ts';
 import type { Config } from './config.ts';
+import type { Db } from './database.ts';
+import type { IamPort } from './iam-port.ts';
 import type { Logger } from './logger.ts';
 
 /** Wake-ups the API sends to a reservation's lifecycle workflow after its own transaction commits. */
@@ -24,7 +24,12 @@ export type LifecycleSignal =
  * happens (a crash) is swept up by the schedule, so admission never waits on Temporal.
  */
 export interface ReservationLifecycle {
-  start(reservation: { id: string; tenantId: string; poolId: string; state: string }): Promise<void>;
+  start(
+    reservation: { id: string; tenantId: string; poolId: string; state: string },
+    reason?: string,
+  ): Promise<void>;
+  /** Of these reservation ids, the ones whose lifecycle workflow is running now (visibility may lag). */
+  running(reservationIds: string[]): Promise<Set<string>>;
   signal(reservationId: string, signal: LifecycleSignal): Promise<void>;
   /** Wakes every pending reservation of a pool at once (a release freed capacity). */
   wakePool(poolId: string): Promise<void>;
