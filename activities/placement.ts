@@ -1,9 +1,9 @@
 import type { AdmissionCaches } from '../core/admission-caches.ts';
 import type { Db } from '../core/database.ts';
 import type { Logger } from '../core/logger.ts';
-import { lockReservationAtVersion } from '../db/lifecycle.ts';
-import { withPlacementTransaction } from '../db/placement.ts';
-import { placeReservation } from '../db/reservations.ts';
+import { withPlacementTransaction } from '../db/allocations/placement.ts';
+import { lockReservationAtVersion } from '../db/reservations/lifecycle.ts';
+import { placeReservation } from '../db/reservations/reservations.ts';
 import type { StepResult } from './reservation.ts';
 
 export interface PlacementActivityDeps {

@@ -1,7 +1,7 @@
 import { sql } from 'kysely';
 import type { Db } from '../core/database.ts';
 import type { Logger } from '../core/logger.ts';
-import { judgeAllocationReport } from '../db/allocation-reports.ts';
+import { judgeAllocationReport } from '../db/allocations/reports.ts';
 
 export interface ReportActivityDeps {
   db: Db;

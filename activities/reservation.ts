@@ -6,10 +6,10 @@ import {
   markLifecycleStarted,
   readReservationSnapshot,
   updateReservation,
-} from '../db/lifecycle.ts';
-import { recordReservationEvent } from '../db/lifecycle-events.ts';
-import { assignReservationDevices } from '../db/lifecycle-nodespec.ts';
-import { endCurrentAllocations, refundReservationQuota } from '../db/lifecycle-release.ts';
+} from '../db/reservations/lifecycle.ts';
+import { recordReservationEvent } from '../db/reservations/lifecycle-events.ts';
+import { assignReservationDevices } from '../db/reservations/lifecycle-nodespec.ts';
+import { endCurrentAllocations, refundReservationQuota } from '../db/reservations/lifecycle-release.ts';
 import { ComputeError } from '../domain/errors.ts';
 import type {
   Condition,

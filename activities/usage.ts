@@ -1,7 +1,7 @@
 import type { Db } from '../core/database.ts';
 import type { IamPort } from '../core/iam-port.ts';
 import type { Logger } from '../core/logger.ts';
-import { markUsageSent, meterReservationUsage, unsentUsage } from '../db/usage.ts';
+import { markUsageSent, meterReservationUsage, unsentUsage } from '../db/reservations/usage.ts';
 
 export interface UsageActivityDeps {
   db: Db;

@@ -1,7 +1,7 @@
 import { sql } from 'kysely';
 import { z } from 'zod';
-import { placementRequestOf, previewPlacement } from '../db/placement.ts';
-import { quotaNeeds } from '../db/quota.ts';
+import { placementRequestOf, previewPlacement } from '../db/allocations/placement.ts';
+import { quotaNeeds } from '../db/reservations/quota.ts';
 import { normalizeRequest } from '../domain/reservation-request.ts';
 import { previewInput, tenantIdSchema } from '../domain/reservation-schema.ts';
 import { defineMethod } from './method.ts';

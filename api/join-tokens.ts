@@ -1,6 +1,6 @@
 import { z } from 'zod';
-import { createJoinToken, findJoinToken, listJoinTokens, revokeJoinToken } from '../db/join-tokens.ts';
-import { ensureCertificateAuthority } from '../db/nodes.ts';
+import { createJoinToken, findJoinToken, listJoinTokens, revokeJoinToken } from '../db/nodes/join-tokens.ts';
+import { ensureCertificateAuthority } from '../db/nodes/nodes.ts';
 import { ComputeError } from '../domain/errors.ts';
 import { defineMethod } from './method.ts';
 import { requirePool, requireTenantRead } from './nodes-access.ts';

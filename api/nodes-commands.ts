@@ -1,7 +1,7 @@
 import { sql } from 'kysely';
 import { z } from 'zod';
-import { type CommandView, enqueueNodeCommand, findNodeCommand } from '../db/commands.ts';
-import { insertOutboxEvent } from '../db/outbox.ts';
+import { insertOutboxEvent } from '../db/events/outbox.ts';
+import { type CommandView, enqueueNodeCommand, findNodeCommand } from '../db/nodes/commands.ts';
 import { commandKindNames } from '../domain/command-kinds.ts';
 import { ComputeError } from '../domain/errors.ts';
 import { defineMethod } from './method.ts';

@@ -1,7 +1,7 @@
 import { sql } from 'kysely';
 import { z } from 'zod';
-import { setNodeCondition } from '../db/nodes.ts';
-import { insertOutboxEvent } from '../db/outbox.ts';
+import { insertOutboxEvent } from '../db/events/outbox.ts';
+import { setNodeCondition } from '../db/nodes/nodes.ts';
 import { ComputeError } from '../domain/errors.ts';
 import { defineMethod, type MethodContext } from './method.ts';
 import { requireNode, requirePool, requireTenantRead } from './nodes-access.ts';

@@ -10,9 +10,9 @@
  */
 import { parseArgs } from 'node:util';
 import { sql } from 'kysely';
-import { BookingConflict, insertDeviceBookings } from '../db/bookings.ts';
-import { h100Shape, insertPool, insertSite, registerReadyNodes } from '../db/fleet.ts';
-import { checkBookingInvariants } from '../db/invariants.ts';
+import { BookingConflict, insertDeviceBookings } from '../db/allocations/bookings.ts';
+import { checkBookingInvariants } from '../db/allocations/invariants.ts';
+import { h100Shape, insertPool, insertSite, registerReadyNodes } from '../db/nodes/fleet.ts';
 import { benchDatabase, runLoad } from './support.ts';
 
 const { values } = parseArgs({

@@ -16,7 +16,7 @@ import { sql } from 'kysely';
 import { parseConfig } from '../core/config.ts';
 import type { ReservationLifecycle } from '../core/deps.ts';
 import { createLogger } from '../core/logger.ts';
-import { insertPool, insertSite, offerPool, registerReadyNodes } from '../db/fleet.ts';
+import { insertPool, insertSite, offerPool, registerReadyNodes } from '../db/nodes/fleet.ts';
 import { bootstrapPlatform } from '../iam/bootstrap.ts';
 import { createEmbeddedIam } from '../iam/embedded/index.ts';
 import { createCompute } from '../server/compute.ts';

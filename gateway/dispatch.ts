@@ -1,6 +1,6 @@
 import { sql } from 'kysely';
-import type { QueuedCommandRow } from '../db/commands.ts';
-import { expireOverdueCommands, failTimedOutCommands } from '../db/commands.ts';
+import type { QueuedCommandRow } from '../db/nodes/commands.ts';
+import { expireOverdueCommands, failTimedOutCommands } from '../db/nodes/commands.ts';
 import type { CommandLane } from '../domain/fleet.ts';
 import type { GatewayContext } from './context.ts';
 import type { NodeSession } from './session.ts';

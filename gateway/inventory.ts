@@ -1,6 +1,6 @@
 import { sql } from 'kysely';
 import type { Db } from '../core/database.ts';
-import { setNodeCondition } from '../db/nodes.ts';
+import { setNodeCondition } from '../db/nodes/nodes.ts';
 import { ComputeError } from '../domain/errors.ts';
 import { newId } from '../domain/ids.ts';
 import {

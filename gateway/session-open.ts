@@ -1,6 +1,6 @@
 import { sql } from 'kysely';
-import { failInFlightCommands, type QueuedCommandRow } from '../db/commands.ts';
-import { setNodeCondition } from '../db/nodes.ts';
+import { failInFlightCommands, type QueuedCommandRow } from '../db/nodes/commands.ts';
+import { setNodeCondition } from '../db/nodes/nodes.ts';
 import { ComputeError } from '../domain/errors.ts';
 import type { CommandLane } from '../domain/fleet.ts';
 import { inventorySections } from '../domain/inventory-sections.ts';

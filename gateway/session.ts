@@ -1,7 +1,7 @@
 import { type ServerDuplexStream, status } from '@grpc/grpc-js';
 import type { Logger } from '../core/logger.ts';
-import type { QueuedCommandRow } from '../db/commands.ts';
-import type { PeerCertificateRow } from '../db/nodes.ts';
+import type { QueuedCommandRow } from '../db/nodes/commands.ts';
+import type { PeerCertificateRow } from '../db/nodes/nodes.ts';
 import { ComputeError, errorCodeTraits, isComputeError } from '../domain/errors.ts';
 import type { CommandLane } from '../domain/fleet.ts';
 import type {

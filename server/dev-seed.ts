@@ -2,7 +2,7 @@ import path from 'node:path';
 import { sql } from 'kysely';
 import type { Logger } from '../core/logger.ts';
 import { startSimulatedFleet } from '../daemon/sim.ts';
-import { createJoinToken } from '../db/join-tokens.ts';
+import { createJoinToken } from '../db/nodes/join-tokens.ts';
 import { bootstrapPlatform } from '../iam/bootstrap.ts';
 import { seedDemo } from './seed-demo.ts';
 import type { ControlPlane } from './serve.ts';

@@ -1,6 +1,6 @@
 import { sql } from 'kysely';
 import type { Db } from '../core/database.ts';
-import { registerReadyNodes } from '../db/fleet.ts';
+import { registerReadyNodes } from '../db/nodes/fleet.ts';
 import type { Compute } from './compute.ts';
 
 export interface DemoSeed {

@@ -1,6 +1,6 @@
 import { sql } from 'kysely';
 import { z } from 'zod';
-import { insertPool, insertSite, offerPool } from '../../db/fleet.ts';
+import { insertPool, insertSite, offerPool } from '../../db/nodes/fleet.ts';
 import { ComputeError } from '../../domain/errors.ts';
 import { defineMethod } from '../method.ts';
 import { iamAdmin, requireRootAdmin } from './guard.ts';

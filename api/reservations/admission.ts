@@ -1,16 +1,16 @@
 import { sql } from 'kysely';
 import type { Reservation } from '../../core/database.ts';
-import { admissionContext, insertAuditEvent } from '../../db/audit.ts';
-import { readAuthzResource } from '../../db/authz.ts';
-import { insertOutboxEvent } from '../../db/outbox.ts';
-import { withPlacementTransaction } from '../../db/placement.ts';
-import { chargeQuota, precheckQuotaFree, quotaNeeds } from '../../db/quota.ts';
-import { readReservationView } from '../../db/reservation-view.ts';
+import { withPlacementTransaction } from '../../db/allocations/placement.ts';
+import { admissionContext, insertAuditEvent } from '../../db/events/audit.ts';
+import { insertOutboxEvent } from '../../db/events/outbox.ts';
+import { readAuthzResource } from '../../db/iam/authz.ts';
+import { chargeQuota, precheckQuotaFree, quotaNeeds } from '../../db/reservations/quota.ts';
 import {
   lockReservation,
   lockReservationForPlacement,
   placeLockedReservation,
-} from '../../db/reservations.ts';
+} from '../../db/reservations/reservations.ts';
+import { readReservationView } from '../../db/reservations/view.ts';
 import { ComputeError, isComputeError } from '../../domain/errors.ts';
 import type { HostResourceAmounts, NormalizedRequest } from '../../domain/reservation-request.ts';
 import { normalizeRequest, requestHash } from '../../domain/reservation-request.ts';

@@ -1,4 +1,4 @@
-import { readReservationView } from '../../db/reservation-view.ts';
+import { readReservationView } from '../../db/reservations/view.ts';
 import { createReservationInput } from '../../domain/reservation-schema.ts';
 import { type ReservationView, reservationViewSchema } from '../../domain/reservation-view.ts';
 import { defineMethod, type MethodContext } from '../method.ts';

@@ -2,7 +2,7 @@ import { sql, type Transaction } from 'kysely';
 import type { AdmissionCaches, PoolForTenant } from '../../core/admission-caches.ts';
 import type { Database, Db, Reservation } from '../../core/database.ts';
 import type { Principal } from '../../core/iam-port.ts';
-import { poolPerGpuShare } from '../../db/placement-load.ts';
+import { poolPerGpuShare } from '../../db/allocations/placement-load.ts';
 import { preparedMarker } from '../../db/pool.ts';
 import { ComputeError } from '../../domain/errors.ts';
 import { reservationDraftId } from '../../domain/ids.ts';

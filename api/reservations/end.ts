@@ -1,6 +1,6 @@
-import { admissionContext, insertAuditEvent } from '../../db/audit.ts';
-import { readReservationView } from '../../db/reservation-view.ts';
-import { lockReservation, releaseReservation } from '../../db/reservations.ts';
+import { admissionContext, insertAuditEvent } from '../../db/events/audit.ts';
+import { lockReservation, releaseReservation } from '../../db/reservations/reservations.ts';
+import { readReservationView } from '../../db/reservations/view.ts';
 import { ComputeError } from '../../domain/errors.ts';
 import { reservationRefInput } from '../../domain/reservation-schema.ts';
 import { reservationViewSchema } from '../../domain/reservation-view.ts';

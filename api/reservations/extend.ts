@@ -1,11 +1,11 @@
 import { sql } from 'kysely';
 import { z } from 'zod';
 import type { Db } from '../../core/database.ts';
-import { admissionContext, insertAuditEvent } from '../../db/audit.ts';
-import { readAuthzResource } from '../../db/authz.ts';
-import { abandonExtend, applyExtend, stageExtend } from '../../db/reservation-extend.ts';
-import { readReservationView } from '../../db/reservation-view.ts';
-import { lockReservation } from '../../db/reservations.ts';
+import { admissionContext, insertAuditEvent } from '../../db/events/audit.ts';
+import { readAuthzResource } from '../../db/iam/authz.ts';
+import { abandonExtend, applyExtend, stageExtend } from '../../db/reservations/extend.ts';
+import { lockReservation } from '../../db/reservations/reservations.ts';
+import { readReservationView } from '../../db/reservations/view.ts';
 import { parseDuration } from '../../domain/duration.ts';
 import { ComputeError } from '../../domain/errors.ts';
 import { extendInput, maxDurationMs, reservationRefInput } from '../../domain/reservation-schema.ts';

@@ -1,6 +1,6 @@
 import { sql } from 'kysely';
 import { z } from 'zod';
-import { readReservationView, readReservationViews } from '../../db/reservation-view.ts';
+import { readReservationView, readReservationViews } from '../../db/reservations/view.ts';
 import { listReservationsInput, reservationRefInput } from '../../domain/reservation-schema.ts';
 import { reservationViewSchema } from '../../domain/reservation-view.ts';
 import { defineMethod } from '../method.ts';

@@ -1,7 +1,7 @@
 import { sql } from 'kysely';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { advanceComputeClock } from '../../db/clock.ts';
-import { offerPool } from '../../db/fleet.ts';
+import { offerPool } from '../../db/nodes/fleet.ts';
 import { h100Pool, type TenantFixture, tenantWithMember } from './fixtures.ts';
 import { type AdmissionHarness, createAdmissionHarness } from './harness.ts';
 

@@ -1,4 +1,4 @@
-import { insertPool, insertSite, offerPool, registerReadyNodes } from '../../db/fleet.ts';
+import { insertPool, insertSite, offerPool, registerReadyNodes } from '../../db/nodes/fleet.ts';
 import type { AdmissionHarness } from './harness.ts';
 
 export interface TenantFixture {

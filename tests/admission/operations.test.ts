@@ -1,8 +1,8 @@
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { insertDeviceBookings } from '../../db/bookings.ts';
+import { insertDeviceBookings } from '../../db/allocations/bookings.ts';
+import { checkBookingInvariants } from '../../db/allocations/invariants.ts';
 import { advanceComputeClock } from '../../db/clock.ts';
-import { checkBookingInvariants } from '../../db/invariants.ts';
 import { insertBareAllocation } from '../support/allocations.ts';
 import { h100Pool, type TenantFixture, tenantWithMember } from './fixtures.ts';
 import { type AdmissionHarness, createAdmissionHarness } from './harness.ts';

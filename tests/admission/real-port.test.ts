@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, expect, it } from 'vitest';
-import { checkBookingInvariants } from '../../db/invariants.ts';
+import { checkBookingInvariants } from '../../db/allocations/invariants.ts';
 import { type HttpServer, listen } from '../../server/http.ts';
 import { h100Pool, type TenantFixture, tenantWithMember } from './fixtures.ts';
 import { type AdmissionHarness, createAdmissionHarness } from './harness.ts';

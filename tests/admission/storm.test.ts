@@ -1,6 +1,6 @@
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { checkBookingInvariants } from '../../db/invariants.ts';
+import { checkBookingInvariants } from '../../db/allocations/invariants.ts';
 import { h100Pool, type TenantFixture, tenantWithMember } from './fixtures.ts';
 import { type AdmissionHarness, createAdmissionHarness } from './harness.ts';
 

@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { BookingConflict, insertAllocationWithBookings } from '../../db/bookings.ts';
-import { insertPool, insertSite, type RegisteredNode, registerReadyNodes } from '../../db/fleet.ts';
-import { checkBookingInvariants } from '../../db/invariants.ts';
+import { BookingConflict, insertAllocationWithBookings } from '../../db/allocations/bookings.ts';
+import { checkBookingInvariants } from '../../db/allocations/invariants.ts';
+import { insertPool, insertSite, type RegisteredNode, registerReadyNodes } from '../../db/nodes/fleet.ts';
 import { newId } from '../../domain/ids.ts';
 import { insertBareAllocation } from '../support/allocations.ts';
 import { createTestDatabase, type TestDatabase } from '../support/database.ts';

@@ -4,9 +4,9 @@ import {
   insertDeviceBookings,
   insertScalarBookings,
   truncateAllocationBookings,
-} from '../../db/bookings.ts';
-import { insertPool, insertSite, type RegisteredNode, registerReadyNodes } from '../../db/fleet.ts';
-import { checkBookingInvariants } from '../../db/invariants.ts';
+} from '../../db/allocations/bookings.ts';
+import { checkBookingInvariants } from '../../db/allocations/invariants.ts';
+import { insertPool, insertSite, type RegisteredNode, registerReadyNodes } from '../../db/nodes/fleet.ts';
 import type { HostResource } from '../../domain/fleet.ts';
 import { insertBareAllocation } from '../support/allocations.ts';
 import { createTestDatabase, type TestDatabase } from '../support/database.ts';

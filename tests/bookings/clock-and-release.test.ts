@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { insertDeviceBookings, truncateAllocationBookings } from '../../db/bookings.ts';
+import { insertDeviceBookings, truncateAllocationBookings } from '../../db/allocations/bookings.ts';
 import { advanceComputeClock, freezeComputeClock, readComputeNow } from '../../db/clock.ts';
-import { insertPool, insertSite, type RegisteredNode, registerReadyNodes } from '../../db/fleet.ts';
+import { insertPool, insertSite, type RegisteredNode, registerReadyNodes } from '../../db/nodes/fleet.ts';
 import { insertBareAllocation } from '../support/allocations.ts';
 import { createTestDatabase, type TestDatabase } from '../support/database.ts';
 

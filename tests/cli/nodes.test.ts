@@ -5,7 +5,7 @@ import {
   offerPool,
   type RegisteredNode,
   registerReadyNodes,
-} from '../../db/fleet.ts';
+} from '../../db/nodes/fleet.ts';
 import { newId } from '../../domain/ids.ts';
 import { startTestApi, type TestApi } from './harness.ts';
 import { json, runCli } from './run-cli.ts';

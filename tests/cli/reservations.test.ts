@@ -2,7 +2,7 @@ import { spawn } from 'node:child_process';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, test, vi } from 'vitest';
 import { createComputeClient } from '../../client/index.ts';
-import { h100Shape, insertPool, insertSite, offerPool, registerReadyNodes } from '../../db/fleet.ts';
+import { h100Shape, insertPool, insertSite, offerPool, registerReadyNodes } from '../../db/nodes/fleet.ts';
 import { startTestApi, type TestApi } from './harness.ts';
 import { json, runCli } from './run-cli.ts';
 

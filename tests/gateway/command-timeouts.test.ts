@@ -6,8 +6,8 @@ import {
   expireOverdueCommands,
   failTimedOutCommands,
   findNodeCommand,
-} from '../../db/commands.ts';
-import { insertPool, insertSite, registerReadyNodes } from '../../db/fleet.ts';
+} from '../../db/nodes/commands.ts';
+import { insertPool, insertSite, registerReadyNodes } from '../../db/nodes/fleet.ts';
 import { createTestDatabase, type TestDatabase } from '../support/database.ts';
 
 describe('command timeouts and expiry', () => {

@@ -4,7 +4,7 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { parseConfig } from '../../core/config.ts';
 import { type SimulatedFleet, startSimulatedFleet } from '../../daemon/sim.ts';
-import { createJoinToken } from '../../db/join-tokens.ts';
+import { createJoinToken } from '../../db/nodes/join-tokens.ts';
 import { type StartedGateway, startGateway } from '../../gateway/server.ts';
 import {
   insertPlacedReservation,

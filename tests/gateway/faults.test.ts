@@ -5,8 +5,8 @@ import { SimHardware } from '../../daemon/hardware.ts';
 import { joinWithToken, loadIdentity } from '../../daemon/identity.ts';
 import { type SimulatedFleet, startSimulatedFleet } from '../../daemon/sim.ts';
 import { advanceComputeClock } from '../../db/clock.ts';
-import { enqueueNodeCommand, findNodeCommand } from '../../db/commands.ts';
-import { revokeNodeCertificates } from '../../db/nodes.ts';
+import { enqueueNodeCommand, findNodeCommand } from '../../db/nodes/commands.ts';
+import { revokeNodeCertificates } from '../../db/nodes/nodes.ts';
 import {
   createCertificateAuthority,
   createCsr,

@@ -1,7 +1,7 @@
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createLogger } from '../../core/logger.ts';
-import { insertPool, insertSite, type RegisteredNode, registerReadyNodes } from '../../db/fleet.ts';
+import { insertPool, insertSite, type RegisteredNode, registerReadyNodes } from '../../db/nodes/fleet.ts';
 import { Dispatcher } from '../../gateway/dispatch.ts';
 import { defaultGatewayOptions } from '../../gateway/options.ts';
 import { SessionRegistry } from '../../gateway/registry.ts';

@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { type SimulatedFleet, startSimulatedFleet } from '../../daemon/sim.ts';
-import { enqueueNodeCommand, findNodeCommand } from '../../db/commands.ts';
+import { enqueueNodeCommand, findNodeCommand } from '../../db/nodes/commands.ts';
 import { eventually, type GatewayFixture, gatewayFixture, testLog } from './fixture.ts';
 
 describe('inventory changes and retry pushback', () => {

@@ -2,7 +2,7 @@ import { execFileSync } from 'node:child_process';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { type SimulatedFleet, startSimulatedFleet } from '../../daemon/sim.ts';
 import { readDaemonStatus } from '../../daemon/status.ts';
-import { enqueueNodeCommand, findNodeCommand } from '../../db/commands.ts';
+import { enqueueNodeCommand, findNodeCommand } from '../../db/nodes/commands.ts';
 import { eventually, type GatewayFixture, gatewayFixture, testLog } from './fixture.ts';
 
 describe('lanes and bcd status', () => {

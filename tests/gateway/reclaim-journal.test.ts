@@ -4,7 +4,7 @@ import { NodeAgent } from '../../daemon/agent.ts';
 import { SimHardware } from '../../daemon/hardware.ts';
 import { joinWithToken, loadIdentity } from '../../daemon/identity.ts';
 import { type SimulatedFleet, startSimulatedFleet } from '../../daemon/sim.ts';
-import { enqueueNodeCommand, findNodeCommand } from '../../db/commands.ts';
+import { enqueueNodeCommand, findNodeCommand } from '../../db/nodes/commands.ts';
 import { eventually, type GatewayFixture, gatewayFixture, testLog } from './fixture.ts';
 
 describe('reclaiming machines and losing journals', () => {

@@ -2,7 +2,7 @@ import { existsSync, readFileSync } from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadIdentity } from '../../daemon/identity.ts';
 import { type SimulatedFleet, startSimulatedFleet } from '../../daemon/sim.ts';
-import { findAttestationCertificates, setNodeDevicesAssignment } from '../../db/nodes.ts';
+import { findAttestationCertificates, setNodeDevicesAssignment } from '../../db/nodes/nodes.ts';
 import {
   attestedReportPurpose,
   signAllocationReport,

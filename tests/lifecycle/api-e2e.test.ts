@@ -9,7 +9,7 @@ import {
   offerPool,
   type RegisteredNode,
   registerReadyNodes,
-} from '../../db/fleet.ts';
+} from '../../db/nodes/fleet.ts';
 import { bootstrapPlatform } from '../../iam/bootstrap.ts';
 import { createEmbeddedIam } from '../../iam/embedded/index.ts';
 import { createCompute } from '../../server/compute.ts';

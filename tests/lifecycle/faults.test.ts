@@ -2,7 +2,7 @@ import type { ChildProcess } from 'node:child_process';
 import { sql } from 'kysely';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { checkBookingInvariants } from '../../db/invariants.ts';
+import { checkBookingInvariants } from '../../db/allocations/invariants.ts';
 import { killChild, spawnChildWorker } from './children.ts';
 import {
   eventTypes,

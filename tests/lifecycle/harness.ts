@@ -10,7 +10,7 @@ import {
   offerPool,
   type RegisteredNode,
   registerReadyNodes,
-} from '../../db/fleet.ts';
+} from '../../db/nodes/fleet.ts';
 import type { LifecycleTimers } from '../../domain/reservation-lifecycle.ts';
 import { createEmbeddedIam } from '../../iam/embedded/index.ts';
 import { connectTemporal, type TemporalClientHandle } from '../../temporal/client.ts';

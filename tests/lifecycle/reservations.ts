@@ -1,6 +1,6 @@
 import { sql } from 'kysely';
-import { insertDeviceBookings } from '../../db/bookings.ts';
-import type { RegisteredNode } from '../../db/fleet.ts';
+import { insertDeviceBookings } from '../../db/allocations/bookings.ts';
+import type { RegisteredNode } from '../../db/nodes/fleet.ts';
 import { newId } from '../../domain/ids.ts';
 import type { NormalizedRequest } from '../../domain/reservation-request.ts';
 import type { LifecycleHarness } from './harness.ts';

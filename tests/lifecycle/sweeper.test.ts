@@ -2,7 +2,7 @@ import { spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createLogger } from '../../core/logger.ts';
-import { checkBookingInvariants } from '../../db/invariants.ts';
+import { checkBookingInvariants } from '../../db/allocations/invariants.ts';
 import { bootstrapPlatform } from '../../iam/bootstrap.ts';
 import { createEmbeddedIam } from '../../iam/embedded/index.ts';
 import { ensureSweeperSchedule } from '../../temporal/schedules.ts';

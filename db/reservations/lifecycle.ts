@@ -1,5 +1,5 @@
 import { sql, type Transaction } from 'kysely';
-import type { Database, Db } from '../core/database.ts';
+import type { Database, Db } from '../../core/database.ts';
 import {
   type AllocationView,
   type Condition,
@@ -7,7 +7,7 @@ import {
   type LifecycleState,
   type LifecycleTimers,
   type ReservationSnapshot,
-} from '../domain/reservation-lifecycle.ts';
+} from '../../domain/reservation-lifecycle.ts';
 
 type Trx = Transaction<Database>;
 

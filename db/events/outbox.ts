@@ -1,6 +1,6 @@
 import type { Transaction } from 'kysely';
-import type { Database } from '../core/database.ts';
-import { newId } from '../domain/ids.ts';
+import type { Database } from '../../core/database.ts';
+import { newId } from '../../domain/ids.ts';
 
 /** Writes one event to the outbox in the caller's transaction (the one that made the change). */
 export async function insertOutboxEvent(

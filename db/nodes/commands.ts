@@ -1,9 +1,9 @@
 import { sql, type Transaction } from 'kysely';
-import type { Database, Db } from '../core/database.ts';
-import { commandKinds, isCommandKind } from '../domain/command-kinds.ts';
-import { ComputeError } from '../domain/errors.ts';
-import type { CommandLane, CommandState } from '../domain/fleet.ts';
-import { newId } from '../domain/ids.ts';
+import type { Database, Db } from '../../core/database.ts';
+import { commandKinds, isCommandKind } from '../../domain/command-kinds.ts';
+import { ComputeError } from '../../domain/errors.ts';
+import type { CommandLane, CommandState } from '../../domain/fleet.ts';
+import { newId } from '../../domain/ids.ts';
 
 type Trx = Transaction<Database>;
 

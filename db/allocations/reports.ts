@@ -1,8 +1,8 @@
 import { sql, type Transaction } from 'kysely';
-import type { Database } from '../core/database.ts';
-import { type AttestationVerdict, verifyAttestedReport } from '../domain/attestation.ts';
-import { findAttestationCertificates } from './nodes.ts';
-import { insertOutboxEvent } from './outbox.ts';
+import type { Database } from '../../core/database.ts';
+import { type AttestationVerdict, verifyAttestedReport } from '../../domain/attestation.ts';
+import { insertOutboxEvent } from '../events/outbox.ts';
+import { findAttestationCertificates } from '../nodes/nodes.ts';
 
 type Trx = Transaction<Database>;
 

@@ -1,8 +1,8 @@
 import { sql } from 'kysely';
-import type { Db } from '../core/database.ts';
-import type { Condition, LifecycleState } from '../domain/reservation-lifecycle.ts';
-import { operationOf, type ReservationView } from '../domain/reservation-view.ts';
-import { preparedMarker } from './pool.ts';
+import type { Db } from '../../core/database.ts';
+import type { Condition, LifecycleState } from '../../domain/reservation-lifecycle.ts';
+import { operationOf, type ReservationView } from '../../domain/reservation-view.ts';
+import { preparedMarker } from '../pool.ts';
 
 interface Row {
   id: string;

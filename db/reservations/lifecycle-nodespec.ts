@@ -1,7 +1,7 @@
 import { sql, type Transaction } from 'kysely';
-import type { Database } from '../core/database.ts';
-import type { DeviceAssignment } from '../domain/node-spec.ts';
-import { setNodeDevicesAssignment } from './nodes.ts';
+import type { Database } from '../../core/database.ts';
+import type { DeviceAssignment } from '../../domain/node-spec.ts';
+import { setNodeDevicesAssignment } from '../nodes/nodes.ts';
 
 type Trx = Transaction<Database>;
 

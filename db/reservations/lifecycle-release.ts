@@ -1,6 +1,6 @@
 import { sql, type Transaction } from 'kysely';
-import type { Database } from '../core/database.ts';
-import { truncateAllocationBookings } from './bookings.ts';
+import type { Database } from '../../core/database.ts';
+import { truncateAllocationBookings } from '../allocations/bookings.ts';
 import { changeNodeDeviceAssignments } from './lifecycle-nodespec.ts';
 
 type Trx = Transaction<Database>;

@@ -1,7 +1,7 @@
 import type { Transaction } from 'kysely';
-import type { Database } from '../core/database.ts';
-import { insertAuditEvent } from './audit.ts';
-import { insertOutboxEvent } from './outbox.ts';
+import type { Database } from '../../core/database.ts';
+import { insertAuditEvent } from '../events/audit.ts';
+import { insertOutboxEvent } from '../events/outbox.ts';
 
 type Trx = Transaction<Database>;
 

@@ -1,8 +1,8 @@
 import type { Transaction } from 'kysely';
-import { type AdmissionCaches, createAdmissionCaches } from '../core/admission-caches.ts';
-import type { Database, Db } from '../core/database.ts';
-import { ComputeError } from '../domain/errors.ts';
-import { newId } from '../domain/ids.ts';
+import { type AdmissionCaches, createAdmissionCaches } from '../../core/admission-caches.ts';
+import type { Database, Db } from '../../core/database.ts';
+import { ComputeError } from '../../domain/errors.ts';
+import { newId } from '../../domain/ids.ts';
 import {
   earliestStart,
   type Interval,
@@ -11,8 +11,8 @@ import {
   type PlacerNode,
   planPlacement,
   summarizeNoFit,
-} from '../domain/placer.ts';
-import type { NormalizedRequest } from '../domain/reservation-request.ts';
+} from '../../domain/placer.ts';
+import type { NormalizedRequest } from '../../domain/reservation-request.ts';
 import { BookingConflict, insertAllocationWithBookings, tryLockFreeDevices } from './bookings.ts';
 import { loadPlacerNodes, sampleNodeIds, schedulableNodeIds } from './placement-load.ts';
 

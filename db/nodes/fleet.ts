@@ -1,7 +1,7 @@
 import { sql } from 'kysely';
-import type { Db } from '../core/database.ts';
-import type { HostResource, PoolClass, PoolSharingMode } from '../domain/fleet.ts';
-import { newId } from '../domain/ids.ts';
+import type { Db } from '../../core/database.ts';
+import type { HostResource, PoolClass, PoolSharingMode } from '../../domain/fleet.ts';
+import { newId } from '../../domain/ids.ts';
 
 export async function insertSite(db: Db, input: { name: string; region: string; id?: string }) {
   const id = input.id ?? newId('site');

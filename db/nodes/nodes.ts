@@ -1,11 +1,11 @@
 import { sql, type Transaction } from 'kysely';
-import type { Database, Db } from '../core/database.ts';
-import type { AttestationCertificate } from '../domain/attestation.ts';
-import { ComputeError } from '../domain/errors.ts';
-import type { NodeRole } from '../domain/fleet.ts';
-import { newId } from '../domain/ids.ts';
-import { canonicalJson, type DeviceAssignment, normalizeAssignments } from '../domain/node-spec.ts';
-import { type CaMaterial, createCertificateAuthority } from '../domain/pki.ts';
+import type { Database, Db } from '../../core/database.ts';
+import type { AttestationCertificate } from '../../domain/attestation.ts';
+import { ComputeError } from '../../domain/errors.ts';
+import type { NodeRole } from '../../domain/fleet.ts';
+import { newId } from '../../domain/ids.ts';
+import { canonicalJson, type DeviceAssignment, normalizeAssignments } from '../../domain/node-spec.ts';
+import { type CaMaterial, createCertificateAuthority } from '../../domain/pki.ts';
 
 type Trx = Transaction<Database>;
 

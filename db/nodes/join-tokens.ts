@@ -1,8 +1,8 @@
 import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
 import { sql, type Transaction } from 'kysely';
-import type { Database, Db } from '../core/database.ts';
-import { ComputeError } from '../domain/errors.ts';
-import { newId } from '../domain/ids.ts';
+import type { Database, Db } from '../../core/database.ts';
+import { ComputeError } from '../../domain/errors.ts';
+import { newId } from '../../domain/ids.ts';
 
 /**
  * Join tokens `bcjt_<id>.<secret>`: one pool, a time to live, a number of uses (default 1), shown

@@ -1,9 +1,9 @@
 import { sql } from 'kysely';
-import type { AdmissionCaches } from '../core/admission-caches.ts';
-import type { Db } from '../core/database.ts';
-import type { Interval, PlacerNode } from '../domain/placer.ts';
-import type { DeviceClass, HostResourceAmounts } from '../domain/reservation-request.ts';
-import { preparedMarker } from './pool.ts';
+import type { AdmissionCaches } from '../../core/admission-caches.ts';
+import type { Db } from '../../core/database.ts';
+import type { Interval, PlacerNode } from '../../domain/placer.ts';
+import type { DeviceClass, HostResourceAmounts } from '../../domain/reservation-request.ts';
+import { preparedMarker } from '../pool.ts';
 
 /**
  * The placer's reads, in one place: nodes of a pool with their atoms of one class, the bookings

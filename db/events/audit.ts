@@ -1,6 +1,6 @@
 import type { Transaction } from 'kysely';
-import type { Database, Db } from '../core/database.ts';
-import type { Principal } from '../core/iam-port.ts';
+import type { Database, Db } from '../../core/database.ts';
+import type { Principal } from '../../core/iam-port.ts';
 
 /**
  * The admission context recorded with each mutation: identity, session kind, agent, delegation

@@ -1,6 +1,6 @@
 import { sql, type Transaction } from 'kysely';
-import type { Database, Db } from '../core/database.ts';
-import type { ResourceRef } from '../core/iam-port.ts';
+import type { Database, Db } from '../../core/database.ts';
+import type { ResourceRef } from '../../core/iam-port.ts';
 
 type Trx = Transaction<Database>;
 

@@ -1,9 +1,9 @@
 import { sql, type Transaction } from 'kysely';
-import type { Database, Db } from '../core/database.ts';
-import { newId } from '../domain/ids.ts';
-import { setAuthzPending } from './authz.ts';
-import { BookingConflict, lockDevices } from './bookings.ts';
-import { insertOutboxEvent } from './outbox.ts';
+import type { Database, Db } from '../../core/database.ts';
+import { newId } from '../../domain/ids.ts';
+import { BookingConflict, lockDevices } from '../allocations/bookings.ts';
+import { insertOutboxEvent } from '../events/outbox.ts';
+import { setAuthzPending } from '../iam/authz.ts';
 
 type Trx = Transaction<Database>;
 

@@ -1,14 +1,14 @@
 import { type Compilable, sql, type Transaction } from 'kysely';
-import type { AdmissionCaches } from '../core/admission-caches.ts';
-import type { Database, Reservation } from '../core/database.ts';
-import { ComputeError } from '../domain/errors.ts';
-import { newId } from '../domain/ids.ts';
-import { isTerminal } from '../domain/reservation-lifecycle.ts';
-import type { NormalizedRequest } from '../domain/reservation-request.ts';
+import type { AdmissionCaches } from '../../core/admission-caches.ts';
+import type { Database, Reservation } from '../../core/database.ts';
+import { ComputeError } from '../../domain/errors.ts';
+import { newId } from '../../domain/ids.ts';
+import { isTerminal } from '../../domain/reservation-lifecycle.ts';
+import type { NormalizedRequest } from '../../domain/reservation-request.ts';
+import { findAndBook, placementRequestOf } from '../allocations/placement.ts';
+import { insertOutboxEvent } from '../events/outbox.ts';
+import { preparedMarker } from '../pool.ts';
 import { endCurrentAllocations, refundReservationQuota } from './lifecycle-release.ts';
-import { insertOutboxEvent } from './outbox.ts';
-import { findAndBook, placementRequestOf } from './placement.ts';
-import { preparedMarker } from './pool.ts';
 
 type Trx = Transaction<Database>;
 

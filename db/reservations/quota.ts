@@ -1,8 +1,8 @@
 import { sql, type Transaction } from 'kysely';
-import type { Database, Db } from '../core/database.ts';
-import { ComputeError } from '../domain/errors.ts';
-import type { HostResourceAmounts, NormalizedRequest } from '../domain/reservation-request.ts';
-import { preparedMarker } from './pool.ts';
+import type { Database, Db } from '../../core/database.ts';
+import { ComputeError } from '../../domain/errors.ts';
+import type { HostResourceAmounts, NormalizedRequest } from '../../domain/reservation-request.ts';
+import { preparedMarker } from '../pool.ts';
 
 type Trx = Transaction<Database>;
 

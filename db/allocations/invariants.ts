@@ -1,5 +1,5 @@
 import { sql } from 'kysely';
-import type { Db } from '../core/database.ts';
+import type { Db } from '../../core/database.ts';
 
 export interface BookingInvariantReport {
   /** Pairs of live bookings of one atom whose windows overlap (must be 0). */
