@@ -3,7 +3,7 @@ import type { Db } from '../core/database.ts';
 import type { Logger } from '../core/logger.ts';
 import { withPlacementTransaction } from '../db/allocations/placement.ts';
 import { lockReservationAtVersion } from '../db/reservations/lifecycle.ts';
-import { placeReservation } from '../db/reservations/reservations.ts';
+import { placeReservation } from '../db/reservations/placement.ts';
 import type { StepResult } from './reservation.ts';
 
 export interface PlacementActivityDeps {

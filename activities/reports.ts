@@ -1,7 +1,6 @@
-import { sql } from 'kysely';
 import type { Db } from '../core/database.ts';
 import type { Logger } from '../core/logger.ts';
-import { judgeAllocationReport } from '../db/allocations/reports.ts';
+import { judgeReservationReports } from '../db/allocations/reports.ts';
 
 export interface ReportActivityDeps {
   db: Db;
@@ -19,39 +18,15 @@ export function createReportActivities({ db, log }: ReportActivityDeps) {
      * Degraded/BindingLost). Idempotent: judging the same reports again changes nothing.
      */
     async judgeReports(input: { reservationId: string }): Promise<{ outcomes: Record<string, string> }> {
-      return db.transaction().execute(async (trx) => {
-        const allocations = await trx
-          .selectFrom('allocations')
-          .where('reservation_id', '=', input.reservationId)
-          .where('superseded_at', 'is', null)
-          .where((eb) =>
-            eb.exists(
-              eb.selectFrom('allocation_reports as r').whereRef('r.allocation_id', '=', 'allocations.id'),
-            ),
-          )
-          .select('id')
-          .orderBy('id')
-          .execute();
-        const outcomes: Record<string, string> = {};
-        for (const { id } of allocations) {
-          const judged = await judgeAllocationReport(trx, id);
-          outcomes[id] = judged.outcome;
-          if (judged.outcome === 'binding-lost') {
-            await trx
-              .updateTable('allocations')
-              .set({ binding_lost_at: sql<Date>`COALESCE(binding_lost_at, compute_now())` })
-              .where('id', '=', id)
-              .execute();
-          }
-          if (judged.outcome === 'rejected' || judged.outcome === 'binding-lost') {
-            log.warn(
-              { reservationId: input.reservationId, allocationId: id, outcome: judged.outcome },
-              'report rejected',
-            );
-          }
+      const outcomes = await db
+        .transaction()
+        .execute((trx) => judgeReservationReports(trx, input.reservationId));
+      for (const [allocationId, outcome] of Object.entries(outcomes)) {
+        if (outcome === 'rejected' || outcome === 'binding-lost') {
+          log.warn({ reservationId: input.reservationId, allocationId, outcome }, 'report rejected');
         }
-        return { outcomes };
-      });
+      }
+      return { outcomes };
     },
   };
 }

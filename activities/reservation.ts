@@ -1,6 +1,6 @@
-import { sql } from 'kysely';
 import type { Db } from '../core/database.ts';
 import type { Logger } from '../core/logger.ts';
+import { lockCurrentAllocations, startBindingAllocations } from '../db/allocations/lifecycle.ts';
 import {
   lockReservationAtVersion,
   markLifecycleStarted,
@@ -10,13 +10,11 @@ import {
 import { recordReservationEvent } from '../db/reservations/lifecycle-events.ts';
 import { assignReservationDevices } from '../db/reservations/lifecycle-nodespec.ts';
 import { endCurrentAllocations, refundReservationQuota } from '../db/reservations/lifecycle-release.ts';
+import { lockReservation } from '../db/reservations/reservations.ts';
 import { ComputeError } from '../domain/errors.ts';
-import type {
-  Condition,
-  EndState,
-  LifecycleTimers,
-  ReservationSnapshot,
-} from '../domain/reservation-lifecycle.ts';
+import { terminalEventTypes } from '../domain/event-types.ts';
+import type { Condition, LifecycleTimers, ReservationSnapshot } from '../domain/reservation-lifecycle.ts';
+import { isRenewable, isTerminal, type TerminalState } from '../domain/reservation-states.ts';
 import { asActivity } from './failure.ts';
 
 export interface ReservationActivityDeps {
@@ -29,14 +27,6 @@ export interface StepResult {
   applied: boolean;
   state: string | null;
 }
-
-const endEvents: Record<EndState, string> = {
-  released: 'reservation.released',
-  cancelled: 'reservation.cancelled',
-  failed: 'reservation.failed',
-  expired: 'reservation.expired',
-  denied: 'reservation.denied',
-};
 
 /**
  * The lifecycle's steps. Each is one PostgreSQL transaction, guarded by the reservation's state
@@ -73,13 +63,7 @@ export function createReservationActivities({ db, log }: ReservationActivityDeps
         db.transaction().execute(async (trx) => {
           const row = await lockReservationAtVersion(trx, input.reservationId, input.expectedVersion);
           if (row?.state !== 'placed') return { applied: false, state: row?.state ?? null };
-          await trx
-            .updateTable('allocations')
-            .set({ state: 'binding', updated_at: sql<Date>`compute_now()` })
-            .where('reservation_id', '=', row.id)
-            .where('superseded_at', 'is', null)
-            .where('state', '=', 'planned')
-            .execute();
+          await startBindingAllocations(trx, row.id);
           const nodeIds = await assignReservationDevices(
             trx,
             row.id,
@@ -129,13 +113,7 @@ export function createReservationActivities({ db, log }: ReservationActivityDeps
         db.transaction().execute(async (trx) => {
           const row = await lockReservationAtVersion(trx, input.reservationId, input.expectedVersion);
           if (row?.state !== 'binding') return { applied: false, state: row?.state ?? null };
-          const allocations = await trx
-            .selectFrom('allocations')
-            .where('reservation_id', '=', row.id)
-            .where('superseded_at', 'is', null)
-            .select(['id', 'node_id', 'state', 'binding'])
-            .forUpdate()
-            .execute();
+          const allocations = await lockCurrentAllocations(trx, row.id);
           if (allocations.length === 0 || allocations.some((a) => a.state !== 'bound')) {
             return { applied: false, state: row.state };
           }
@@ -178,12 +156,8 @@ export function createReservationActivities({ db, log }: ReservationActivityDeps
             conditions,
             bindAttempts: row.bind_attempts + 1,
             bindDeadline: null,
+            pendingSinceNow: true,
           });
-          await trx
-            .updateTable('reservations')
-            .set({ pending_since: sql<Date>`compute_now()` })
-            .where('id', '=', row.id)
-            .execute();
           await recordReservationEvent(trx, row, 'reservation.pending', 'pending', {
             reason: input.reason,
             message: input.message,
@@ -206,14 +180,14 @@ export function createReservationActivities({ db, log }: ReservationActivityDeps
     async endReservation(input: {
       reservationId: string;
       expectedVersion: number;
-      state: EndState;
+      state: TerminalState;
       reason: string;
       condition?: Condition;
     }): Promise<StepResult> {
       return asActivity(() =>
         db.transaction().execute(async (trx) => {
           const row = await lockReservationAtVersion(trx, input.reservationId, input.expectedVersion);
-          if (!row || ['denied', 'released', 'failed', 'cancelled', 'expired'].includes(row.state)) {
+          if (!row || isTerminal(row.state)) {
             return { applied: false, state: row?.state ?? null };
           }
           await endCurrentAllocations(trx, row.id, 'released');
@@ -231,7 +205,7 @@ export function createReservationActivities({ db, log }: ReservationActivityDeps
             bindDeadline: null,
             ...(conditions ? { conditions } : {}),
           });
-          await recordReservationEvent(trx, row, endEvents[input.state], input.state, {
+          await recordReservationEvent(trx, row, terminalEventTypes[input.state], input.state, {
             reason: input.reason,
             ...(input.condition ? { condition: input.condition } : {}),
           });
@@ -264,17 +238,12 @@ export function createReservationActivities({ db, log }: ReservationActivityDeps
     async renewLease(input: { reservationId: string }): Promise<{ leaseExpiresAt: number }> {
       return asActivity(() =>
         db.transaction().execute(async (trx) => {
-          const row = await trx
-            .selectFrom('reservations')
-            .where('id', '=', input.reservationId)
-            .select(['id', 'state', 'lease_seconds'])
-            .forUpdate()
-            .executeTakeFirst();
+          const row = await lockReservation(trx, input.reservationId);
           if (!row) throw new ComputeError('NOT_FOUND', 'no such reservation');
           if (row.lease_seconds === null) {
             throw new ComputeError('INVALID_STATE', 'the reservation was created without leaseSeconds');
           }
-          if (!['placed', 'binding', 'active'].includes(row.state)) {
+          if (!isRenewable(row.state)) {
             throw new ComputeError(
               'INVALID_STATE',
               `a lease renews in placed, binding or active; it is ${row.state}`,
@@ -283,13 +252,8 @@ export function createReservationActivities({ db, log }: ReservationActivityDeps
               },
             );
           }
-          await updateReservation(trx, row.id, { leaseFromNow: true });
-          const renewed = await trx
-            .selectFrom('reservations')
-            .where('id', '=', row.id)
-            .select('lease_expires_at')
-            .executeTakeFirstOrThrow();
-          return { leaseExpiresAt: new Date(renewed.lease_expires_at!).getTime() };
+          const renewed = await updateReservation(trx, row.id, { leaseFromNow: true });
+          return { leaseExpiresAt: new Date(renewed.leaseExpiresAt!).getTime() };
         }),
       );
     },

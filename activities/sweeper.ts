@@ -1,15 +1,13 @@
-import { sql } from 'kysely';
 import type { Db } from '../core/database.ts';
 import type { ReservationLifecycle } from '../core/deps.ts';
 import type { Logger } from '../core/logger.ts';
+import { findSweepCandidates } from '../db/reservations/lifecycle.ts';
 
 export interface SweeperActivityDeps {
   db: Db;
   log: Logger;
   lifecycle: ReservationLifecycle;
 }
-
-const liveStates = ['awaiting-confirmation', 'pending', 'placed', 'binding', 'active', 'releasing'];
 
 /**
  * The orphan sweep: no non-terminal reservation may exist without its workflow (DESIGN.md
@@ -25,14 +23,7 @@ export function createSweeperActivities({ db, log, lifecycle }: SweeperActivityD
     },
 
     async sweepOrphanReservations(input: { graceMs: number; limit: number }): Promise<{ started: string[] }> {
-      const candidates = await db
-        .selectFrom('reservations')
-        .where('state', 'in', liveStates as never[])
-        .where(sql<boolean>`created_at < compute_now() - make_interval(secs => ${input.graceMs / 1000})`)
-        .select(['id', 'tenant_id', 'pool_id', 'state', 'lifecycle_started_at'])
-        .orderBy('created_at')
-        .limit(input.limit)
-        .execute();
+      const candidates = await findSweepCandidates(db, input);
       if (candidates.length === 0) return { started: [] };
       const running = await lifecycle.running(candidates.map((r) => r.id));
       const orphans = candidates.filter((r) => r.lifecycle_started_at === null || !running.has(r.id));

@@ -3,16 +3,25 @@ import type { ContentfulStatusCode } from 'hono/utils/http-status';
 import type { Deps } from '../core/deps.ts';
 import type { Principal } from '../core/iam-port.ts';
 import { ComputeError } from '../domain/errors.ts';
+import { requiredHeader } from '../domain/http-protocol.ts';
 import { newId } from '../domain/ids.ts';
 import { type Authenticator, bearerToken, createAuthenticator } from './authenticate.ts';
+import { withFailedLookupCache } from './authenticate-cache.ts';
 import { mountDoors } from './doors.ts';
 import type { ApiEnv } from './env.ts';
 import { errorEnvelope, toComputeError } from './envelope.ts';
-import type { Credential, MethodDefinition, MethodRegistry, ServerApi } from './method.ts';
-import { parseInput } from './validation.ts';
-
-/** The header every call must carry, so a browser form on another site cannot post to the API. */
-export const requiredHeader = { name: 'X-Better-Compute', value: '1' } as const;
+import {
+  type Credential,
+  findMethod,
+  type MethodDefinition,
+  type MethodRegistry,
+  type ServerApi,
+} from './method.ts';
+import { methodNotAllowed } from './method-not-allowed.ts';
+import { createRateLimiter, type RateLimits, rateLimitsFromConfig } from './rate-limit.ts';
+import { assertJsonContentType, readJsonBody, requestBodyLimit } from './request-body.ts';
+import { requestIdMiddleware } from './request-id.ts';
+import { assertSafeInput, parseInput } from './validation.ts';
 
 interface Invocation {
   principal: Principal;
@@ -26,6 +35,7 @@ async function invoke(
   input: unknown,
   call: Invocation,
 ): Promise<unknown> {
+  assertSafeInput(input);
   const parsed = parseInput(method.input, input);
   const log = deps.log.child({ requestId: call.requestId });
   const output = await method.handler(
@@ -48,7 +58,7 @@ export function createServerApi<R extends MethodRegistry>(
   registry: R,
   authenticate?: Authenticator,
 ) {
-  const auth = authenticate ?? createAuthenticator(deps.iam);
+  const auth = authenticate ?? withFailedLookupCache(createAuthenticator(deps.iam));
   const api: Record<string, Record<string, unknown>> = {};
   for (const [group, methods] of Object.entries(registry)) {
     api[group] = {};
@@ -66,30 +76,34 @@ export function createServerApi<R extends MethodRegistry>(
   return api as ServerApi<R>;
 }
 
+export interface ApiAppOptions {
+  authenticate?: Authenticator;
+  /** Per-token and per-tenant limits; default from `deps.config` (`BETTER_COMPUTE_RATE_LIMIT_*`). */
+  rateLimits?: RateLimits;
+  /** The largest request body; default 1 MiB. */
+  maxBodyBytes?: number;
+}
+
 /**
  * The Hono app: `POST /api/compute/{group}/{method}` with a JSON body and a bearer token, answering
- * `{ data }` or `{ error: { code, message, details?, requestId } }`.
+ * `{ data }` or `{ error: { code, message, details?, requestId } }`. Before a handler runs, a call
+ * passes, in order: the method lookup (NOT_FOUND), the required header, a JSON content type,
+ * authentication (UNAUTHENTICATED), the per-token and per-tenant rate limits (RATE_LIMITED), the
+ * 1 MiB body limit, JSON parsing, the depth and character check, then the method's schema (all
+ * INVALID_INPUT). Another HTTP method on a method's route is 405 with `Allow: POST`.
  */
-export function createApiApp(
-  deps: Deps,
-  registry: MethodRegistry,
-  options: { authenticate?: Authenticator } = {},
-) {
-  const authenticate = options.authenticate ?? createAuthenticator(deps.iam);
+export function createApiApp(deps: Deps, registry: MethodRegistry, options: ApiAppOptions = {}) {
+  const authenticate = options.authenticate ?? withFailedLookupCache(createAuthenticator(deps.iam));
+  const admit = createRateLimiter(options.rateLimits ?? rateLimitsFromConfig(deps.config));
   const app = new Hono<ApiEnv>();
 
-  app.use('*', async (c, next) => {
-    const requestId = c.req.header('x-request-id')?.slice(0, 100) || newId('req');
-    c.set('requestId', requestId);
-    c.header('x-request-id', requestId);
-    await next();
-  });
+  app.use('*', requestIdMiddleware());
 
   app.onError((error, c) => {
     const requestId = c.get('requestId') ?? newId('req');
     const computeError = toComputeError(error, deps.log.child({ requestId, path: c.req.path }));
-    const { status, body } = errorEnvelope(computeError, requestId);
-    return c.json(body, status as ContentfulStatusCode);
+    const { status, body, headers } = errorEnvelope(computeError, requestId);
+    return c.json(body, status as ContentfulStatusCode, headers);
   });
 
   app.notFound((c) => {
@@ -102,31 +116,37 @@ export function createApiApp(
   app.get('/healthz', (c) => c.json({ data: { ok: true } }));
   mountDoors(app, { deps, registry, authenticate });
 
-  app.post('/api/compute/:group/:method', async (c) => {
-    const method = registry[c.req.param('group')]?.[c.req.param('method')];
-    if (!method) {
-      throw new ComputeError('NOT_FOUND', `unknown method ${c.req.param('group')}.${c.req.param('method')}`);
-    }
-    if (c.req.header(requiredHeader.name) !== requiredHeader.value) {
-      throw new ComputeError(
-        'INVALID_INPUT',
-        `missing header ${requiredHeader.name}: ${requiredHeader.value} (every API call must send it)`,
-      );
-    }
-    const principal = await authenticate(bearerToken(c.req.header('authorization')));
-    let body: unknown;
-    try {
-      const text = await c.req.text();
-      body = text.trim() === '' ? {} : JSON.parse(text);
-    } catch {
-      throw new ComputeError('INVALID_INPUT', 'the request body is not valid JSON');
-    }
-    const data = await invoke(deps, method, body, {
-      principal,
-      requestId: c.get('requestId'),
-      signal: c.req.raw.signal,
-    });
-    return c.json({ data });
+  const route = '/api/compute/:group/:method';
+  app.post(
+    route,
+    async (c, next) => {
+      c.set('method', findMethod(registry, c.req.param('group'), c.req.param('method')));
+      if (c.req.header(requiredHeader.name) !== requiredHeader.value) {
+        throw new ComputeError(
+          'INVALID_INPUT',
+          `missing header ${requiredHeader.name}: ${requiredHeader.value} (every API call must send it)`,
+        );
+      }
+      assertJsonContentType(c.req.header('content-type'));
+      const principal = await authenticate(bearerToken(c.req.header('authorization')));
+      admit(principal);
+      c.set('principal', principal);
+      await next();
+    },
+    requestBodyLimit(options.maxBodyBytes),
+    async (c) => {
+      const data = await invoke(deps, c.get('method'), await readJsonBody(c), {
+        principal: c.get('principal'),
+        requestId: c.get('requestId'),
+        signal: c.req.raw.signal,
+      });
+      return c.json({ data });
+    },
+  );
+  // Reached by every other HTTP method (the POST route answers first; HEAD is routed as GET).
+  app.all(route, (c) => {
+    findMethod(registry, c.req.param('group'), c.req.param('method'));
+    return methodNotAllowed(c, ['POST']);
   });
 
   return app;

@@ -19,7 +19,9 @@ export function createAuthenticator(iam: IamPort, options: { ttlMs?: number; max
     }
     const key = createHash('sha256').update(token).digest('base64url');
     const hit = cache.get(key);
-    const now = Date.now();
+    // Whether a token is expired or revoked is IAM's answer, by compute_now(); a cached answer
+    // lapses within `ttlMs`, as a revocation does.
+    const now = Date.now(); // wall time: this cache's TTL
     if (hit && hit.expiresAt > now) return hit.principal;
     const principal = await iam.authenticate({ token });
     if (cache.size >= maxEntries) cache.delete(cache.keys().next().value!);

@@ -4,6 +4,7 @@ import type { Authenticator } from './authenticate.ts';
 import type { ApiEnv } from './env.ts';
 import { mountEventStream } from './events-stream.ts';
 import type { MethodRegistry } from './method.ts';
+import { methodNotAllowed } from './method-not-allowed.ts';
 import { buildOpenApiDocument } from './openapi.ts';
 
 /**
@@ -20,4 +21,8 @@ export function mountDoors(
     return c.json(document);
   });
   mountEventStream(app, context);
+  // Every other HTTP method, before the method route's own 405 (`events/stream` has the shape of
+  // a method's path); the GET routes above answer first.
+  app.all('/api/compute/openapi.json', (c) => methodNotAllowed(c, ['GET', 'HEAD']));
+  app.all('/api/compute/events/stream', (c) => methodNotAllowed(c, ['GET', 'HEAD']));
 }

@@ -12,10 +12,21 @@ export function toComputeError(error: unknown, log: Logger): ComputeError {
   return new ComputeError('INTERNAL', 'internal error: the server logged the cause under this request id');
 }
 
-/** The `{ error }` envelope and its HTTP status, from the one table of codes. */
-export function errorEnvelope(error: ComputeError, requestId: string): { status: number; body: ErrorBody } {
+/**
+ * The `{ error }` envelope, its HTTP status from the one table of codes, and its headers: a
+ * `Retry-After` (whole seconds) when the error says how long to wait (`details.retryAfterSeconds`).
+ */
+export function errorEnvelope(
+  error: ComputeError,
+  requestId: string,
+): { status: number; body: ErrorBody; headers: Record<string, string> } {
+  const retryAfter = error.details?.retryAfterSeconds;
   return {
     status: errorCodeTraits[error.code].httpStatus,
+    headers:
+      typeof retryAfter === 'number' && Number.isFinite(retryAfter) && retryAfter >= 0
+        ? { 'Retry-After': String(Math.ceil(retryAfter)) }
+        : {},
     body: {
       error: {
         code: error.code,

@@ -1,5 +1,6 @@
 import { z } from 'zod';
-import { cursorAfterSeq, readOutbox } from '../events/outbox.ts';
+import { readOutbox } from '../db/events/outbox-read.ts';
+import { listReplayWindow, replayStart } from '../events/replay-window.ts';
 import { authorizeEventRead, eventsReadAction } from './events-access.ts';
 import { defineMethod } from './method.ts';
 
@@ -23,7 +24,7 @@ const typePattern = z
 
 const list = defineMethod({
   summary:
-    'Event history by subject and type, oldest first, paged: pass the last seq as `after` (next) to read on. Events appear once their transaction has committed and every older one has too.',
+    'Event history by subject and type, oldest first, paged: pass the last seq as `after` (next) to read on. Events appear once their transaction has committed and every older one has too. History reaches back BETTER_COMPUTE_EVENT_REPLAY_MAX_AGE_HOURS (default 7 days): `after` 0 starts at the oldest event within it, and an older `after` is INVALID_INPUT.',
   action: eventsReadAction,
   input: z.strictObject({
     tenantId: z.string().min(1).optional(),
@@ -39,7 +40,7 @@ const list = defineMethod({
   }),
   handler: async ({ deps, principal, requestId }, input) => {
     const tenantId = await authorizeEventRead(deps, principal, input.tenantId, requestId);
-    const cursor = await cursorAfterSeq(deps.db, input.after);
+    const cursor = await replayStart(deps.db, input.after, listReplayWindow(deps.config), 'after');
     const page = await readOutbox(
       deps.db,
       cursor,

@@ -1,6 +1,13 @@
 import { z } from 'zod';
-import { createJoinToken, findJoinToken, listJoinTokens, revokeJoinToken } from '../db/nodes/join-tokens.ts';
-import { ensureCertificateAuthority } from '../db/nodes/nodes.ts';
+import { ensureCertificateAuthority } from '../db/nodes/certificates.ts';
+import { listPoolIdsOwnedBy } from '../db/nodes/fleet.ts';
+import {
+  createJoinToken,
+  findJoinToken,
+  type JoinTokenView,
+  listJoinTokens,
+  revokeJoinToken,
+} from '../db/nodes/join-tokens.ts';
 import { ComputeError } from '../domain/errors.ts';
 import { defineMethod } from './method.ts';
 import { requirePool, requireTenantRead } from './nodes-access.ts';
@@ -17,14 +24,9 @@ const tokenView = z.object({
   state: z.enum(['active', 'expired', 'used', 'revoked']),
 });
 
-function view(t: Awaited<ReturnType<typeof findJoinToken>> & object, now: number): z.infer<typeof tokenView> {
-  const state = t.revokedAt
-    ? 'revoked'
-    : t.uses >= t.maxUses
-      ? 'used'
-      : t.expiresAt.getTime() <= now
-        ? 'expired'
-        : 'active';
+/** The token's state by the database's clock (`expired` is read with `compute_now()`). */
+function view(t: JoinTokenView): z.infer<typeof tokenView> {
+  const state = t.revokedAt ? 'revoked' : t.uses >= t.maxUses ? 'used' : t.expired ? 'expired' : 'active';
   return {
     id: t.id,
     poolId: t.poolId,
@@ -60,13 +62,8 @@ const create = defineMethod({
     command: z.string(),
   }),
   handler: async (ctx, input) => {
-    await requirePool(ctx, input.poolId, 'compute:nodes:join');
-    const archived = await ctx.deps.db
-      .selectFrom('pools')
-      .select('archived_at')
-      .where('id', '=', input.poolId)
-      .executeTakeFirstOrThrow();
-    if (archived.archived_at) throw new ComputeError('INVALID_STATE', `pool ${input.poolId} is archived`);
+    const pool = await requirePool(ctx, input.poolId, 'compute:nodes:join');
+    if (pool.archived) throw new ComputeError('INVALID_STATE', `pool ${input.poolId} is archived`);
     const created = await createJoinToken(ctx.deps.db, { ...input, createdBy: ctx.principal.identityId });
     const stored = await findJoinToken(ctx.deps.db, created.id);
     const { config } = ctx.deps;
@@ -74,7 +71,7 @@ const create = defineMethod({
     const host = config.BETTER_COMPUTE_GATEWAY_HOST;
     const gateway = `${host.includes(':') ? `[${host}]` : host}:${config.BETTER_COMPUTE_GATEWAY_PORT}`;
     return {
-      ...view(stored!, Date.now()),
+      ...view(stored!),
       token: created.token,
       gateway,
       caCertificatePem: ca.certificatePem,
@@ -100,12 +97,7 @@ const list = defineMethod({
     } else {
       await requireTenantRead(ctx, 'compute:nodes:read');
       if (!ctx.principal.rootAdmin) {
-        const pools = await ctx.deps.db
-          .selectFrom('pools')
-          .select('id')
-          .where('owner_tenant_id', '=', ctx.principal.tenantId)
-          .execute();
-        poolIds = pools.map((p) => p.id);
+        poolIds = await listPoolIdsOwnedBy(ctx.deps.db, ctx.principal.tenantId);
       }
     }
     const rows = await listJoinTokens(ctx.deps.db, {
@@ -114,9 +106,8 @@ const list = defineMethod({
       ...(input.cursor ? { cursor: input.cursor } : {}),
     });
     const page = rows.slice(0, input.limit);
-    const now = Date.now();
     return {
-      tokens: page.map((t) => view(t, now)),
+      tokens: page.map(view),
       nextCursor: rows.length > input.limit ? page.at(-1)!.id : null,
     };
   },
@@ -137,7 +128,7 @@ const revoke = defineMethod({
       throw error;
     });
     const revoked = await revokeJoinToken(ctx.deps.db, input.tokenId);
-    return view(revoked!, Date.now());
+    return view(revoked!);
   },
 });
 

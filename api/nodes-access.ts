@@ -1,5 +1,8 @@
 import type { ResourceRef } from '../core/iam-port.ts';
+import { findPool } from '../db/nodes/fleet.ts';
+import { findNodeOwner } from '../db/nodes/nodes.ts';
 import { ComputeError } from '../domain/errors.ts';
+import type { IamAction } from '../domain/iam-actions.ts';
 import type { MethodContext } from './method.ts';
 
 /**
@@ -10,15 +13,10 @@ import type { MethodContext } from './method.ts';
 export async function requireNode(
   ctx: MethodContext,
   nodeId: string,
-  action: string,
+  action: IamAction,
 ): Promise<{ id: string; poolId: string | null; tenantId: string }> {
-  const node = await ctx.deps.db
-    .selectFrom('nodes as n')
-    .leftJoin('pools as p', 'p.id', 'n.pool_id')
-    .select(['n.id', 'n.pool_id', 'p.owner_tenant_id'])
-    .where('n.id', '=', nodeId)
-    .executeTakeFirst();
-  const owner = node?.owner_tenant_id ?? null;
+  const node = await findNodeOwner(ctx.deps.db, nodeId);
+  const owner = node?.ownerTenantId ?? null;
   if (!node || (!ctx.principal.rootAdmin && owner !== ctx.principal.tenantId)) {
     throw new ComputeError('NOT_FOUND', `node ${nodeId} not found`);
   }
@@ -27,37 +25,33 @@ export async function requireNode(
     type: 'compute-node',
     id: node.id,
     tenantId,
-    parent: node.pool_id ? { type: 'compute-pool', id: node.pool_id } : null,
+    parent: node.poolId ? { type: 'compute-pool', id: node.poolId } : null,
   };
   await ctx.deps.iam.require(ctx.principal, action, resource, { requestId: ctx.requestId });
-  return { id: node.id, poolId: node.pool_id, tenantId };
+  return { id: node.id, poolId: node.poolId, tenantId };
 }
 
 /** A pool the caller may manage nodes of (root admin, or the owning tenant); NOT_FOUND otherwise. */
 export async function requirePool(
   ctx: MethodContext,
   poolId: string,
-  action: string,
-): Promise<{ id: string; tenantId: string }> {
-  const pool = await ctx.deps.db
-    .selectFrom('pools')
-    .select(['id', 'owner_tenant_id', 'archived_at'])
-    .where('id', '=', poolId)
-    .executeTakeFirst();
-  if (!pool || (!ctx.principal.rootAdmin && pool.owner_tenant_id !== ctx.principal.tenantId)) {
+  action: IamAction,
+): Promise<{ id: string; tenantId: string; archived: boolean }> {
+  const pool = await findPool(ctx.deps.db, { id: poolId });
+  if (!pool || (!ctx.principal.rootAdmin && pool.ownerTenantId !== ctx.principal.tenantId)) {
     throw new ComputeError('NOT_FOUND', `pool ${poolId} not found`);
   }
   await ctx.deps.iam.require(
     ctx.principal,
     action,
-    { type: 'compute-pool', id: pool.id, tenantId: pool.owner_tenant_id },
+    { type: 'compute-pool', id: pool.id, tenantId: pool.ownerTenantId },
     { requestId: ctx.requestId },
   );
-  return { id: pool.id, tenantId: pool.owner_tenant_id };
+  return { id: pool.id, tenantId: pool.ownerTenantId, archived: pool.archived };
 }
 
 /** Lists are decided once on the caller's tenant. */
-export async function requireTenantRead(ctx: MethodContext, action: string): Promise<void> {
+export async function requireTenantRead(ctx: MethodContext, action: IamAction): Promise<void> {
   await ctx.deps.iam.require(
     ctx.principal,
     action,

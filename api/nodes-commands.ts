@@ -1,7 +1,13 @@
-import { sql } from 'kysely';
 import { z } from 'zod';
+import { insertAuditEvent } from '../db/events/audit.ts';
 import { insertOutboxEvent } from '../db/events/outbox.ts';
-import { type CommandView, enqueueNodeCommand, findNodeCommand } from '../db/nodes/commands.ts';
+import {
+  type CommandView,
+  enqueueNodeCommand,
+  findNodeCommand,
+  listNodeCommands,
+} from '../db/nodes/commands.ts';
+import { boundedRecord } from '../domain/bounded-record.ts';
 import { commandKindNames } from '../domain/command-kinds.ts';
 import { ComputeError } from '../domain/errors.ts';
 import { defineMethod } from './method.ts';
@@ -39,7 +45,7 @@ const command = defineMethod({
   input: z.strictObject({
     nodeId,
     kind: z.enum(commandKindNames as [string, ...string[]]),
-    payload: z.record(z.string(), z.unknown()).default({}),
+    payload: boundedRecord(z.string().min(1).max(100), z.unknown(), 64).default({}),
     /** The command is never run after this many seconds (default 10 minutes). */
     notAfterSeconds: z.number().int().min(1).max(86_400).default(600),
   }),
@@ -47,13 +53,11 @@ const command = defineMethod({
   handler: async (ctx, input) => {
     const scope = await requireNode(ctx, input.nodeId, 'compute:nodes:command');
     const id = await ctx.deps.db.transaction().execute(async (trx) => {
-      const { rows } = await sql<{ at: Date }>`
-        SELECT compute_now() + make_interval(secs => ${input.notAfterSeconds}) AS at`.execute(trx);
       const enqueued = await enqueueNodeCommand(trx, {
         nodeId: input.nodeId,
         kind: input.kind,
         payload: input.payload,
-        notAfter: rows[0]!.at,
+        notAfterSeconds: input.notAfterSeconds,
       });
       await insertOutboxEvent(trx, {
         type: 'node.command-queued',
@@ -61,18 +65,15 @@ const command = defineMethod({
         tenantId: scope.tenantId,
         data: { nodeId: input.nodeId, commandId: enqueued.id, kind: input.kind, seq: enqueued.seq },
       });
-      await trx
-        .insertInto('audit_events')
-        .values({
-          tenant_id: scope.tenantId,
-          actor_identity_id: ctx.principal.identityId,
-          action: 'compute:nodes:command',
-          resource_type: 'compute-node',
-          resource_id: input.nodeId,
-          request_id: ctx.requestId,
-          context: JSON.stringify({ kind: input.kind, commandId: enqueued.id }),
-        })
-        .execute();
+      await insertAuditEvent(trx, {
+        tenantId: scope.tenantId,
+        actorIdentityId: ctx.principal.identityId,
+        action: 'compute:nodes:command',
+        resourceType: 'compute-node',
+        resourceId: input.nodeId,
+        requestId: ctx.requestId,
+        context: { kind: input.kind, commandId: enqueued.id },
+      });
       return enqueued.id;
     });
     return view((await findNodeCommand(ctx.deps.db, id))!);
@@ -104,15 +105,8 @@ const listCommands = defineMethod({
   output: z.object({ commands: z.array(commandView) }),
   handler: async (ctx, input) => {
     await requireNode(ctx, input.nodeId, 'compute:nodes:read');
-    const rows = await ctx.deps.db
-      .selectFrom('node_commands')
-      .select('id')
-      .where('node_id', '=', input.nodeId)
-      .orderBy('seq', 'desc')
-      .limit(input.limit)
-      .execute();
-    const commands = await Promise.all(rows.map((r) => findNodeCommand(ctx.deps.db, r.id)));
-    return { commands: commands.filter((c): c is CommandView => !!c).map(view) };
+    const commands = await listNodeCommands(ctx.deps.db, input.nodeId, input.limit);
+    return { commands: commands.map(view) };
   },
 });
 

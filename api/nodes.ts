@@ -1,7 +1,8 @@
-import { sql } from 'kysely';
 import { z } from 'zod';
+import { insertAuditEvent } from '../db/events/audit.ts';
 import { insertOutboxEvent } from '../db/events/outbox.ts';
-import { setNodeCondition } from '../db/nodes/nodes.ts';
+import { listNodeIds, setNodeSchedulingFlags } from '../db/nodes/nodes.ts';
+import { countLiveAllocations } from '../db/nodes/workloads.ts';
 import { ComputeError } from '../domain/errors.ts';
 import { defineMethod, type MethodContext } from './method.ts';
 import { requireNode, requirePool, requireTenantRead } from './nodes-access.ts';
@@ -24,17 +25,13 @@ const list = defineMethod({
   handler: async (ctx, input) => {
     if (input.poolId) await requirePool(ctx, input.poolId, 'compute:nodes:read');
     else await requireTenantRead(ctx, 'compute:nodes:read');
-    let query = ctx.deps.db
-      .selectFrom('nodes as n')
-      .leftJoin('pools as p', 'p.id', 'n.pool_id')
-      .select('n.id')
-      .orderBy('n.id', 'desc')
-      .limit(input.limit + 1);
-    if (!ctx.principal.rootAdmin) query = query.where('p.owner_tenant_id', '=', ctx.principal.tenantId);
-    if (input.poolId) query = query.where('n.pool_id', '=', input.poolId);
-    if (input.connectivity) query = query.where('n.connectivity', '=', input.connectivity);
-    if (input.cursor) query = query.where('n.id', '<', input.cursor);
-    const ids = (await query.execute()).map((r) => r.id);
+    const ids = await listNodeIds(ctx.deps.db, {
+      ...(ctx.principal.rootAdmin ? {} : { ownerTenantId: ctx.principal.tenantId }),
+      ...(input.poolId ? { poolId: input.poolId } : {}),
+      ...(input.connectivity ? { connectivity: input.connectivity } : {}),
+      ...(input.cursor ? { cursor: input.cursor } : {}),
+      limit: input.limit + 1,
+    });
     const page = ids.slice(0, input.limit);
     const nodes = await loadNodeViews(ctx.deps.db, page, { devices: false });
     return { nodes, nextCursor: ids.length > input.limit ? page.at(-1)! : null };
@@ -60,7 +57,7 @@ const eventTypes = {
   'compute:nodes:drain': 'node.draining',
 } as const;
 
-/** Sets the cordon flags in one transaction with the event and the audit row; idempotent. */
+/** Sets the scheduling flags in one transaction with the event and the audit row; idempotent. */
 async function setCordon(
   ctx: MethodContext,
   input: { nodeId: string; reason?: string | undefined },
@@ -70,63 +67,31 @@ async function setCordon(
   const cordoned = action !== 'compute:nodes:uncordon';
   const draining = action === 'compute:nodes:drain';
   await ctx.deps.db.transaction().execute(async (trx) => {
-    const before = await trx
-      .selectFrom('nodes')
-      .select(['cordoned', 'draining'])
-      .where('id', '=', input.nodeId)
-      .forUpdate()
-      .executeTakeFirstOrThrow();
-    await trx
-      .updateTable('nodes')
-      .set({
-        cordoned,
-        draining: draining || (cordoned && before.draining && action !== 'compute:nodes:cordon'),
-        cordon_reason: cordoned ? (input.reason ?? null) : null,
-        updated_at: sql<Date>`compute_now()`,
-      })
-      .where('id', '=', input.nodeId)
-      .execute();
-    if (draining) {
-      await setNodeCondition(trx, input.nodeId, {
-        type: 'Draining',
-        reason: 'DrainRequested',
-        message: input.reason ?? 'nodes.drain',
-        effect: 'NoSchedule',
-      });
-    } else if (!cordoned) {
-      await setNodeCondition(trx, input.nodeId, null, 'Draining');
-    }
-    const changed =
-      before.cordoned !== cordoned || (draining && !before.draining) || (!cordoned && before.draining);
-    if (changed) {
-      await insertOutboxEvent(trx, {
-        type: eventTypes[action],
-        subject: `node/${input.nodeId}`,
-        tenantId: scope.tenantId,
-        data: { nodeId: input.nodeId, poolId: scope.poolId, reason: input.reason ?? null },
-      });
-      await trx
-        .insertInto('audit_events')
-        .values({
-          tenant_id: scope.tenantId,
-          actor_identity_id: ctx.principal.identityId,
-          action,
-          resource_type: 'compute-node',
-          resource_id: input.nodeId,
-          request_id: ctx.requestId,
-          context: JSON.stringify({ sessionKind: ctx.principal.sessionKind, reason: input.reason ?? null }),
-        })
-        .execute();
-    }
+    const { changed } = await setNodeSchedulingFlags(trx, {
+      nodeId: input.nodeId,
+      cordoned,
+      draining,
+      reason: input.reason ?? null,
+    });
+    if (!changed) return;
+    await insertOutboxEvent(trx, {
+      type: eventTypes[action],
+      subject: `node/${input.nodeId}`,
+      tenantId: scope.tenantId,
+      data: { nodeId: input.nodeId, poolId: scope.poolId, reason: input.reason ?? null },
+    });
+    await insertAuditEvent(trx, {
+      tenantId: scope.tenantId,
+      actorIdentityId: ctx.principal.identityId,
+      action,
+      resourceType: 'compute-node',
+      resourceId: input.nodeId,
+      requestId: ctx.requestId,
+      context: { sessionKind: ctx.principal.sessionKind, reason: input.reason ?? null },
+    });
   });
   const [node] = await loadNodeViews(ctx.deps.db, [input.nodeId], { devices: false });
-  const live = await ctx.deps.db
-    .selectFrom('allocations')
-    .select((eb) => eb.fn.countAll<string>().as('n'))
-    .where('node_id', '=', input.nodeId)
-    .where('state', 'not in', ['released', 'failed'])
-    .executeTakeFirstOrThrow();
-  return { node: node!, liveAllocations: Number(live.n) };
+  return { node: node!, liveAllocations: await countLiveAllocations(ctx.deps.db, input.nodeId) };
 }
 
 const changeOutput = z.object({ node: nodeView, liveAllocations: z.number().int() });

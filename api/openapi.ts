@@ -1,5 +1,6 @@
 import { z } from 'zod';
 import { errorCodes, errorCodeTraits } from '../domain/errors.ts';
+import { eventTypes } from '../domain/event-types.ts';
 import type { MethodRegistry } from './method.ts';
 
 type JsonSchema = Record<string, unknown>;
@@ -69,9 +70,9 @@ const statusText: Record<number, string> = {
   403: 'Refused',
   404: 'Not found',
   409: 'Conflict or invalid state',
+  422: 'Unsupported by this server',
   429: 'Quota exceeded or rate limited',
   500: 'Internal error',
-  501: 'Unsupported',
   503: 'Capacity unavailable',
 };
 
@@ -104,7 +105,7 @@ export function buildOpenApiDocument(registry: MethodRegistry, options: OpenApiO
       properties: {
         id: { type: 'string', description: '`evt_…`' },
         seq: { type: 'integer', description: 'Outbox position; the stream resumes after it.' },
-        type: { type: 'string', examples: ['reservation.active'] },
+        type: { type: 'string', enum: [...eventTypes] },
         subject: { type: 'string', examples: ['reservation/rsv_…'] },
         tenantId: { type: ['string', 'null'] },
         data: { type: 'object', additionalProperties: true },

@@ -1,22 +1,26 @@
-import { sql } from 'kysely';
 import { z } from 'zod';
 import type { Deps } from '../core/deps.ts';
 import type { Principal } from '../core/iam-port.ts';
+import { outboxHead } from '../db/events/outbox-read.ts';
+import {
+  deleteWebhookSubscription,
+  insertWebhookSubscriptionWithinCap,
+  listWebhookDeliveries,
+  listWebhookSubscriptions,
+  type WebhookSubscriptionInfo,
+  webhookSubscriptionExists,
+} from '../db/events/webhooks.ts';
 import { ComputeError } from '../domain/errors.ts';
+import { eventTypePattern } from '../domain/event-types.ts';
+import type { IamAction } from '../domain/iam-actions.ts';
 import { newId } from '../domain/ids.ts';
-import { outboxHead } from '../events/outbox.ts';
+import { webhookFailureReasons } from '../domain/webhook-target.ts';
 import { newWebhookSecret } from '../events/webhook-signature.ts';
+import { assertWebhookTargetAccepted, systemResolver } from '../events/webhook-target-resolve.ts';
 import { defineMethod } from './method.ts';
 
 const manageAction = 'compute:webhooks:manage';
 const readAction = 'compute:webhooks:read';
-
-const typePattern = z
-  .string()
-  .regex(
-    /^[a-z][a-z0-9-]*(\.[a-z0-9-]+)*(\.\*)?$/,
-    'an event type such as reservation.active, or reservation.*',
-  );
 
 const webhookSchema = z.object({
   id: z.string(),
@@ -27,7 +31,13 @@ const webhookSchema = z.object({
   createdAt: z.number().int(),
 });
 
-async function decide(deps: Deps, principal: Principal, action: string, tenantId: string, requestId: string) {
+async function decide(
+  deps: Deps,
+  principal: Principal,
+  action: IamAction,
+  tenantId: string,
+  requestId: string,
+) {
   await deps.iam.require(
     principal,
     action,
@@ -36,27 +46,18 @@ async function decide(deps: Deps, principal: Principal, action: string, tenantId
   );
 }
 
-function toWebhook(row: {
-  id: string;
-  tenant_id: string;
-  url: string;
-  event_types: string[];
-  description: string;
-  created_at: Date;
-}) {
-  return {
-    id: row.id,
-    tenantId: row.tenant_id,
-    url: row.url,
-    eventTypes: row.event_types,
-    description: row.description,
-    createdAt: row.created_at.getTime(),
-  };
+const toWebhook = (hook: WebhookSubscriptionInfo) => ({ ...hook, createdAt: hook.createdAt.getTime() });
+
+function webhookNotFound(input: { tenantId: string; webhookId: string }) {
+  return new ComputeError(
+    'NOT_FOUND',
+    `webhook ${input.webhookId} does not exist in tenant ${input.tenantId}`,
+  );
 }
 
 const create = defineMethod({
   summary:
-    'Subscribes an HTTPS endpoint to the tenant’s events from now on. Answers the signing secret once: every delivery carries webhook-id, webhook-timestamp and webhook-signature (HMAC-SHA256, Standard Webhooks).',
+    'Subscribes an HTTPS endpoint to the tenant’s events from now on. Answers the signing secret once: every delivery carries webhook-id, webhook-timestamp and webhook-signature (HMAC-SHA256, Standard Webhooks). A target that is not https, or is (or resolves to) a loopback, private, link-local or otherwise non-public address is INVALID_INPUT (checked again at every delivery; redirects are not followed); past BETTER_COMPUTE_WEBHOOKS_PER_TENANT live webhooks, QUOTA_EXCEEDED.',
   action: manageAction,
   input: z.strictObject({
     tenantId: z.string().min(1),
@@ -64,30 +65,44 @@ const create = defineMethod({
       .string()
       .max(2000)
       .refine((value) => URL.canParse(value) && /^https?:$/.test(new URL(value).protocol), 'an http(s) URL'),
-    eventTypes: z.array(typePattern).max(100).default([]),
+    eventTypes: z.array(eventTypePattern).max(100).default([]),
     description: z.string().max(500).default(''),
   }),
   output: webhookSchema.extend({ secret: z.string() }),
   handler: async ({ deps, principal, requestId }, input) => {
     await decide(deps, principal, manageAction, input.tenantId, requestId);
-    const head = await outboxHead(deps.db);
+    await assertWebhookTargetAccepted(
+      input.url,
+      deps.config.BETTER_COMPUTE_WEBHOOK_ALLOW_HOSTS ?? [],
+      systemResolver,
+    );
     const secret = newWebhookSecret();
-    const row = await deps.db
-      .insertInto('webhook_subscriptions')
-      .values({
-        id: newId('hook'),
-        tenant_id: input.tenantId,
-        url: input.url,
-        secret,
-        event_types: input.eventTypes,
-        description: input.description,
-        created_by: principal.identityId,
-        cursor_xid: head.xid,
-        cursor_seq: head.seq,
-      })
-      .returningAll()
-      .executeTakeFirstOrThrow();
-    return { ...toWebhook(row), secret };
+    const cursor = await outboxHead(deps.db);
+    const cap = deps.config.BETTER_COMPUTE_WEBHOOKS_PER_TENANT;
+    const { subscription: hook } = await deps.db.transaction().execute((trx) =>
+      insertWebhookSubscriptionWithinCap(
+        trx,
+        {
+          id: newId('hook'),
+          tenantId: input.tenantId,
+          url: input.url,
+          secret,
+          eventTypes: input.eventTypes,
+          description: input.description,
+          createdBy: principal.identityId,
+          cursor,
+        },
+        cap,
+      ),
+    );
+    if (!hook) {
+      throw new ComputeError(
+        'QUOTA_EXCEEDED',
+        `tenant ${input.tenantId} already has ${cap} webhooks, the most a tenant may have: delete one it no longer needs (webhooks.delete) first, or subscribe one endpoint to more event types`,
+        { limit: cap, resource: 'webhooks' },
+      );
+    }
+    return { ...toWebhook(hook), secret };
   },
 });
 
@@ -98,14 +113,7 @@ const list = defineMethod({
   output: z.object({ items: z.array(webhookSchema) }),
   handler: async ({ deps, principal, requestId }, input) => {
     await decide(deps, principal, readAction, input.tenantId, requestId);
-    const rows = await deps.db
-      .selectFrom('webhook_subscriptions')
-      .selectAll()
-      .where('tenant_id', '=', input.tenantId)
-      .where('deleted_at', 'is', null)
-      .orderBy('created_at')
-      .execute();
-    return { items: rows.map(toWebhook) };
+    return { items: (await listWebhookSubscriptions(deps.db, input.tenantId)).map(toWebhook) };
   },
 });
 
@@ -116,26 +124,16 @@ const remove = defineMethod({
   output: z.object({ id: z.string(), deleted: z.literal(true) }),
   handler: async ({ deps, principal, requestId }, input) => {
     await decide(deps, principal, manageAction, input.tenantId, requestId);
-    const row = await deps.db
-      .updateTable('webhook_subscriptions')
-      .set({ deleted_at: sql<Date>`compute_now()` as never, lease_owner: null, lease_until: null })
-      .where('id', '=', input.webhookId)
-      .where('tenant_id', '=', input.tenantId)
-      .where('deleted_at', 'is', null)
-      .returning('id')
-      .executeTakeFirst();
-    if (!row)
-      throw new ComputeError(
-        'NOT_FOUND',
-        `webhook ${input.webhookId} does not exist in tenant ${input.tenantId}`,
-      );
-    return { id: row.id, deleted: true as const };
+    if (!(await deleteWebhookSubscription(deps.db, input.tenantId, input.webhookId))) {
+      throw webhookNotFound(input);
+    }
+    return { id: input.webhookId, deleted: true as const };
   },
 });
 
 const deliveries = defineMethod({
   summary:
-    'Every delivery attempt of a webhook, newest first: the event, the attempt, the outcome, the status.',
+    'Every delivery attempt of a webhook, newest first: the event, the attempt, the outcome, the HTTP status the endpoint answered (none for a target that was refused or never answered) and, for a failure, its reason: timeout, connection-failed, tls-failed, refused-target or http-error.',
   action: readAction,
   input: z.strictObject({
     tenantId: z.string().min(1),
@@ -152,7 +150,7 @@ const deliveries = defineMethod({
         attempt: z.number().int(),
         outcome: z.enum(['succeeded', 'retrying', 'failed']),
         statusCode: z.number().int().nullable(),
-        error: z.string().nullable(),
+        error: z.enum(webhookFailureReasons).nullable(),
         durationMs: z.number().int(),
         createdAt: z.number().int(),
       }),
@@ -160,39 +158,11 @@ const deliveries = defineMethod({
   }),
   handler: async ({ deps, principal, requestId }, input) => {
     await decide(deps, principal, readAction, input.tenantId, requestId);
-    const hook = await deps.db
-      .selectFrom('webhook_subscriptions')
-      .select('id')
-      .where('id', '=', input.webhookId)
-      .where('tenant_id', '=', input.tenantId)
-      .executeTakeFirst();
-    if (!hook)
-      throw new ComputeError(
-        'NOT_FOUND',
-        `webhook ${input.webhookId} does not exist in tenant ${input.tenantId}`,
-      );
-    const rows = await deps.db
-      .selectFrom('webhook_deliveries')
-      .selectAll()
-      .where('subscription_id', '=', hook.id)
-      .orderBy('created_at', 'desc')
-      .orderBy('id', 'desc')
-      .limit(input.limit)
-      .execute();
-    return {
-      items: rows.map((r) => ({
-        id: r.id,
-        eventId: r.event_id,
-        eventSeq: Number(r.event_seq),
-        eventType: r.event_type,
-        attempt: r.attempt,
-        outcome: r.outcome,
-        statusCode: r.status_code,
-        error: r.error,
-        durationMs: r.duration_ms,
-        createdAt: r.created_at.getTime(),
-      })),
-    };
+    if (!(await webhookSubscriptionExists(deps.db, input.tenantId, input.webhookId))) {
+      throw webhookNotFound(input);
+    }
+    const deliveries = await listWebhookDeliveries(deps.db, input.webhookId, input.limit);
+    return { items: deliveries.map((d) => ({ ...d, createdAt: d.createdAt.getTime() })) };
   },
 });
 

@@ -84,7 +84,12 @@ try {
     `loaded ${nodeCount} nodes (${nodeCount * 8} GPUs) and 10 tenants in ${((performance.now() - t0) / 1000).toFixed(1)} s`,
   );
 
-  const compute = createCompute({ config: parseConfig({}), db: bench.db, log, iam });
+  // Rate limits off: 50 clients on 10 tokens measure admission, not the per-token limit.
+  const config = parseConfig({
+    BETTER_COMPUTE_RATE_LIMIT_PER_TOKEN: '0',
+    BETTER_COMPUTE_RATE_LIMIT_PER_TENANT: '0',
+  });
+  const compute = createCompute({ config, db: bench.db, log, iam });
   const server = await listen(compute.app, '127.0.0.1', 0);
   const post = async (token: string, body: unknown) => {
     const response = await fetch(`${server.url}/api/compute/reservations/create`, {

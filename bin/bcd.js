@@ -1,6 +1,13 @@
 #!/usr/bin/env node
-// bcd, the node agent, run directly from its TypeScript sources (tsx).
-import { register } from 'tsx/esm/api';
+// bcd, the node agent. In a checkout it runs the TypeScript sources through tsx; the published
+// package (no sources) runs the compiled dist/.
+import { existsSync } from 'node:fs';
 
-register();
-await import('../daemon/main.ts');
+const sources = new URL('../daemon/main.ts', import.meta.url);
+if (existsSync(sources)) {
+  const { register } = await import('tsx/esm/api');
+  register();
+  await import(sources.href);
+} else {
+  await import('../dist/daemon/main.js');
+}

@@ -1,6 +1,13 @@
 #!/usr/bin/env node
-// Runs the TypeScript CLI directly (tsx), so the package needs no build step.
-import { register } from 'tsx/esm/api';
+// The `better-compute` command. In a checkout it runs the TypeScript sources through tsx, so
+// `npm run dev` needs no build step; the published package (no sources) runs the compiled dist/.
+import { existsSync } from 'node:fs';
 
-register();
-await import('../cli/main.ts');
+const sources = new URL('../cli/main.ts', import.meta.url);
+if (existsSync(sources)) {
+  const { register } = await import('tsx/esm/api');
+  register();
+  await import(sources.href);
+} else {
+  await import('../dist/cli/main.js');
+}

@@ -1,6 +1,6 @@
 import { CommanderError } from 'commander';
 import { ComputeClientError, ComputeConnectionError } from '../client/index.ts';
-import { type ErrorCode, isComputeError } from '../domain/errors.ts';
+import { assertNever, type ErrorCode, isComputeError } from '../domain/errors.ts';
 
 /**
  * Exit statuses by error class, so scripts can tell what went wrong without reading the text.
@@ -61,8 +61,19 @@ function classOf(code: ErrorCode): number {
       return exitCodes.credential;
     case 'INTERNAL':
       return exitCodes.internal;
-    default:
+    case 'ACCESS_DENIED':
+    case 'NOT_FOUND':
+    case 'CONFLICT':
+    case 'QUOTA_EXCEEDED':
+    case 'CAPACITY_UNAVAILABLE':
+    case 'INVALID_STATE':
+    case 'UNSUPPORTED':
+    case 'CONFIRMATION_REQUIRED':
+    case 'SPEND_LIMIT_REACHED':
+    case 'RATE_LIMITED':
       return exitCodes.refused;
+    default:
+      return assertNever(code);
   }
 }
 

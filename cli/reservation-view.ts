@@ -5,8 +5,6 @@ import { formatTime, renderFields, renderTable } from './output.ts';
 
 export type Reservation = MethodOutput<Methods, 'reservations', 'get'>;
 
-export const terminalStates = ['denied', 'released', 'failed', 'cancelled', 'expired'];
-
 function window(r: Reservation): string | null {
   if (!r.during) return null;
   return `${formatTime(r.during.start)} → ${formatTime(r.during.end)} (${formatDuration(r.during.end - r.during.start)})`;

@@ -1,3 +1,4 @@
+import type { EventType } from '../domain/event-types.ts';
 import { ComputeConnectionError } from './errors.ts';
 import { parseSse } from './sse.ts';
 import { apiUrl, resolveToken, type TokenSource } from './transport.ts';
@@ -8,7 +9,8 @@ export interface ComputeEvent {
   id: string;
   /** The outbox position: strictly increasing, the stream's resume point. */
   seq: number;
-  type: string;
+  /** One of the closed list of event types (domain/event-types.ts). */
+  type: EventType;
   /** What the event is about: `reservation/rsv_…`, `node/node_…`. */
   subject: string;
   tenantId: string | null;

@@ -1,7 +1,8 @@
 /**
  * The typed client (`better-compute/client`): `createComputeClient<typeof compute>({ baseURL, token })`
  * gives `client.{group}.{method}(input, { signal })` with every input and output type inferred from
- * the server's zod schemas. It imports no server code at runtime, only types.
+ * the server's zod schemas. At run time it loads only `client/` and `domain/` (the error table, the
+ * protocol header): no server module, no database or Temporal package (tests/client/bundle.test.ts).
  */
 import type { Compute } from '../server/compute.ts';
 import { ComputeConnectionError } from './errors.ts';
@@ -9,6 +10,8 @@ import { type ComputeEvent, type StreamOptions, streamEvents } from './events.ts
 import { createTransport, readEnvelope, type TransportOptions } from './transport.ts';
 import type { ClientMethods, RegistryOf } from './types.ts';
 
+export { type ErrorCode, errorCodes, isErrorCode } from '../domain/errors.ts';
+export type { EventType } from '../domain/event-types.ts';
 export { ComputeClientError, ComputeConnectionError, isComputeClientError } from './errors.ts';
 export type { ComputeEvent, StreamOptions } from './events.ts';
 export { parseSse, type SseFrame } from './sse.ts';

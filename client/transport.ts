@@ -1,4 +1,5 @@
-import type { ErrorCode } from '../domain/errors.ts';
+import { isErrorCode } from '../domain/errors.ts';
+import { requiredHeader } from '../domain/http-protocol.ts';
 import { ComputeClientError, ComputeConnectionError } from './errors.ts';
 import type { CallOptions } from './types.ts';
 
@@ -19,25 +20,6 @@ export interface TransportOptions {
   /** Extra headers sent with every call. */
   headers?: Record<string, string>;
 }
-
-// Kept in step with api/app.ts's requiredHeader (the client imports no server code at runtime).
-const requiredHeader = { name: 'X-Better-Compute', value: '1' } as const;
-
-const knownCodes: ReadonlySet<string> = new Set<ErrorCode>([
-  'INVALID_INPUT',
-  'UNAUTHENTICATED',
-  'ACCESS_DENIED',
-  'NOT_FOUND',
-  'CONFLICT',
-  'QUOTA_EXCEEDED',
-  'CAPACITY_UNAVAILABLE',
-  'INVALID_STATE',
-  'UNSUPPORTED',
-  'CONFIRMATION_REQUIRED',
-  'SPEND_LIMIT_REACHED',
-  'RATE_LIMITED',
-  'INTERNAL',
-]);
 
 /** `baseURL` joined with an API path, tolerating a trailing slash. */
 export function apiUrl(baseURL: string, path: string): string {
@@ -88,10 +70,10 @@ export async function readEnvelope(
   if (body && typeof body === 'object') {
     if (response.ok && 'data' in body) return { data: (body as { data: unknown }).data };
     const error = (body as { error?: Record<string, unknown> }).error;
-    if (error && typeof error.code === 'string' && knownCodes.has(error.code)) {
+    if (error && isErrorCode(error.code)) {
       return {
         error: new ComputeClientError({
-          code: error.code as ErrorCode,
+          code: error.code,
           message: typeof error.message === 'string' ? error.message : error.code,
           status: response.status,
           details: (error.details as Record<string, unknown> | undefined) ?? undefined,

@@ -28,11 +28,13 @@ export class TtlCache<V> {
   /** The value stored less than `ttlMs` (this cache's by default) ago, else undefined. */
   get(key: string, ttlMs = this.ttlMs): V | undefined {
     const hit = this.#entries.get(key);
+    // wall time: a TTL of a heuristic cache, which decides no booking
     return hit && Date.now() - hit.at < ttlMs ? hit.value : undefined;
   }
 
   set(key: string, value: V): void {
     if (this.#entries.size > this.maxEntries) this.#entries.clear();
+    // wall time: when the entry was stored, for its TTL
     this.#entries.set(key, { at: Date.now(), value });
   }
 

@@ -1,4 +1,6 @@
 import { z } from 'zod';
+import { webhookAllowHostsSetting } from '../domain/webhook-target.ts';
+import { logFormats } from './logger.ts';
 
 /** How a process runs: the API, the Temporal worker, the gRPC gateway, or all three together. */
 export const processModes = ['api', 'worker', 'gateway', 'all'] as const;
@@ -27,7 +29,31 @@ export const configSchema = z.object({
   BETTER_COMPUTE_DATA_DIR: z.string().min(1).default('.data'),
   BETTER_COMPUTE_TOOLS_DIR: z.string().optional(),
   BETTER_COMPUTE_DB_POOL_MAX: z.coerce.number().int().min(1).max(500).default(20),
+  /** API calls per second one token may make (a token bucket, refilled continuously); 0 turns it off. */
+  BETTER_COMPUTE_RATE_LIMIT_PER_TOKEN: z.coerce.number().min(0).max(1_000_000).default(50),
+  /** How many calls a token may make at once before its rate applies. */
+  BETTER_COMPUTE_RATE_LIMIT_PER_TOKEN_BURST: z.coerce.number().int().min(1).max(10_000_000).default(200),
+  /** API calls per second all of one tenant's tokens may make together; 0 turns it off. */
+  BETTER_COMPUTE_RATE_LIMIT_PER_TENANT: z.coerce.number().min(0).max(1_000_000).default(200),
+  BETTER_COMPUTE_RATE_LIMIT_PER_TENANT_BURST: z.coerce.number().int().min(1).max(10_000_000).default(1000),
+  /**
+   * Development only: comma-separated `host[:port]` webhook targets that may be plain http and
+   * private addresses (`localhost,127.0.0.1:8080,[::1]`). Absent: https to public addresses only.
+   */
+  BETTER_COMPUTE_WEBHOOK_ALLOW_HOSTS: webhookAllowHostsSetting.optional(),
+  /** Live webhooks one tenant may have; one more is QUOTA_EXCEEDED. */
+  BETTER_COMPUTE_WEBHOOKS_PER_TENANT: z.coerce.number().int().min(1).max(10_000).default(25),
+  /** Open event streams one token may hold in one API process; one more is RATE_LIMITED. */
+  BETTER_COMPUTE_EVENT_STREAMS_PER_TOKEN: z.coerce.number().int().min(1).max(100_000).default(8),
+  /** Open event streams all of one tenant's tokens may hold in one API process. */
+  BETTER_COMPUTE_EVENT_STREAMS_PER_TENANT: z.coerce.number().int().min(1).max(1_000_000).default(64),
+  /** How many events behind the newest an event stream may resume (events.list pages further back). */
+  BETTER_COMPUTE_EVENT_STREAM_REPLAY_MAX_EVENTS: z.coerce.number().int().min(1).max(1_000_000_000).default(10_000),
+  /** How old the events a stream resumes from, or events.list pages from, may be (both doors). */
+  BETTER_COMPUTE_EVENT_REPLAY_MAX_AGE_HOURS: z.coerce.number().positive().max(87_600).default(168),
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
+  /** `auto`: pretty lines on a terminal, JSON when stdout is piped or redirected. */
+  LOG_FORMAT: z.enum(logFormats).default('auto'),
 });
 
 export type Config = z.infer<typeof configSchema>;

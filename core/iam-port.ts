@@ -1,7 +1,11 @@
+import type { IamAction } from '../domain/iam-actions.ts';
+import type { PolicyDocument } from './iam-policy.ts';
+
 /**
  * The one interface compute calls for every IAM question (DESIGN.md, "iam"). The embedded
- * implementation lives beside it; a bridge to the real better-iam package can replace it without
- * touching callers. IAM is never called inside a compute transaction, and fleet paths never call it.
+ * implementation is in iam/embedded/; a bridge to the real better-iam package can replace it
+ * without touching callers. IAM is never called inside a compute transaction, and fleet paths
+ * never call it.
  */
 
 export type IdentityKind = 'person' | 'service' | 'agent';
@@ -73,28 +77,177 @@ export interface IamPort {
   /** Throws ACCESS_DENIED (or CONFIRMATION_REQUIRED for a delegated agent held for a person). */
   require(
     principal: Principal,
-    action: string,
+    action: IamAction,
     resource: ResourceRef,
     context?: DecisionContext,
   ): Promise<void>;
   authorize(
     principal: Principal,
-    action: string,
+    action: IamAction,
     resource: ResourceRef,
     context?: DecisionContext,
   ): Promise<Decision>;
   authorizeMany(
     principal: Principal,
-    checks: ReadonlyArray<{ action: string; resource: ResourceRef }>,
+    checks: ReadonlyArray<{ action: IamAction; resource: ResourceRef }>,
     context?: DecisionContext,
   ): Promise<Decision[]>;
   /** Opens (or returns the open) confirmation for an agent's refused action; deadline ≤ 30 min. */
   requestConfirmation(
     principal: Principal,
-    action: string,
+    action: IamAction,
     resource: ResourceRef,
   ): Promise<Confirmation | null>;
   billingCheck(tenantId: string, meter?: string): Promise<BillingCheck>;
   recordUsage(records: readonly UsageRecord[]): Promise<void>;
   featureEnabled(tenantId: string, feature: string): Promise<boolean>;
+  /**
+   * IAM's own administration, when this IAM offers it through compute (the embedded one does). A
+   * bridge to an IAM administered elsewhere omits it, and compute's admin methods answer
+   * UNSUPPORTED.
+   */
+  readonly admin?: IamAdminPort;
+}
+
+/** What a tenant id looks like: 1 to 63 lower-case letters, digits, '-' or '_'. */
+export const tenantIdPattern = /^[a-z0-9][a-z0-9_-]{0,62}$/;
+
+/** A tenant as the tree of tenants knows it. */
+export interface TenantNode {
+  id: string;
+  name: string;
+  parentId: string | null;
+}
+
+export interface TenantInfo extends TenantNode {
+  createdAt: Date;
+}
+
+export interface IdentityInfo {
+  id: string;
+  tenantId: string;
+  kind: IdentityKind;
+  name: string;
+  email: string | null;
+  /** The delegation an agent acts under for its person, if any. */
+  delegationId: string | null;
+  createdAt: Date;
+}
+
+/** An API token without its secret. */
+export interface TokenInfo {
+  id: string;
+  identityId: string;
+  name: string;
+  expiresAt: Date | null;
+  revokedAt: Date | null;
+  lastUsedAt: Date | null;
+  createdAt: Date;
+}
+
+/** A role: built-in (no tenant) or a tenant's own, granting actions (`compute:*` patterns). */
+export interface RoleInfo {
+  id: string;
+  tenantId: string | null;
+  name: string;
+  actions: string[];
+}
+
+export interface RoleBindingInfo {
+  identityId: string;
+  roleId: string;
+  roleName: string;
+  tenantId: string;
+}
+
+/** One version of a named policy. */
+export interface PolicyVersion {
+  id: string;
+  tenantId: string;
+  name: string;
+  version: number;
+  document: PolicyDocument;
+}
+
+/** A confirmation as the person it waits for lists it. */
+export interface ConfirmationRequest {
+  id: string;
+  state: 'pending' | 'approved' | 'denied';
+  action: string;
+  resource: { type: string; id: string };
+  agentIdentityId: string;
+  expiresAt: Date;
+}
+
+export interface ConfirmationDecision {
+  id: string;
+  state: 'pending' | 'approved' | 'denied';
+  resourceId: string;
+  action: string;
+}
+
+export interface Budget {
+  tenantId: string;
+  /** A meter, or `*` for all meters. */
+  meter: string;
+  limit: number;
+}
+
+/**
+ * IAM's administration: tenants, identities, tokens, roles and bindings, policies, a person's
+ * answers to confirmations, budgets and feature flags. Every write is seen by the next decision.
+ * Errors: NOT_FOUND for a tenant, identity, role or confirmation that does not exist; CONFLICT for
+ * a name or id already taken; INVALID_INPUT for a malformed id or policy document; INVALID_STATE
+ * for a confirmation already decided or expired.
+ */
+export interface IamAdminPort {
+  /** Creates a tenant under `parentId` (default: the root). The first tenant ever is the root. */
+  createTenant(input: { id?: string; name: string; parentId?: string | null }): Promise<TenantInfo>;
+  listTenants(): Promise<TenantInfo[]>;
+  getTenant(tenantId: string): Promise<TenantNode | undefined>;
+  /** The root tenant (the platform), or null before bootstrap. */
+  rootTenantId(): Promise<string | null>;
+  /** An identity; an agent with `personIdentityId` gets a delegation from that person. */
+  createIdentity(input: {
+    tenantId: string;
+    kind: IdentityKind;
+    name: string;
+    email?: string;
+    personIdentityId?: string;
+    confirmActions?: string[];
+  }): Promise<IdentityInfo>;
+  listIdentities(tenantId: string): Promise<IdentityInfo[]>;
+  /** Mints an API token; its secret is in this answer only. */
+  createToken(input: {
+    identityId: string;
+    name?: string;
+    expiresInSeconds?: number;
+  }): Promise<TokenInfo & { token: string }>;
+  listTokens(filter: { identityId?: string; tenantId?: string }): Promise<TokenInfo[]>;
+  /** Revokes a token; idempotent. */
+  revokeToken(tokenId: string): Promise<{ id: string; revokedAt: Date }>;
+  createRole(input: { tenantId: string; name: string; actions: string[] }): Promise<RoleInfo>;
+  /** The built-in roles, and the tenant's own when `tenantId` is given (every role without it). */
+  listRoles(tenantId?: string): Promise<RoleInfo[]>;
+  /** Binds a role (by id, or by name: the tenant's own first, then a built-in) on a tenant. */
+  bindRole(input: { identityId: string; role: string; tenantId?: string }): Promise<RoleBindingInfo>;
+  /** Applies a policy document under `name`: a new version, in force from now on. */
+  applyPolicy(input: {
+    tenantId: string;
+    name: string;
+    document: unknown;
+    createdBy?: string;
+  }): Promise<PolicyVersion>;
+  /** Every version of the tenant's policies, by name, newest version first. */
+  listPolicies(tenantId: string): Promise<Array<PolicyVersion & { createdAt: Date }>>;
+  /** The person's answer to a confirmation; only the person it names may decide it. */
+  decideConfirmation(input: {
+    confirmationId: string;
+    personIdentityId: string;
+    decision: 'approved' | 'denied';
+  }): Promise<ConfirmationDecision>;
+  /** The confirmations that wait (or waited) for this person, newest first (at most 100). */
+  listConfirmations(personIdentityId: string): Promise<ConfirmationRequest[]>;
+  setBudget(input: { tenantId: string; meter?: string; limit: number }): Promise<Budget>;
+  setFeature(input: { tenantId: string; feature: string; enabled: boolean }): Promise<void>;
 }

@@ -1,7 +1,8 @@
 import { writeFileSync } from 'node:fs';
 import path from 'node:path';
-import { type ClientDuplexStream, credentials, Metadata, status } from '@grpc/grpc-js';
+import { type ClientDuplexStream, Metadata, status } from '@grpc/grpc-js';
 import type { Logger } from '../core/logger.ts';
+import { assertNever } from '../domain/errors.ts';
 import { sectionHash } from '../domain/inventory-sections.ts';
 import { certificateNotAfter } from '../domain/pki.ts';
 import {
@@ -13,6 +14,7 @@ import {
 } from '../proto/gen/agent/v1/agent.ts';
 import { runCommand } from './commands.ts';
 import type { DeviceRoots, HeldAllocation } from './devices.ts';
+import { gatewayChannel } from './gateway-tls.ts';
 import type { Hardware } from './hardware.ts';
 import { type NodeIdentity, renewCertificate } from './identity.ts';
 import { Journal } from './journal.ts';
@@ -186,15 +188,12 @@ export class NodeAgent {
   /** One session: resolves when the stream ends, with the gateway's pushback if it gave one. */
   private session(): Promise<{ welcomed: boolean; pushbackMs: number | null; code: number | null }> {
     const { identity } = this.options;
-    const client = new AgentServiceClient(
-      identity.gateway,
-      credentials.createSsl(
-        Buffer.from(identity.caCertificatePem),
-        Buffer.from(identity.privateKeyPem),
-        Buffer.from(identity.certificatePem),
-      ),
-      { 'grpc.keepalive_time_ms': 30_000, 'grpc.enable_retries': 0 },
-    );
+    const tls = gatewayChannel(identity.gateway, identity);
+    const client = new AgentServiceClient(identity.gateway, tls.credentials, {
+      ...tls.options,
+      'grpc.keepalive_time_ms': 30_000,
+      'grpc.enable_retries': 0,
+    });
     this.client = client;
     const stream = client.session(new Metadata());
     this.stream = stream;
@@ -284,6 +283,8 @@ export class NodeAgent {
       case 'reportAck':
       case 'heartbeatAck':
         return;
+      default:
+        assertNever(body);
     }
   }
 

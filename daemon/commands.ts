@@ -1,4 +1,5 @@
-import { commandKinds, isCommandKind } from '../domain/command-kinds.ts';
+import { type CommandKindName, commandKinds, isCommandKind } from '../domain/command-kinds.ts';
+import { assertNever } from '../domain/errors.ts';
 import { type Command, CommandOutcome, type CommandResult } from '../proto/gen/agent/v1/agent.ts';
 import type { Hardware } from './hardware.ts';
 import type { Journal } from './journal.ts';
@@ -94,7 +95,11 @@ export async function runCommand(host: CommandHost, command: Command, nowMs: num
   }
 }
 
-async function execute(host: CommandHost, kind: string, payload: Record<string, unknown>): Promise<unknown> {
+async function execute(
+  host: CommandHost,
+  kind: CommandKindName,
+  payload: Record<string, unknown>,
+): Promise<unknown> {
   switch (kind) {
     case 'gpu.reset': {
       const uuid = String(payload.gpuUuid);
@@ -113,6 +118,6 @@ async function execute(host: CommandHost, kind: string, payload: Record<string, 
       setTimeout(() => host.reboot(), 50);
       return { rebooting: true };
     default:
-      throw new Error(`no executor for ${kind}`);
+      return assertNever(kind);
   }
 }

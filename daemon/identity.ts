@@ -1,8 +1,8 @@
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
-import { credentials } from '@grpc/grpc-js';
 import { certificateNotAfter, createCsr, generateKeyPairPem } from '../domain/pki.ts';
 import { type HardwareEvidence, type JoinResponse, JoinServiceClient } from '../proto/gen/agent/v1/agent.ts';
+import { gatewayChannel } from './gateway-tls.ts';
 
 /**
  * bcd's identity on disk under its state directory: `key.pem` (its ECDSA P-256 node key, never
@@ -61,10 +61,8 @@ export async function joinWithToken(input: {
   mkdirSync(input.dir, { recursive: true, mode: 0o700 });
   const keys = await generateKeyPairPem();
   const csrPem = await createCsr(keys, input.requestedName);
-  const client = new JoinServiceClient(
-    input.gateway,
-    credentials.createSsl(Buffer.from(input.caCertificatePem)),
-  );
+  const tls = gatewayChannel(input.gateway, { caCertificatePem: input.caCertificatePem });
+  const client = new JoinServiceClient(input.gateway, tls.credentials, tls.options);
   let response: JoinResponse;
   try {
     response = await unary<JoinResponse>((cb) =>
@@ -117,14 +115,8 @@ export function saveIdentity(dir: string, identity: NodeIdentity): void {
 
 /** Renews the certificate over mutual TLS with the current one (same key). */
 export async function renewCertificate(identity: NodeIdentity, dir: string): Promise<Date> {
-  const client = new JoinServiceClient(
-    identity.gateway,
-    credentials.createSsl(
-      Buffer.from(identity.caCertificatePem),
-      Buffer.from(identity.privateKeyPem),
-      Buffer.from(identity.certificatePem),
-    ),
-  );
+  const tls = gatewayChannel(identity.gateway, identity);
+  const client = new JoinServiceClient(identity.gateway, tls.credentials, tls.options);
   try {
     const csrPem = await createCsr(
       { privateKeyPem: identity.privateKeyPem, publicKeyPem: identity.publicKeyPem },

@@ -120,8 +120,10 @@ function chownRecursive(dir: string, owner: RunAs) {
 }
 
 async function waitUntilAccepting(url: string, child: ChildProcess, logFile: string, timeoutMs = 60_000) {
+  // wall time: how long to wait for the server to accept connections
   const deadline = Date.now() + timeoutMs;
   let lastError: unknown;
+  // wall time: the same wait
   while (Date.now() < deadline) {
     if (child.exitCode !== null) break;
     const client = new pg.Client({ connectionString: url });

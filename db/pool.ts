@@ -60,11 +60,21 @@ export function createDb(
   });
   // An idle client that errors (the server restarted) must not crash the process.
   pool.on('error', () => {});
-  pool.on('connect', prepareMarkedStatements);
-  const db = new Kysely<Database>({ dialect: new PostgresDialect({ pool }) });
+  const { db } = useExistingPool(pool);
   return {
     db,
     pool,
     close: () => db.destroy(),
   };
+}
+
+/**
+ * A typed Kysely instance over a pool its caller owns (an embedder's own `pg.Pool`): `close` leaves
+ * the pool open for its owner. Connections the pool opens from now on prepare the marked hot
+ * statements; nothing else about them changes.
+ */
+export function useExistingPool(pool: pg.Pool): DbHandle {
+  pool.on('connect', prepareMarkedStatements);
+  const db = new Kysely<Database>({ dialect: new PostgresDialect({ pool }) });
+  return { db, pool, close: async () => {} };
 }

@@ -53,7 +53,9 @@ export const errorCodeTraits: Record<ErrorCode, ErrorCodeTraits> = {
   QUOTA_EXCEEDED: { httpStatus: 429, grpcStatus: grpcStatus.RESOURCE_EXHAUSTED, retryable: false },
   CAPACITY_UNAVAILABLE: { httpStatus: 503, grpcStatus: grpcStatus.RESOURCE_EXHAUSTED, retryable: false },
   INVALID_STATE: { httpStatus: 409, grpcStatus: grpcStatus.FAILED_PRECONDITION, retryable: false },
-  UNSUPPORTED: { httpStatus: 501, grpcStatus: grpcStatus.UNIMPLEMENTED, retryable: false },
+  // 422, not 501: the request is well-formed and understood but asks for something this server
+  // does not offer; a 5xx would tell clients the server failed and invite retries.
+  UNSUPPORTED: { httpStatus: 422, grpcStatus: grpcStatus.UNIMPLEMENTED, retryable: false },
   CONFIRMATION_REQUIRED: { httpStatus: 403, grpcStatus: grpcStatus.PERMISSION_DENIED, retryable: false },
   SPEND_LIMIT_REACHED: { httpStatus: 402, grpcStatus: grpcStatus.RESOURCE_EXHAUSTED, retryable: false },
   RATE_LIMITED: { httpStatus: 429, grpcStatus: grpcStatus.RESOURCE_EXHAUSTED, retryable: true },

@@ -1,3 +1,4 @@
+import { assertNever } from './errors.ts';
 import type { DeviceClass, HostResourceAmounts, Topology } from './reservation-request.ts';
 
 /**
@@ -242,6 +243,8 @@ function phrase(rejection: Rejection, n: number, request: PlacementRequest, labe
       const r = request.resources;
       return `${n} ${lack} the host resources (${r.vcpu} vCPU, ${r.memoryGiB} GiB memory${r.hugepages1Gi ? `, ${r.hugepages1Gi} 1Gi huge pages` : ''})`;
     }
+    default:
+      return assertNever(rejection);
   }
 }
 

@@ -1,4 +1,6 @@
-import type { Condition, LifecycleState, ReservationSnapshot } from './reservation-lifecycle-types.ts';
+import { assertNever } from './errors.ts';
+import type { Condition, ReservationSnapshot } from './reservation-lifecycle-types.ts';
+import type { ReservationState } from './reservation-states.ts';
 
 /** A bound allocation lost its devices, or a later report of it failed verification. */
 const degradedLost: Condition = {
@@ -60,7 +62,7 @@ export function activeConditions(s: ReservationSnapshot): Condition[] {
 
 /** The operation state `reservations.get` shows for a reservation state (seed: waiting for placement). */
 export function operationState(
-  state: LifecycleState,
+  state: ReservationState,
   conditions: Condition[],
 ): 'running' | 'pending' | 'succeeded' | 'failed' {
   switch (state) {
@@ -81,5 +83,7 @@ export function operationState(
     case 'cancelled':
     case 'expired':
       return 'failed';
+    default:
+      return assertNever(state);
   }
 }

@@ -1,33 +1,10 @@
 /**
- * The types of the reservation lifecycle's pure transitions: states, timers, the snapshot the
- * workflow reads from PostgreSQL, what it was asked (intents), what it remembers, and the actions.
+ * The types of the reservation lifecycle's pure transitions: timers, the snapshot the workflow
+ * reads from PostgreSQL, what it was asked (intents), what it remembers, and the actions. The states
+ * themselves are `reservation-states.ts`.
  */
 
-export type LifecycleState =
-  | 'draft'
-  | 'denied'
-  | 'awaiting-confirmation'
-  | 'pending'
-  | 'placed'
-  | 'binding'
-  | 'active'
-  | 'releasing'
-  | 'released'
-  | 'failed'
-  | 'cancelled'
-  | 'expired';
-
-export const terminalStates: readonly LifecycleState[] = [
-  'denied',
-  'released',
-  'failed',
-  'cancelled',
-  'expired',
-];
-
-export function isTerminal(state: string): boolean {
-  return (terminalStates as readonly string[]).includes(state);
-}
+import type { ReservationState, TerminalState } from './reservation-states.ts';
 
 /** Every moment the lifecycle owns, in milliseconds. Pool policy `timers` and workflow input override. */
 export interface LifecycleTimers {
@@ -88,7 +65,7 @@ export interface ReservationSnapshot {
   id: string;
   tenantId: string;
   poolId: string;
-  state: LifecycleState;
+  state: ReservationState;
   version: number;
   now: number;
   start: number | null;
@@ -127,8 +104,6 @@ export interface LifecycleMemory {
   meteredThrough: number | null;
 }
 
-export type EndState = 'released' | 'cancelled' | 'failed' | 'expired' | 'denied';
-
 export type LifecycleAction =
   | { kind: 'finish' }
   | { kind: 'wait'; until: number; reason: string }
@@ -136,7 +111,7 @@ export type LifecycleAction =
   | { kind: 'beginBinding'; bindDeadline: number }
   | { kind: 'activate' }
   | { kind: 'rebind'; reason: 'NodeDidNotBind' | 'NodeRejectedBinding'; message: string }
-  | { kind: 'end'; state: EndState; reason: string; condition?: Condition }
+  | { kind: 'end'; state: TerminalState; reason: string; condition?: Condition }
   | { kind: 'setConditions'; conditions: Condition[] }
   | { kind: 'syncAssignments' }
   | { kind: 'meterUsage' };

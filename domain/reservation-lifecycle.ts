@@ -5,6 +5,7 @@
  * workflow can run it deterministically and tests can run it without Temporal.
  */
 
+import { assertNever } from './errors.ts';
 import { activeConditions, sameConditions } from './reservation-lifecycle-conditions.ts';
 import type {
   LifecycleAction,
@@ -177,5 +178,7 @@ export function decide(
         reason: 'active',
       };
     }
+    default:
+      return assertNever(s.state);
   }
 }

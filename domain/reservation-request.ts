@@ -1,7 +1,15 @@
 import { createHash } from 'node:crypto';
+import { z } from 'zod';
 import { parseDuration } from './duration.ts';
 import { ComputeError } from './errors.ts';
-import { maxDurationMs, minDurationMs, type PreviewInput } from './reservation-schema.ts';
+import {
+  deviceRequestSchema,
+  hostResourcesSchema,
+  maxDurationMs,
+  minDurationMs,
+  type PreviewInput,
+  reservationRequestShape,
+} from './reservation-schema.ts';
 
 export type DeviceClass = 'gpu' | 'gpu.mig' | 'gpu.slot';
 export type Topology = 'any' | 'nvlink-all';
@@ -12,27 +20,48 @@ export interface HostResourceAmounts {
   hugepages1Gi: number;
 }
 
-/** The validated request as stored: durations in milliseconds, defaults filled in. */
-export interface NormalizedRequest {
-  poolId: string;
-  devices: Array<{
-    class: DeviceClass;
-    count: number;
-    topology: Topology;
-    selector?: {
-      attributes?: Record<string, string | number | boolean>;
-      nodeLabels?: Record<string, string>;
-    };
-  }>;
+/**
+ * `reservations.request` as admission stores it (normalizeRequest's output, with the booked host
+ * resources): the create input's own field schemas, with the duration in milliseconds and the
+ * defaults (`binding`, `topology`) filled in. Every reader of a stored request parses it with this.
+ */
+export const storedRequestSchema = z.strictObject({
+  poolId: reservationRequestShape.poolId,
+  devices: z.array(deviceRequestSchema.required({ topology: true })).min(1),
   /** `'<ms>ms'`, as the reservation object shows it. */
-  duration: string;
-  durationMs: number;
-  binding: 'hold' | 'kubernetes' | 'node' | 'instance';
-  start?: number;
-  resources?: Partial<HostResourceAmounts>;
-  leaseSeconds?: number;
-  projectId?: string;
-  spot?: boolean;
+  duration: z.string(),
+  durationMs: z.number().int().positive(),
+  binding: reservationRequestShape.binding.unwrap(),
+  start: reservationRequestShape.start,
+  resources: hostResourcesSchema.optional(),
+  leaseSeconds: reservationRequestShape.leaseSeconds,
+  projectId: reservationRequestShape.projectId,
+  spot: reservationRequestShape.spot,
+});
+
+/** The validated request as stored: durations in milliseconds, defaults filled in. */
+export type NormalizedRequest = z.infer<typeof storedRequestSchema>;
+
+/** How far ahead a calendar reservation may start. */
+export const maxStartAheadMs = 365 * 86_400_000;
+/** How far in the past a requested start may lie (clock skew, a slow client); it then starts now. */
+export const startGraceMs = 5 * 60_000;
+
+/**
+ * Whether a requested start lies within the horizon at `now` (the control plane's clock): at most
+ * 365 days ahead and at most 5 minutes past. Answers the INVALID_INPUT to throw, naming the bound,
+ * or null when it is within.
+ */
+export function startOutOfHorizon(start: number, now: number): ComputeError | null {
+  if (start >= now - startGraceMs && start <= now + maxStartAheadMs) return null;
+  const at = (ms: number) => (Number.isFinite(new Date(ms).getTime()) ? new Date(ms).toISOString() : `${ms}`);
+  return new ComputeError(
+    'INVALID_INPUT',
+    start < now
+      ? `start: ${at(start)} is in the past; a start may lie at most 5 minutes before now (${at(now)}): leave start out to start now`
+      : `start: ${at(start)} is too far ahead; a reservation may start at most 365 days from now (${at(now)})`,
+    { field: 'start', now, earliest: now - startGraceMs, latest: now + maxStartAheadMs },
+  );
 }
 
 /**
@@ -99,6 +128,24 @@ function canonical(value: unknown): string {
  */
 export function requestHash(tenantId: string, request: NormalizedRequest): string {
   return createHash('sha256').update(canonical({ tenantId, request })).digest('hex');
+}
+
+/**
+ * The hash of one extend request (the reservation, and its `until` or its `by` in milliseconds):
+ * what an extend's idempotency key is bound to, and what a delegated approval of it approves.
+ */
+export function extendRequestHash(input: {
+  tenantId: string;
+  reservationId: string;
+  until?: number | undefined;
+  byMs?: number | undefined;
+}): string {
+  const request = {
+    action: 'extend',
+    reservationId: input.reservationId,
+    ...(input.until !== undefined ? { until: input.until } : { byMs: input.byMs }),
+  };
+  return createHash('sha256').update(canonical({ tenantId: input.tenantId, request })).digest('hex');
 }
 
 /** The attributes IAM decides on (the seed's table), for one reservation. */

@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { boundedRecord } from './bounded-record.ts';
 import { visibleReservationStates } from './reservation-states.ts';
 
 /**
@@ -31,8 +32,8 @@ export const deviceRequestSchema = z.strictObject({
   topology: z.enum(['any', 'nvlink-all']).optional(),
   selector: z
     .strictObject({
-      attributes: z.record(z.string().min(1).max(100), attributeValue).optional(),
-      nodeLabels: z.record(z.string().min(1).max(200), z.string().max(200)).optional(),
+      attributes: boundedRecord(z.string().min(1).max(100), attributeValue, 32).optional(),
+      nodeLabels: boundedRecord(z.string().min(1).max(200), z.string().max(200), 32).optional(),
     })
     .optional(),
 });

@@ -1,6 +1,7 @@
 import { z } from 'zod';
 import type { ErrorCode } from './errors.ts';
-import { type Condition, type LifecycleState, operationState } from './reservation-lifecycle.ts';
+import { type Condition, operationState } from './reservation-lifecycle.ts';
+import type { ReservationState } from './reservation-states.ts';
 
 /** The reservation object the API answers (the seed's "The reservation object"). */
 export const reservationViewSchema = z.object({
@@ -41,7 +42,7 @@ export const reservationViewSchema = z.object({
 
 export type ReservationView = z.infer<typeof reservationViewSchema>;
 
-const failureCodes: Partial<Record<LifecycleState, ErrorCode>> = {
+const failureCodes: Partial<Record<ReservationState, ErrorCode>> = {
   failed: 'CAPACITY_UNAVAILABLE',
   denied: 'ACCESS_DENIED',
   cancelled: 'INVALID_STATE',
@@ -51,7 +52,7 @@ const failureCodes: Partial<Record<LifecycleState, ErrorCode>> = {
 /** The reservation's operation: what a `wait` waits on, with the error of a failed one. */
 export function operationOf(
   id: string,
-  state: LifecycleState,
+  state: ReservationState,
   conditions: Condition[],
   endReason: string | null,
 ) {

@@ -1,14 +1,13 @@
 import type { Db } from '../core/database.ts';
 import type { Logger } from '../core/logger.ts';
 import {
-  compareCursors,
-  eventMatches,
   type OutboxCursor,
   type OutboxEvent,
   type OutboxFilter,
   outboxHead,
   readOutbox,
-} from './outbox.ts';
+} from '../db/events/outbox-read.ts';
+import { compareCursors, eventMatches } from './outbox.ts';
 
 interface LiveFollower {
   filter: OutboxFilter;

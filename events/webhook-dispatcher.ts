@@ -1,16 +1,31 @@
-import { sql } from 'kysely';
+import type https from 'node:https';
+import type { Config } from '../core/config.ts';
 import type { Db } from '../core/database.ts';
 import type { Logger } from '../core/logger.ts';
+import { type OutboxCursor, type OutboxEvent, outboxHead, readOutbox } from '../db/events/outbox-read.ts';
+import {
+  advanceWebhookCursor,
+  type ClaimedWebhookSubscription,
+  claimDueWebhookSubscriptions,
+  insertWebhookDelivery,
+  releaseWebhookLeases,
+  renewWebhookLeases,
+  scheduleWebhookRetry,
+  skipWebhookCursorTo,
+} from '../db/events/webhooks.ts';
 import { newId } from '../domain/ids.ts';
-import { type OutboxEvent, outboxHead, readOutbox } from './outbox.ts';
-
+import type { WebhookFailureReason } from '../domain/webhook-target.ts';
+import { compareCursors } from './outbox.ts';
+import { postWebhook } from './webhook-post.ts';
 import { signatureHeaders, signWebhook } from './webhook-signature.ts';
+import { decideWebhookTarget, type HostResolver, systemResolver } from './webhook-target-resolve.ts';
 
 export interface WebhookDispatcherOptions {
   /** Names this dispatcher in leases (several processes may run one each). */
   owner?: string;
-  fetch?: typeof fetch;
-  /** How often subscriptions are claimed and checked for new events. */
+  /** Resolves target host names (default: the system's); every address it answers is checked. */
+  resolve?: HostResolver;
+  /** How often due subscriptions are claimed. */
   pollMs?: number;
   /** Per-request deadline: a hanging endpoint is cut off after this long. */
   timeoutMs?: number;
@@ -20,19 +35,14 @@ export interface WebhookDispatcherOptions {
   backoffMs?: (failures: number) => number;
   /** How long a claim on a subscription lasts without renewal. */
   leaseMs?: number;
+  /** Subscriptions worked at once, so also the most claimed per poll (default 16). */
+  maxConcurrent?: number;
+  /** Deliveries one subscription gets per claim before it goes back in line (default 100). */
+  maxEventsPerTurn?: number;
   /** Now, in Unix seconds, for the signature timestamp (the receiver's clock is wall time). */
   nowSeconds?: () => number;
-}
-
-interface Subscription {
-  id: string;
-  tenant_id: string;
-  url: string;
-  secret: string;
-  event_types: string[];
-  cursor_xid: string;
-  cursor_seq: string;
-  attempts: number;
+  /** Extra TLS options for https targets (a test's own CA). */
+  tls?: https.RequestOptions;
 }
 
 const defaultBackoff = (failures: number) => Math.min(2 ** (failures - 1) * 1000, 600_000);
@@ -40,46 +50,57 @@ const defaultBackoff = (failures: number) => Math.min(2 ** (failures - 1) * 1000
 /**
  * Delivers outbox events to each tenant's webhooks: in order per subscription, signed
  * (webhook-signature.ts), each attempt recorded in webhook_deliveries, retried with back-off.
- * Every subscription is worked by its own loop with its own deadline per request, so an endpoint
- * that fails or hangs delays only itself: never the API, the outbox or other subscribers. No
- * transaction is held open across a request.
+ *
+ * Every attempt decides its target first (webhook-target-resolve.ts): https only outside the
+ * development allowlist (`BETTER_COMPUTE_WEBHOOK_ALLOW_HOSTS`), every resolved address public, and
+ * the connection pinned to the address checked; redirects are not followed. A failure is recorded
+ * as a closed reason, never the OS message.
+ *
+ * Database use is bounded whatever the number of webhooks: a poll is at most three statements (the
+ * outbox head, a lease renewal, one claim of at most `maxConcurrent` subscriptions that are behind
+ * the head, SKIP LOCKED), and at most `maxConcurrent` subscriptions are worked at once, each one
+ * statement at a time. An endpoint that fails or hangs delays only itself (and holds one slot for at
+ * most its deadline). No transaction is held open across a request.
  */
 export function startWebhookDispatcher(
-  deps: { db: Db; log: Logger },
+  deps: { db: Db; log: Logger; config: Pick<Config, 'BETTER_COMPUTE_WEBHOOK_ALLOW_HOSTS'> },
   options: WebhookDispatcherOptions = {},
 ) {
   const { db } = deps;
   const log = deps.log.child({ component: 'webhooks' });
+  const allowHosts = deps.config.BETTER_COMPUTE_WEBHOOK_ALLOW_HOSTS ?? [];
   const owner = options.owner ?? newId('wf');
-  const doFetch = options.fetch ?? globalThis.fetch;
+  const resolve = options.resolve ?? systemResolver;
   const pollMs = options.pollMs ?? 500;
   const timeoutMs = options.timeoutMs ?? 10_000;
   const maxAttempts = options.maxAttempts ?? 8;
   const backoffMs = options.backoffMs ?? defaultBackoff;
   const leaseMs = options.leaseMs ?? 60_000;
+  const maxConcurrent = options.maxConcurrent ?? 16;
+  const maxEventsPerTurn = options.maxEventsPerTurn ?? 100;
+  // wall time: the signature's timestamp is checked against the receiver's own clock
   const nowSeconds = options.nowSeconds ?? (() => Math.floor(Date.now() / 1000));
   const stopping = new AbortController();
   const running = new Map<string, Promise<void>>();
+  /** Wakes the poll loop early: set while every slot was taken by the last claim. */
+  let wakeEarly: (() => void) | null = null;
 
-  async function attempt(subscription: Subscription, event: OutboxEvent, attemptNo: number) {
-    const body = JSON.stringify(event);
-    const timestamp = nowSeconds();
+  /** One attempt: decide the target, post, record. Answers the outcome recorded. */
+  async function attempt(subscription: ClaimedWebhookSubscription, event: OutboxEvent, attemptNo: number) {
     const started = performance.now();
     let statusCode: number | null = null;
-    let error: string | null = null;
-    // A timer of our own: a timeout signal combined with AbortSignal.any can be collected before
-    // it fires on Node 20, which would let a hanging endpoint hold its loop for ever.
-    const deadline = new AbortController();
-    let timedOut = false;
-    const timer = setTimeout(() => {
-      timedOut = true;
-      deadline.abort();
-    }, timeoutMs);
-    const onStop = () => deadline.abort();
-    stopping.signal.addEventListener('abort', onStop, { once: true });
-    try {
-      const response = await doFetch(subscription.url, {
-        method: 'POST',
+    let error: WebhookFailureReason | null = null;
+    const target = await decideWebhookTarget(subscription.url, allowHosts, resolve);
+    if (!target.ok) {
+      error = target.reason;
+      // The detail is for the operator's log only; the tenant sees the closed reason.
+      log.info({ webhookId: subscription.id, reason: target.reason, detail: target.detail }, 'webhook target refused');
+    } else {
+      const body = JSON.stringify(event);
+      const timestamp = nowSeconds();
+      const answer = await postWebhook({
+        url: target.url,
+        address: target.address,
         headers: {
           'content-type': 'application/json',
           'user-agent': 'better-compute-webhooks/1',
@@ -89,83 +110,61 @@ export function startWebhookDispatcher(
           'x-better-compute-event': event.type,
         },
         body,
-        redirect: 'manual',
-        signal: deadline.signal,
+        timeoutMs,
+        signal: stopping.signal,
+        ...(options.tls ? { tls: options.tls } : {}),
       });
-      statusCode = response.status;
-      await response.body?.cancel().catch(() => {});
-      if (statusCode < 200 || statusCode >= 300) error = `HTTP ${statusCode}`;
-    } catch (cause) {
-      error = timedOut
-        ? `no answer within ${timeoutMs} ms`
-        : `${(cause as Error).message}${(cause as Error).cause ? `: ${((cause as Error).cause as Error).message}` : ''}`;
-    } finally {
-      clearTimeout(timer);
-      stopping.signal.removeEventListener('abort', onStop);
+      if (answer.answered) {
+        statusCode = answer.statusCode;
+        if (statusCode < 200 || statusCode >= 300) error = 'http-error';
+      } else {
+        error = answer.reason;
+      }
     }
-    const ok = error === null;
-    const outcome = ok ? 'succeeded' : attemptNo >= maxAttempts ? 'failed' : 'retrying';
+    const outcome = error === null ? 'succeeded' : attemptNo >= maxAttempts ? 'failed' : 'retrying';
     const durationMs = Math.round(performance.now() - started);
     await db.transaction().execute(async (trx) => {
-      await trx
-        .insertInto('webhook_deliveries')
-        .values({
-          id: newId('hook'),
-          subscription_id: subscription.id,
-          event_id: event.id,
-          event_seq: event.seq,
-          event_type: event.type,
-          attempt: attemptNo,
-          outcome,
-          status_code: statusCode,
-          error,
-          duration_ms: durationMs,
-        })
-        .execute();
+      await insertWebhookDelivery(trx, {
+        id: newId('hook'),
+        subscriptionId: subscription.id,
+        eventId: event.id,
+        eventSeq: event.seq,
+        eventType: event.type,
+        attempt: attemptNo,
+        outcome,
+        statusCode,
+        error,
+        durationMs,
+      });
       if (outcome === 'retrying') {
-        await sql`
-          UPDATE webhook_subscriptions
-          SET attempts = ${attemptNo},
-              next_attempt_at = compute_now() + make_interval(secs => ${backoffMs(attemptNo) / 1000}),
-              updated_at = compute_now()
-          WHERE id = ${subscription.id} AND lease_owner = ${owner}`.execute(trx);
+        await scheduleWebhookRetry(trx, {
+          subscriptionId: subscription.id,
+          owner,
+          attempts: attemptNo,
+          delayMs: backoffMs(attemptNo),
+        });
       }
     });
-    if (outcome !== 'retrying') {
-      log.debug(
-        { webhookId: subscription.id, eventId: event.id, outcome, attempt: attemptNo },
-        'webhook delivery',
-      );
-    } else {
-      log.info(
-        { webhookId: subscription.id, eventId: event.id, attempt: attemptNo, error },
-        'webhook delivery failed',
-      );
-    }
+    const fields = { webhookId: subscription.id, eventId: event.id, outcome, attempt: attemptNo, error };
+    if (outcome === 'retrying') log.info(fields, 'webhook delivery failed');
+    else log.debug(fields, 'webhook delivery');
     return outcome;
   }
 
-  /** Delivers what is due to one subscription, in order, until it is caught up or must wait. */
-  async function drain(subscription: Subscription) {
-    let cursor = { xid: subscription.cursor_xid, seq: Number(subscription.cursor_seq) };
+  /**
+   * Delivers what is due to one subscription up to `head`, in order, until it is caught up, must
+   * wait for a retry, or had its turn (`maxEventsPerTurn`).
+   */
+  async function drain(subscription: ClaimedWebhookSubscription, head: OutboxCursor) {
+    let cursor: OutboxCursor = { xid: subscription.cursor_xid, seq: Number(subscription.cursor_seq) };
     let attempts = subscription.attempts;
+    let delivered = 0;
+    const filter = { tenantId: subscription.tenant_id, types: subscription.event_types };
     while (!stopping.signal.aborted) {
-      // The head first, then the read: when nothing up to the head is of interest, the cursor
-      // moves to the head, so later passes never scan the skipped events again.
-      const head = await outboxHead(db);
-      const page = await readOutbox(
-        db,
-        cursor,
-        { tenantId: subscription.tenant_id, types: subscription.event_types },
-        20,
-      );
+      const page = await readOutbox(db, cursor, filter, 20, head);
       if (page.events.length === 0) {
-        if (head.xid !== cursor.xid || head.seq !== cursor.seq) {
-          await sql`
-            UPDATE webhook_subscriptions SET cursor_xid = ${head.xid}::xid8, cursor_seq = ${head.seq}
-            WHERE id = ${subscription.id} AND lease_owner = ${owner} AND attempts = 0
-              AND (cursor_xid, cursor_seq) < (${head.xid}::xid8, ${head.seq}::bigint)`.execute(db);
-        }
+        // Nothing up to the head is of interest: move there, so later passes never scan it again.
+        if (compareCursors(head, cursor) > 0) await skipWebhookCursorTo(db, subscription.id, owner, head);
         return;
       }
       for (const event of page.events) {
@@ -173,35 +172,37 @@ export function startWebhookDispatcher(
         const outcome = await attempt(subscription, event, attempts + 1);
         if (outcome === 'retrying') return;
         attempts = 0;
-        const seq = event.seq;
-        const { rows } = await sql<{ xid: string }>`
-          UPDATE webhook_subscriptions AS s
-          SET cursor_xid = o.xid, cursor_seq = o.seq, attempts = 0, next_attempt_at = NULL,
-              updated_at = compute_now()
-          FROM outbox_events AS o
-          WHERE s.id = ${subscription.id} AND s.lease_owner = ${owner} AND o.seq = ${seq}
-          RETURNING o.xid::text AS xid`.execute(db);
-        if (rows.length === 0) return; // the lease moved on, or the subscription was deleted
-        cursor = { xid: rows[0]!.xid, seq };
+        const next = await advanceWebhookCursor(db, subscription.id, owner, event.seq);
+        if (!next) return; // the lease moved on, or the subscription was deleted
+        cursor = next;
+        if (++delivered >= maxEventsPerTurn) return;
       }
     }
   }
 
+  /** One poll: at most three statements, whatever the number of subscriptions. */
   async function tick() {
-    const { rows } = await sql<Subscription>`
-      UPDATE webhook_subscriptions
-      SET lease_owner = ${owner}, lease_until = compute_now() + make_interval(secs => ${leaseMs / 1000})
-      WHERE deleted_at IS NULL
-        AND (lease_until IS NULL OR lease_until < compute_now() OR lease_owner = ${owner})
-        AND (next_attempt_at IS NULL OR next_attempt_at <= compute_now())
-      RETURNING id, tenant_id, url, secret, event_types, cursor_xid::text AS cursor_xid, cursor_seq, attempts`.execute(
-      db,
-    );
-    for (const subscription of rows) {
-      if (running.has(subscription.id)) continue;
-      const work = drain(subscription)
+    const head = await outboxHead(db);
+    const working = [...running.keys()];
+    await renewWebhookLeases(db, owner, working, leaseMs);
+    const free = maxConcurrent - running.size;
+    if (free <= 0) return;
+    const claimed = await claimDueWebhookSubscriptions(db, {
+      owner,
+      leaseMs,
+      limit: free,
+      behind: head,
+      exclude: working,
+    });
+    // Every slot taken: more may be due, so the next poll comes as soon as one slot frees.
+    const saturated = claimed.length === free;
+    for (const subscription of claimed) {
+      const work = drain(subscription, head)
         .catch((err: unknown) => log.error({ err, webhookId: subscription.id }, 'webhook dispatch failed'))
-        .finally(() => running.delete(subscription.id));
+        .finally(() => {
+          running.delete(subscription.id);
+          if (saturated) wakeEarly?.();
+        });
       running.set(subscription.id, work);
     }
   }
@@ -210,15 +211,15 @@ export function startWebhookDispatcher(
     while (!stopping.signal.aborted) {
       await tick().catch((err: unknown) => log.error({ err }, 'webhook dispatcher tick failed'));
       await new Promise<void>((resolve) => {
-        const timer = setTimeout(resolve, pollMs);
-        stopping.signal.addEventListener(
-          'abort',
-          () => {
-            clearTimeout(timer);
-            resolve();
-          },
-          { once: true },
-        );
+        const done = () => {
+          clearTimeout(timer);
+          stopping.signal.removeEventListener('abort', done);
+          wakeEarly = null;
+          resolve();
+        };
+        const timer = setTimeout(done, pollMs);
+        wakeEarly = done;
+        stopping.signal.addEventListener('abort', done, { once: true });
       });
     }
   })();
@@ -230,9 +231,7 @@ export function startWebhookDispatcher(
       stopping.abort();
       await loop;
       await Promise.allSettled([...running.values()]);
-      await sql`UPDATE webhook_subscriptions SET lease_owner = NULL, lease_until = NULL WHERE lease_owner = ${owner}`
-        .execute(db)
-        .catch(() => {});
+      await releaseWebhookLeases(db, owner).catch(() => {});
     },
   };
 }

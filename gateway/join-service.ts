@@ -1,21 +1,13 @@
 import { type handleUnaryCall, Metadata, status } from '@grpc/grpc-js';
-import { sql, type Transaction } from 'kysely';
-import type { Database, Db } from '../core/database.ts';
+import type { Db } from '../core/database.ts';
 import type { Logger } from '../core/logger.ts';
+import { findPeerCertificate, issueStoredNodeCertificate } from '../db/nodes/certificates.ts';
+import { findPool } from '../db/nodes/fleet.ts';
 import { checkJoinToken, spendJoinToken } from '../db/nodes/join-tokens.ts';
-import { findPeerCertificate, insertJoinedNode, revokeNodeCertificates } from '../db/nodes/nodes.ts';
+import { insertJoinedNode, reclaimNodeByHardwareKey } from '../db/nodes/nodes.ts';
 import { ComputeError, errorCodeTraits, isComputeError } from '../domain/errors.ts';
-import type { NodeRole } from '../domain/fleet.ts';
 import { computeHardwareKey } from '../domain/hardware-key.ts';
-import {
-  type CaMaterial,
-  type CsrContents,
-  type IssuedCertificate,
-  issueNodeCertificate,
-  maxNodeCertificateMs,
-  nodeSpiffeId,
-  readCsr,
-} from '../domain/pki.ts';
+import { type CaMaterial, nodeSpiffeId, readCsr } from '../domain/pki.ts';
 import type {
   JoinRequest,
   JoinResponse,
@@ -58,43 +50,6 @@ function sanitizeName(requested: string, hostname: string): string {
 }
 
 /**
- * Signs a node certificate for `publicKeyPem` (valid from the database's clock for the configured
- * lifetime, at most 24 hours) and records it in `node_certificates`, inside the caller's
- * transaction. Join and renewal issue every node certificate through here.
- */
-export async function issueStoredNodeCertificate(
-  trx: Transaction<Database>,
-  options: Pick<JoinServiceOptions, 'ca' | 'certificateTtlMs'>,
-  input: { nodeId: string; nodeName: string; role: NodeRole; spiffeId: string } & CsrContents,
-): Promise<IssuedCertificate> {
-  const { rows } = await sql<{ now: Date }>`SELECT compute_now() AS now`.execute(trx);
-  const cert = await issueNodeCertificate({
-    ca: options.ca,
-    publicKeyPem: input.publicKeyPem,
-    spiffeId: input.spiffeId,
-    nodeName: input.nodeName,
-    role: input.role,
-    now: rows[0]!.now,
-    validForMs: Math.min(options.certificateTtlMs, maxNodeCertificateMs),
-  });
-  await trx
-    .insertInto('node_certificates')
-    .values({
-      serial: cert.serial,
-      node_id: input.nodeId,
-      role: input.role,
-      spiffe_id: input.spiffeId,
-      key_id: input.keyId,
-      public_key_pem: input.publicKeyPem,
-      certificate_pem: cert.certificatePem,
-      not_before: cert.notBefore,
-      not_after: cert.notAfter,
-    })
-    .execute();
-  return cert;
-}
-
-/**
  * Join: checks the token, computes the hardware key, creates the node or reclaims the one the key
  * names (revoking its old certificates), signs the node certificate and spends one use of the
  * token, all in one transaction.
@@ -115,48 +70,23 @@ export async function joinNode(options: JoinServiceOptions, request: JoinRequest
     // The token is spent last: its row lock lasts only from that statement to the commit, so
     // concurrent joins with one token do not queue behind each other's certificate signing.
     const token = await checkJoinToken(trx, request.token);
-    const pool = await trx
-      .selectFrom('pools')
-      .where('id', '=', token.poolId)
-      .select(['id', 'site_id', sql<boolean>`archived_at IS NOT NULL`.as('archived')])
-      .executeTakeFirstOrThrow();
+    const pool = await findPool(trx, { id: token.poolId });
+    if (!pool) throw new ComputeError('INTERNAL', `the join token names a missing pool ${token.poolId}`);
     if (pool.archived) throw new ComputeError('INVALID_STATE', 'the join token names an archived pool');
-    let node: { id: string; name: string; siteId: string; poolId: string } | null = null;
-    let reclaimed = false;
-    if (hardware.key) {
-      const existing = await trx
-        .selectFrom('nodes')
-        .where('hardware_key', '=', hardware.key)
-        .select(['id', 'name', 'site_id', 'pool_id', 'provision_state'])
-        .forUpdate()
-        .executeTakeFirst();
-      if (existing && existing.provision_state !== 'retired') {
-        await revokeNodeCertificates(trx, existing.id);
-        await trx
-          .updateTable('nodes')
-          .set({ updated_at: sql<Date>`compute_now()` })
-          .where('id', '=', existing.id)
-          .execute();
-        node = {
-          id: existing.id,
-          name: existing.name,
-          siteId: existing.site_id,
-          poolId: existing.pool_id ?? pool.id,
+    const existing = hardware.key ? await reclaimNodeByHardwareKey(trx, hardware.key) : null;
+    const reclaimed = existing !== null;
+    const node = existing
+      ? { ...existing, poolId: existing.poolId ?? pool.id }
+      : {
+          ...(await insertJoinedNode(trx, {
+            siteId: pool.siteId,
+            poolId: pool.id,
+            name: sanitizeName(request.requestedName, evidence?.hostname ?? ''),
+            hardwareKey: hardware.key,
+          })),
+          siteId: pool.siteId,
+          poolId: pool.id,
         };
-        reclaimed = true;
-      } else if (existing) {
-        await trx.updateTable('nodes').set({ hardware_key: null }).where('id', '=', existing.id).execute();
-      }
-    }
-    if (!node) {
-      const created = await insertJoinedNode(trx, {
-        siteId: pool.site_id,
-        poolId: pool.id,
-        name: sanitizeName(request.requestedName, evidence?.hostname ?? ''),
-        hardwareKey: hardware.key,
-      });
-      node = { ...created, siteId: pool.site_id, poolId: pool.id };
-    }
     const spiffeId = nodeSpiffeId(options.trustDomain, node.siteId, node.id);
     const cert = await issueStoredNodeCertificate(trx, options, {
       nodeId: node.id,

@@ -41,7 +41,7 @@ export class SessionRegistry {
       this.opening++;
       return null;
     }
-    const now = Date.now();
+    const now = Date.now(); // wall time: the refusal rate of the last 10 s, for a retry pushback
     this.refusals = this.refusals.filter((t) => now - t < 10_000);
     this.refusals.push(now);
     this.refusedTotal++;

@@ -1,7 +1,8 @@
-import { sql } from 'kysely';
 import type { Db } from '../core/database.ts';
 import type { ReservationLifecycle } from '../core/deps.ts';
 import type { Logger } from '../core/logger.ts';
+import { storeAllocationReport } from '../db/allocations/reports.ts';
+import { lockNodeAtEpoch } from '../db/nodes/sessions.ts';
 import { decodeAllocationReport } from '../domain/attestation.ts';
 import { ComputeError } from '../domain/errors.ts';
 import type { AttestedReport } from '../proto/gen/agent/v1/agent.ts';
@@ -30,53 +31,17 @@ export async function acceptAllocationReport(
   if (!body?.kind || !body.allocationId) throw new ComputeError('INVALID_INPUT', 'malformed report');
   const kind = body.kind.$case;
   const allocationId = body.allocationId.slice(0, 100);
-  const reservationId = await deps.db.transaction().execute(async (trx) => {
-    const node = await trx
-      .selectFrom('nodes')
-      .where('id', '=', input.nodeId)
-      .where('epoch', '=', String(input.epoch))
-      .select('id')
-      .forShare()
-      .executeTakeFirst();
-    if (!node) throw sessionFenced();
-    const allocation = await trx
-      .selectFrom('allocations')
-      .where('id', '=', allocationId)
-      .where('node_id', '=', input.nodeId)
-      .select(['id', 'reservation_id', 'state'])
-      .forUpdate()
-      .executeTakeFirst();
-    if (!allocation) throw new ComputeError('NOT_FOUND', `unknown allocation ${allocationId}`);
-    if (kind === 'bound' && (allocation.state === 'released' || allocation.state === 'failed')) {
-      throw new ComputeError('INVALID_STATE', `allocation ${allocationId} is ${allocation.state}`);
-    }
-    const signature = report.signature.length > 0 ? Buffer.from(report.signature) : null;
-    const keyId = report.keyId.length > 0 ? report.keyId : null;
-    await trx
-      .insertInto('allocation_reports')
-      .values({
-        allocation_id: allocationId,
-        node_id: input.nodeId,
-        kind,
-        epoch: input.epoch,
-        report: Buffer.from(report.body),
-        sig_kid: keyId,
-        sig: signature,
-      })
-      .execute();
-    if (kind === 'bound') {
-      await trx
-        .updateTable('allocations')
-        .set({
-          bound_report: Buffer.from(report.body),
-          bound_sig_kid: keyId,
-          bound_sig: signature,
-          updated_at: sql<Date>`compute_now()`,
-        })
-        .where('id', '=', allocationId)
-        .execute();
-    }
-    return allocation.reservation_id;
+  const { reservationId } = await deps.db.transaction().execute(async (trx) => {
+    if (!(await lockNodeAtEpoch(trx, input, 'share'))) throw sessionFenced();
+    return storeAllocationReport(trx, {
+      nodeId: input.nodeId,
+      epoch: input.epoch,
+      allocationId,
+      kind,
+      body: report.body,
+      keyId: report.keyId.length > 0 ? report.keyId : null,
+      signature: report.signature.length > 0 ? report.signature : null,
+    });
   });
   deps.log.info(
     { nodeId: input.nodeId, allocationId, kind, signed: report.signature.length > 0 },

@@ -1,7 +1,7 @@
 import { Server, type ServerDuplexStream, status } from '@grpc/grpc-js';
 import { ulid } from 'ulid';
 import type { Deps } from '../core/deps.ts';
-import { ensureCertificateAuthority, findPeerCertificate } from '../db/nodes/nodes.ts';
+import { ensureCertificateAuthority, findPeerCertificate } from '../db/nodes/certificates.ts';
 import { issueServerCertificate } from '../domain/pki.ts';
 import {
   type AgentMessage,

@@ -1,14 +1,14 @@
-import { sql } from 'kysely';
 import type { Db } from '../core/database.ts';
+import { completeDeliveredCommand, findNodeCommandSeq } from '../db/nodes/commands.ts';
+import {
+  findNodeEpoch,
+  markNodeReadyIfConverged,
+  type SessionFence,
+  setObservedGeneration,
+} from '../db/nodes/sessions.ts';
 import { ComputeError } from '../domain/errors.ts';
 import { CommandOutcome, type CommandResult } from '../proto/gen/agent/v1/agent.ts';
 import { sessionFenced } from './fence.ts';
-
-/** The session writes that carry its epoch: a fenced session changes nothing (INVALID_STATE). */
-interface Fence {
-  nodeId: string;
-  epoch: number;
-}
 
 const outcomeState: Partial<Record<CommandOutcome, 'succeeded' | 'failed' | 'expired'>> = {
   [CommandOutcome.COMMAND_OUTCOME_SUCCEEDED]: 'succeeded',
@@ -18,24 +18,14 @@ const outcomeState: Partial<Record<CommandOutcome, 'succeeded' | 'failed' | 'exp
   [CommandOutcome.COMMAND_OUTCOME_INTERRUPTED]: 'failed',
 };
 
-export async function recordObservedGeneration(db: Db, session: Fence, generation: number): Promise<void> {
-  const result = await db
-    .updateTable('nodes')
-    .set({ observed_generation: generation })
-    .where('id', '=', session.nodeId)
-    .where('epoch', '=', String(session.epoch))
-    .executeTakeFirst();
-  if (Number(result.numUpdatedRows) === 0) throw sessionFenced();
-  await markReadyIfConverged(db, session);
-}
-
-/** A joined node becomes `ready` once it converged a spec and sent its inventory. */
-export async function markReadyIfConverged(db: Db, session: Fence): Promise<void> {
-  await sql`
-    UPDATE nodes SET provision_state = 'ready', updated_at = compute_now()
-    WHERE id = ${session.nodeId} AND epoch = ${session.epoch} AND provision_state = 'enrolling'
-      AND observed_generation >= 1
-      AND EXISTS (SELECT 1 FROM inventory_snapshots s WHERE s.node_id = nodes.id)`.execute(db);
+/** Records the converged spec generation; a fenced session changes nothing (INVALID_STATE). */
+export async function recordObservedGeneration(
+  db: Db,
+  session: SessionFence,
+  generation: number,
+): Promise<void> {
+  if (!(await setObservedGeneration(db, session, generation))) throw sessionFenced();
+  await markNodeReadyIfConverged(db, session);
 }
 
 /**
@@ -44,7 +34,11 @@ export async function markReadyIfConverged(db: Db, session: Fence): Promise<void
  * after a reconnect answers false and changes nothing; an unknown command is NOT_FOUND, a seq
  * that does not match is INVALID_INPUT.
  */
-export async function recordCommandResult(db: Db, session: Fence, result: CommandResult): Promise<boolean> {
+export async function recordCommandResult(
+  db: Db,
+  session: SessionFence,
+  result: CommandResult,
+): Promise<boolean> {
   const state = outcomeState[result.outcome];
   if (!state) throw new ComputeError('INVALID_INPUT', 'command result without an outcome');
   let payload: Record<string, unknown> | null = null;
@@ -57,32 +51,21 @@ export async function recordCommandResult(db: Db, session: Fence, result: Comman
       throw new ComputeError('INVALID_INPUT', 'command result is not JSON');
     }
   }
-  const updated = await sql<{ id: string }>`
-    UPDATE node_commands c SET state = ${state}, result = ${payload === null ? null : JSON.stringify(payload)}::jsonb,
-      error = ${result.error ? result.error.slice(0, 2000) : null}, completed_at = compute_now()
-    FROM nodes n
-    WHERE c.id = ${result.commandId} AND c.node_id = ${session.nodeId} AND c.seq = ${Number(result.seq)}
-      AND c.state IN ('delivered', 'running') AND n.id = c.node_id AND n.epoch = ${session.epoch}
-    RETURNING c.id`.execute(db);
-  if (updated.rows.length > 0) return true;
-  const row = await db
-    .selectFrom('node_commands')
-    .where('id', '=', result.commandId)
-    .where('node_id', '=', session.nodeId)
-    .select(['seq', 'state'])
-    .executeTakeFirst();
-  if (!row) throw new ComputeError('NOT_FOUND', `unknown command ${result.commandId}`);
-  if (Number(row.seq) !== Number(result.seq)) {
-    throw new ComputeError(
-      'INVALID_INPUT',
-      `command ${result.commandId} has seq ${row.seq}, not ${result.seq}`,
-    );
+  const stored = await completeDeliveredCommand(db, {
+    nodeId: session.nodeId,
+    epoch: session.epoch,
+    commandId: result.commandId,
+    seq: Number(result.seq),
+    state,
+    result: payload,
+    error: result.error ? result.error.slice(0, 2000) : null,
+  });
+  if (stored) return true;
+  const seq = await findNodeCommandSeq(db, session.nodeId, result.commandId);
+  if (seq === null) throw new ComputeError('NOT_FOUND', `unknown command ${result.commandId}`);
+  if (seq !== Number(result.seq)) {
+    throw new ComputeError('INVALID_INPUT', `command ${result.commandId} has seq ${seq}, not ${result.seq}`);
   }
-  const epoch = await db
-    .selectFrom('nodes')
-    .select('epoch')
-    .where('id', '=', session.nodeId)
-    .executeTakeFirst();
-  if (Number(epoch?.epoch) !== session.epoch) throw sessionFenced();
+  if ((await findNodeEpoch(db, session.nodeId)) !== session.epoch) throw sessionFenced();
   return false;
 }

@@ -1,8 +1,9 @@
 import { type ServerDuplexStream, status } from '@grpc/grpc-js';
 import type { Logger } from '../core/logger.ts';
+import type { PeerCertificateRow } from '../db/nodes/certificates.ts';
 import type { QueuedCommandRow } from '../db/nodes/commands.ts';
-import type { PeerCertificateRow } from '../db/nodes/nodes.ts';
-import { ComputeError, errorCodeTraits, isComputeError } from '../domain/errors.ts';
+import { markNodeReadyIfConverged, releaseSessionGateway } from '../db/nodes/sessions.ts';
+import { assertNever, ComputeError, errorCodeTraits, isComputeError } from '../domain/errors.ts';
 import type { CommandLane } from '../domain/fleet.ts';
 import type {
   AgentMessage,
@@ -18,7 +19,7 @@ import { laneToProto } from './options.ts';
 import type { RegisteredSession } from './registry.ts';
 import { acceptAllocationReport } from './reports.ts';
 import { openSession, TokenBucket, welcomeFor } from './session-open.ts';
-import { markReadyIfConverged, recordCommandResult, recordObservedGeneration } from './session-records.ts';
+import { recordCommandResult, recordObservedGeneration } from './session-records.ts';
 import { SpecSender } from './spec-sender.ts';
 import { wakeReservationsOnNodes } from './wake.ts';
 
@@ -33,7 +34,7 @@ export class NodeSession implements RegisteredSession {
   nodeId: string;
   epoch = 0;
   journalId = '';
-  lastSeenMs = Date.now();
+  lastSeenMs = Date.now(); // wall time: the in-process liveness lease of this stream
   private readonly spec = new SpecSender();
   observedGeneration = 0;
   /** Commands delivered on this session and not yet answered, by id. */
@@ -63,7 +64,7 @@ export class NodeSession implements RegisteredSession {
       if (!this.opened) this.end(status.DEADLINE_EXCEEDED, 'no Hello in time');
     }, this.ctx.options.helloTimeoutMs);
     this.call.on('data', (message: AgentMessage) => {
-      this.lastSeenMs = Date.now();
+      this.lastSeenMs = Date.now(); // wall time: the in-process liveness lease of this stream
       if (!this.bucket.take()) {
         this.refuse('RATE_LIMITED', 'per-session message rate exceeded', message.body?.$case ?? 'unknown');
         return;
@@ -148,14 +149,11 @@ export class NodeSession implements RegisteredSession {
     if (!this.opened) this.ctx.registry.released();
     if (this.opened && this.ctx.registry.isCurrent(this)) {
       this.ctx.registry.detach(this);
-      void this.ctx.db
-        .updateTable('nodes')
-        .set({ session_gateway: null })
-        .where('id', '=', this.nodeId)
-        .where('epoch', '=', String(this.epoch))
-        .where('session_gateway', '=', this.ctx.options.gatewayId)
-        .execute()
-        .catch(() => {});
+      void releaseSessionGateway(this.ctx.db, {
+        nodeId: this.nodeId,
+        epoch: this.epoch,
+        gatewayId: this.ctx.options.gatewayId,
+      }).catch(() => {});
     }
   }
 
@@ -188,6 +186,7 @@ export class NodeSession implements RegisteredSession {
           this.send({
             body: {
               $case: 'heartbeatAck',
+              // wall time: a clock sample for the node's round-trip and skew estimate, never stored
               value: { sentAtMs: body.value.sentAtMs, serverTimeMs: Date.now() },
             },
           });
@@ -200,7 +199,7 @@ export class NodeSession implements RegisteredSession {
         const sections = parseInventory(body.value.sections);
         await applyInventory(this.ctx.db, { nodeId: this.nodeId, epoch: this.epoch, sections });
         if (sections.gpus) void wakeReservationsOnNodes(this.ctx, [this.nodeId], 'node-inventory-changed');
-        await markReadyIfConverged(this.ctx.db, this);
+        await markNodeReadyIfConverged(this.ctx.db, this);
         return;
       }
       case 'specStatus':
@@ -235,6 +234,8 @@ export class NodeSession implements RegisteredSession {
         }
         return;
       }
+      default:
+        return assertNever(body);
     }
   }
 

@@ -1,3 +1,4 @@
+import { findLiveReservationsOnNodes } from '../db/nodes/workloads.ts';
 import type { GatewayContext } from './context.ts';
 
 /**
@@ -12,20 +13,12 @@ async function wake(
 ): Promise<void> {
   const lifecycle = ctx.lifecycle;
   if (!lifecycle || nodeIds.length === 0) return;
-  const rows = await ctx.db
-    .selectFrom('allocations as a')
-    .innerJoin('reservations as r', 'r.id', 'a.reservation_id')
-    .select('r.id')
-    .distinct()
-    .where('a.node_id', 'in', nodeIds)
-    .where('a.state', 'in', ['planned', 'binding', 'bound'])
-    .where('r.state', 'in', ['placed', 'binding', 'active'])
-    .execute();
+  const reservationIds = await findLiveReservationsOnNodes(ctx.db, nodeIds);
   await Promise.all(
-    rows.map((r) =>
+    reservationIds.map((reservationId) =>
       lifecycle
-        .signal(r.id, { type: 'wake', reason })
-        .catch((err: unknown) => ctx.log.warn({ err, reservationId: r.id, reason }, 'lifecycle wake failed')),
+        .signal(reservationId, { type: 'wake', reason })
+        .catch((err: unknown) => ctx.log.warn({ err, reservationId, reason }, 'lifecycle wake failed')),
     ),
   );
 }

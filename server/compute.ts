@@ -1,5 +1,6 @@
 import { createApiApp, createServerApi } from '../api/app.ts';
 import { createAuthenticator } from '../api/authenticate.ts';
+import { withFailedLookupCache } from '../api/authenticate-cache.ts';
 import { methods } from '../api/registry.ts';
 import { createAdmissionCaches } from '../core/admission-caches.ts';
 import type { Deps } from '../core/deps.ts';
@@ -10,7 +11,7 @@ import type { Deps } from '../core/deps.ts';
  */
 export function createCompute(given: Deps) {
   const deps: Deps = { ...given, caches: given.caches ?? createAdmissionCaches() };
-  const authenticate = createAuthenticator(deps.iam);
+  const authenticate = withFailedLookupCache(createAuthenticator(deps.iam));
   return {
     api: createServerApi(deps, methods, authenticate),
     app: createApiApp(deps, methods, { authenticate }),

@@ -6,6 +6,7 @@ import type { Logger } from '../core/logger.ts';
 import { startLocalPostgres } from '../db/local-postgres.ts';
 import { migrateToLatest } from '../db/migrate.ts';
 import { createDb } from '../db/pool.ts';
+import { devWebhookAllowHosts } from '../domain/webhook-target.ts';
 import { defaultToolsDir, startTemporalDevServer, waitForTemporal } from '../temporal/dev-server.ts';
 import { seedDevStack } from './dev-seed.ts';
 import { startControlPlane } from './serve.ts';
@@ -92,7 +93,18 @@ export async function startDevStack(options: {
       temporalUiUrl = temporal.uiUrl;
     }
 
-    const plane = await startControlPlane({ mode: 'all', config, log, databaseUrl, temporalAddress });
+    // Webhooks to this machine over http are for development: the dev stack allows them unless told.
+    const planeConfig: Config = {
+      ...config,
+      BETTER_COMPUTE_WEBHOOK_ALLOW_HOSTS: config.BETTER_COMPUTE_WEBHOOK_ALLOW_HOSTS ?? [...devWebhookAllowHosts],
+    };
+    const plane = await startControlPlane({
+      mode: 'all',
+      config: planeConfig,
+      log,
+      databaseUrl,
+      temporalAddress,
+    });
     stops.push(plane.stop);
 
     const demo = await seedDevStack({ plane, sim: options.sim, dataDir, log });

@@ -8,7 +8,7 @@ import { startGateway } from '../gateway/server.ts';
 import { createEmbeddedIam, type EmbeddedIam } from '../iam/embedded/index.ts';
 import { connectTemporal } from '../temporal/client.ts';
 import { createTemporalLifecycle } from '../temporal/lifecycle.ts';
-import { startWorker } from '../temporal/worker.ts';
+import { startWorker, type WorkerDeps } from '../temporal/worker.ts';
 import { type Compute, createCompute } from './compute.ts';
 import { listen } from './http.ts';
 
@@ -54,44 +54,76 @@ export async function startControlPlane(options: {
     const lifecycle = createTemporalLifecycle(temporal, { taskQueue: config.BETTER_COMPUTE_TASK_QUEUE });
     const deps: Deps = { config, db: handle.db, log, iam, temporal, lifecycle };
     const compute = createCompute(deps);
+    const { apiUrl, gateway } = await startModeProcesses(
+      { mode, deps, listenApp: compute.app, temporal: { address: options.temporalAddress } },
+      stops,
+    );
+    return { deps, iam, compute, apiUrl, gateway, stop: stopAll };
+  } catch (error) {
+    await stopAll();
+    throw error;
+  }
+}
 
-    let apiUrl: string | null = null;
-    if (mode === 'api' || mode === 'all') {
+/**
+ * Starts what `mode` runs around the API's methods, pushing each part's stop onto `stops` as soon
+ * as it runs: `api` serves `listenApp` on the configured host and port (when given: an embedder
+ * mounts its handler in its own server instead) and delivers webhooks; `worker` polls `temporal`
+ * (without it no worker runs here: admission still commits, and a worker's sweeper starts the
+ * lifecycles later); `gateway` serves bcd sessions unless `gateway` is false.
+ */
+export async function startModeProcesses(
+  input: {
+    mode: ProcessMode;
+    deps: Deps;
+    listenApp?: Compute['app'];
+    temporal?: { address: string; sweeper?: WorkerDeps['sweeper'] };
+    gateway?: boolean;
+  },
+  stops: Array<() => Promise<void>>,
+): Promise<{ apiUrl: string | null; gateway: ControlPlane['gateway'] }> {
+  const { mode, deps } = input;
+  const { config, db, log } = deps;
+  let apiUrl: string | null = null;
+  if (mode === 'api' || mode === 'all') {
+    if (input.listenApp) {
       const server = await listen(
-        compute.app,
+        input.listenApp,
         config.BETTER_COMPUTE_API_HOST,
         config.BETTER_COMPUTE_API_PORT,
       );
       stops.push(server.stop);
       apiUrl = server.url;
       log.info({ url: apiUrl }, 'API listening');
-      // Webhooks are delivered beside the API; a lease per webhook keeps several processes from
-      // delivering the same event twice.
-      const webhooks = startWebhookDispatcher({ db: handle.db, log });
-      stops.push(webhooks.stop);
     }
-    if (mode === 'worker' || mode === 'all') {
+    // Webhooks are delivered beside the API; a lease per webhook keeps several processes from
+    // delivering the same event twice.
+    const webhooks = startWebhookDispatcher({ db, log, config });
+    stops.push(webhooks.stop);
+  }
+  if (mode === 'worker' || mode === 'all') {
+    if (input.temporal) {
       const worker = await startWorker({
-        db: handle.db,
+        db,
         log,
-        iam,
-        address: options.temporalAddress,
+        iam: deps.iam,
+        address: input.temporal.address,
         namespace: config.TEMPORAL_NAMESPACE,
         taskQueue: config.BETTER_COMPUTE_TASK_QUEUE,
+        ...(input.temporal.sweeper !== undefined ? { sweeper: input.temporal.sweeper } : {}),
       });
       stops.push(worker.stop);
       log.info({ taskQueue: config.BETTER_COMPUTE_TASK_QUEUE }, 'worker running');
+    } else {
+      log.warn('no Temporal configured: no worker runs here, lifecycles start once a worker sweeps');
     }
-    let gateway: ControlPlane['gateway'] = null;
-    if (mode === 'gateway' || mode === 'all') {
-      const started = await startGateway({ config, db: handle.db, log, lifecycle });
-      stops.push(started.stop);
-      gateway = { address: started.address, caCertificatePem: started.caCertificatePem };
-      log.info({ address: started.address }, 'gateway listening');
-    }
-    return { deps, iam, compute, apiUrl, gateway, stop: stopAll };
-  } catch (error) {
-    await stopAll();
-    throw error;
   }
+  let gateway: ControlPlane['gateway'] = null;
+  if ((mode === 'gateway' || mode === 'all') && input.gateway !== false) {
+    const started = await startGateway({ config, db, log, lifecycle: deps.lifecycle });
+    stops.push(started.stop);
+    gateway = { address: started.address, caCertificatePem: started.caCertificatePem };
+    log.info({ address: started.address }, 'gateway listening');
+  }
+  return { apiUrl, gateway };
 }

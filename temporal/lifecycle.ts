@@ -1,7 +1,7 @@
 import { type Client, WorkflowUpdateFailedError } from '@temporalio/client';
 import { ActivityFailure, ApplicationFailure, WorkflowNotFoundError } from '@temporalio/common';
 import type { LifecycleSignal, ReservationLifecycle } from '../core/deps.ts';
-import { ComputeError, isErrorCode } from '../domain/errors.ts';
+import { assertNever, ComputeError, isErrorCode } from '../domain/errors.ts';
 import type { LifecycleTimers } from '../domain/reservation-lifecycle.ts';
 import {
   allocationReportSignal,
@@ -180,6 +180,8 @@ export function createTemporalLifecycle(
             kind: signal.kind,
           });
           return;
+        default:
+          return assertNever(signal);
       }
     },
 

@@ -22,7 +22,10 @@ import { connectTemporal } from './client.ts';
 import { createTemporalLifecycle } from './lifecycle.ts';
 import { ensureSweeperSchedule, sweeperScheduleId } from './schedules.ts';
 
-export const workflowsPath = fileURLToPath(new URL('../workflows/index.ts', import.meta.url));
+// Beside this module: workflows/index.ts from the sources (tsx), workflows/index.js in the built package.
+export const workflowsPath = fileURLToPath(
+  new URL(`../workflows/index${import.meta.url.endsWith('.ts') ? '.ts' : '.js'}`, import.meta.url),
+);
 
 let bundle: Promise<WorkflowBundleWithSourceMap> | null = null;
 

@@ -1,11 +1,10 @@
 import { z } from 'zod';
-import { policyDocumentSchema } from '../../iam/embedded/policy.ts';
+import { policyDocumentSchema } from '../../core/iam-policy.ts';
+import { tenantIdPattern } from '../../core/iam-port.ts';
 import { defineMethod } from '../method.ts';
 import { iamAdmin, ms, requireRootAdmin } from './guard.ts';
 
-const tenantId = z
-  .string()
-  .regex(/^[a-z0-9][a-z0-9_-]{0,62}$/, "a tenant id: lower-case letters, digits, '-' or '_'");
+const tenantId = z.string().regex(tenantIdPattern, "a tenant id: lower-case letters, digits, '-' or '_'");
 const tenantOut = z.object({
   id: z.string(),
   name: z.string(),

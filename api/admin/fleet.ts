@@ -1,6 +1,14 @@
-import { sql } from 'kysely';
 import { z } from 'zod';
-import { insertPool, insertSite, offerPool } from '../../db/nodes/fleet.ts';
+import {
+  findPool,
+  findSite,
+  insertPool,
+  insertSite,
+  listAllSites,
+  listPoolsWithOffers,
+  listTenantQuotas,
+  offerPool,
+} from '../../db/nodes/fleet.ts';
 import { ComputeError } from '../../domain/errors.ts';
 import { defineMethod } from '../method.ts';
 import { iamAdmin, requireRootAdmin } from './guard.ts';
@@ -43,11 +51,7 @@ const createSite = defineMethod({
   output: z.object({ id: z.string(), name: z.string(), region: z.string() }),
   handler: async (ctx, input) => {
     await requireRootAdmin(ctx, 'compute:admin:write');
-    const exists = await ctx.deps.db
-      .selectFrom('sites')
-      .select('id')
-      .where('name', '=', input.name)
-      .executeTakeFirst();
+    const exists = await findSite(ctx.deps.db, { name: input.name });
     if (exists)
       throw new ComputeError('CONFLICT', `site ${input.name} already exists`, { siteId: exists.id });
     const id = await insertSite(ctx.deps.db, input);
@@ -62,12 +66,7 @@ const listSites = defineMethod({
   output: z.object({ sites: z.array(z.object({ id: z.string(), name: z.string(), region: z.string() })) }),
   handler: async (ctx) => {
     await requireRootAdmin(ctx, 'compute:admin:read');
-    const sites = await ctx.deps.db
-      .selectFrom('sites')
-      .select(['id', 'name', 'region'])
-      .orderBy('name')
-      .execute();
-    return { sites };
+    return { sites: await listAllSites(ctx.deps.db) };
   },
 });
 
@@ -100,18 +99,9 @@ const createPool = defineMethod({
     if (!(await iamAdmin(ctx).getTenant(owner))) {
       throw new ComputeError('NOT_FOUND', `ownerTenantId: tenant ${owner} does not exist`);
     }
-    const site = await ctx.deps.db
-      .selectFrom('sites')
-      .select('id')
-      .where('id', '=', input.siteId)
-      .executeTakeFirst();
+    const site = await findSite(ctx.deps.db, { id: input.siteId });
     if (!site) throw new ComputeError('NOT_FOUND', `siteId: site ${input.siteId} does not exist`);
-    const taken = await ctx.deps.db
-      .selectFrom('pools')
-      .select('id')
-      .where('owner_tenant_id', '=', owner)
-      .where('name', '=', input.name)
-      .executeTakeFirst();
+    const taken = await findPool(ctx.deps.db, { ownerTenantId: owner, name: input.name });
     if (taken)
       throw new ComputeError('CONFLICT', `tenant ${owner} already has a pool named ${input.name}`, {
         poolId: taken.id,
@@ -144,36 +134,7 @@ const listPools = defineMethod({
   output: z.object({ pools: z.array(poolOut.extend({ offeredTo: z.array(z.string()) })) }),
   handler: async (ctx) => {
     await requireRootAdmin(ctx, 'compute:admin:read');
-    const rows = await ctx.deps.db
-      .selectFrom('pools as p')
-      .select([
-        'p.id',
-        'p.site_id',
-        'p.owner_tenant_id',
-        'p.name',
-        'p.gpu_model',
-        'p.sharing_mode',
-        'p.policy',
-        'p.archived_at',
-        sql<
-          string[]
-        >`ARRAY(SELECT tenant_id FROM pool_offers o WHERE o.pool_id = p.id ORDER BY tenant_id)`.as('offered'),
-      ])
-      .orderBy('p.name')
-      .execute();
-    return {
-      pools: rows.map((r) => ({
-        id: r.id,
-        siteId: r.site_id,
-        ownerTenantId: r.owner_tenant_id,
-        name: r.name,
-        gpuModel: r.gpu_model,
-        sharingMode: r.sharing_mode,
-        policy: r.policy,
-        archived: r.archived_at !== null,
-        offeredTo: r.offered,
-      })),
-    };
+    return { pools: await listPoolsWithOffers(ctx.deps.db) };
   },
 });
 
@@ -191,11 +152,7 @@ const offer = defineMethod({
   output: z.object({ poolId: z.string(), tenantId: z.string(), quota: z.record(z.string(), z.number()) }),
   handler: async (ctx, input) => {
     await requireRootAdmin(ctx, 'compute:admin:write');
-    const pool = await ctx.deps.db
-      .selectFrom('pools')
-      .select('id')
-      .where('id', '=', input.poolId)
-      .executeTakeFirst();
+    const pool = await findPool(ctx.deps.db, { id: input.poolId });
     if (!pool) throw new ComputeError('NOT_FOUND', `poolId: pool ${input.poolId} does not exist`);
     if (!(await iamAdmin(ctx).getTenant(input.tenantId))) {
       throw new ComputeError('NOT_FOUND', `tenantId: tenant ${input.tenantId} does not exist`);
@@ -208,15 +165,8 @@ const offer = defineMethod({
       tenantId: input.tenantId,
       quota,
       priority: input.priority,
+      onBudgetExceeded: input.onBudgetExceeded,
     });
-    if (input.onBudgetExceeded) {
-      await ctx.deps.db
-        .updateTable('pool_offers')
-        .set({ on_budget_exceeded: input.onBudgetExceeded })
-        .where('pool_id', '=', input.poolId)
-        .where('tenant_id', '=', input.tenantId)
-        .execute();
-    }
     return { poolId: input.poolId, tenantId: input.tenantId, quota };
   },
 });
@@ -232,20 +182,7 @@ const listQuotas = defineMethod({
   }),
   handler: async (ctx, input) => {
     await requireRootAdmin(ctx, 'compute:admin:read');
-    const rows = await ctx.deps.db
-      .selectFrom('quotas')
-      .selectAll()
-      .where('tenant_id', '=', input.tenantId)
-      .orderBy(['pool_id', 'resource'])
-      .execute();
-    return {
-      quotas: rows.map((r) => ({
-        poolId: r.pool_id,
-        resource: r.resource,
-        limit: Number(r.limit_amount),
-        used: Number(r.used),
-      })),
-    };
+    return { quotas: await listTenantQuotas(ctx.deps.db, input.tenantId) };
   },
 });
 

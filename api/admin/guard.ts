@@ -1,12 +1,16 @@
+import type { IamAdminPort } from '../../core/iam-port.ts';
 import { ComputeError } from '../../domain/errors.ts';
-import type { EmbeddedIam } from '../../iam/embedded/index.ts';
+import type { IamAction } from '../../domain/iam-actions.ts';
 import type { MethodContext } from '../method.ts';
 
-/** The IAM administration behind the port; UNSUPPORTED when the IAM is not the embedded one. */
-export function iamAdmin(ctx: MethodContext): EmbeddedIam['admin'] {
-  const admin = (ctx.deps.iam as Partial<EmbeddedIam>).admin;
+/** The IAM's administration (`IamPort.admin`); UNSUPPORTED when this IAM is administered elsewhere. */
+export function iamAdmin(ctx: MethodContext): IamAdminPort {
+  const { admin } = ctx.deps.iam;
   if (!admin) {
-    throw new ComputeError('UNSUPPORTED', 'this server uses a remote IAM: administer it there');
+    throw new ComputeError(
+      'UNSUPPORTED',
+      "this server's IAM is administered outside compute (a bridge to a remote IAM): manage tenants, identities, tokens, roles, policies and confirmations in that IAM",
+    );
   }
   return admin;
 }
@@ -15,7 +19,7 @@ export function iamAdmin(ctx: MethodContext): EmbeddedIam['admin'] {
  * Admin methods are for the root tenant's administrators only: the principal must administer the
  * platform, and IAM decides `action` on the platform once.
  */
-export async function requireRootAdmin(ctx: MethodContext, action: string): Promise<void> {
+export async function requireRootAdmin(ctx: MethodContext, action: IamAction): Promise<void> {
   if (!ctx.principal.rootAdmin) {
     throw new ComputeError('ACCESS_DENIED', `${action} is for administrators of the root tenant only`);
   }

@@ -1,6 +1,7 @@
 import type { ResourceRef } from '../../core/iam-port.ts';
+import { admissionContext } from '../../db/events/audit.ts';
+import { type CallerAudit, findTenantReservation } from '../../db/reservations/reservations.ts';
 import { ComputeError } from '../../domain/errors.ts';
-import type { EmbeddedIam } from '../../iam/embedded/index.ts';
 import type { MethodContext } from '../method.ts';
 
 /**
@@ -10,7 +11,7 @@ import type { MethodContext } from '../method.ts';
 export async function preCheckTenant(ctx: MethodContext, tenantId: string): Promise<void> {
   const { principal } = ctx;
   if (principal.tenantId === tenantId || principal.rootAdmin) return;
-  const root = await (ctx.deps.iam as Partial<EmbeddedIam>).admin?.rootTenantId();
+  const root = await ctx.deps.iam.admin?.rootTenantId();
   if (root && principal.tenantId === root) return;
   throw new ComputeError(
     'ACCESS_DENIED',
@@ -38,13 +39,7 @@ export function reservationResource(row: {
 
 /** A reservation the tenant can see (never a draft, never another tenant's), or NOT_FOUND. */
 export async function findVisibleReservation(ctx: MethodContext, tenantId: string, reservationId: string) {
-  const row = await ctx.deps.db
-    .selectFrom('reservations')
-    .selectAll()
-    .where('id', '=', reservationId)
-    .where('tenant_id', '=', tenantId)
-    .where('state', '<>', 'draft')
-    .executeTakeFirst();
+  const row = await findTenantReservation(ctx.deps.db, tenantId, reservationId);
   if (!row) {
     throw new ComputeError(
       'NOT_FOUND',
@@ -61,4 +56,14 @@ export async function afterCommit(ctx: MethodContext, what: string, fn: () => Pr
   } catch (err) {
     ctx.log.warn({ err, what }, 'lifecycle call after commit failed; the sweeper catches up');
   }
+}
+
+/** The calling principal as a reservation's audit row records it (its admission context). */
+export function callerAudit(ctx: MethodContext, action: string): CallerAudit {
+  return {
+    actorIdentityId: ctx.principal.identityId,
+    action,
+    requestId: ctx.requestId,
+    context: admissionContext(ctx.principal, ctx.requestId),
+  };
 }

@@ -1,8 +1,19 @@
+import type { Reservation } from '../../core/database.ts';
+import { withPlacementTransaction } from '../../db/allocations/placement.ts';
+import { readAuthzResource } from '../../db/iam/authz.ts';
+import { awaitConfirmation, denyDraft, expireLateConfirmation } from '../../db/reservations/admission.ts';
+import { type PoolForTenant, poolForTenant, writeDraft } from '../../db/reservations/draft.ts';
+import { placeDraft } from '../../db/reservations/placement.ts';
 import { readReservationView } from '../../db/reservations/view.ts';
+import { ComputeError, isComputeError } from '../../domain/errors.ts';
+import { normalizeRequest, requestHash } from '../../domain/reservation-request.ts';
 import { createReservationInput } from '../../domain/reservation-schema.ts';
+import { isUndecided } from '../../domain/reservation-states.ts';
 import { type ReservationView, reservationViewSchema } from '../../domain/reservation-view.ts';
 import { defineMethod, type MethodContext } from '../method.ts';
-import { admitReservation } from './admission.ts';
+import { afterCommit, callerAudit, preCheckTenant, reservationResource } from './access.ts';
+
+const action = 'compute:reservations:create';
 
 /** The longest a `wait` holds an answer. */
 export const maxWaitMs = 30_000;
@@ -12,10 +23,13 @@ export const maxWaitMs = 30_000;
  * `timeoutMs` (capped at 30 s) passes or the caller goes away; answers the last read either way.
  */
 export async function waitForOperation(ctx: MethodContext, view: ReservationView, timeoutMs: number) {
+  // wall time: how long the caller's HTTP request may wait, not a decision about the reservation
   const deadline = Date.now() + Math.min(timeoutMs, maxWaitMs);
   let delay = 50;
   let current = view;
+  // wall time: the same bounded wait
   while (current.operation.state === 'running' && Date.now() < deadline && !ctx.signal.aborted) {
+    // wall time: the pause before the next read, within the same bounded wait
     await new Promise((resolve) => setTimeout(resolve, Math.min(delay, Math.max(0, deadline - Date.now()))));
     delay = Math.min(delay * 2, 1_000);
     current = (await readReservationView(ctx.deps.db, current.id)) ?? current;
@@ -23,14 +37,156 @@ export async function waitForOperation(ctx: MethodContext, view: ReservationView
   return current;
 }
 
+/**
+ * IAM refused the draft: a confirmation hold makes it `awaiting-confirmation` and starts its
+ * lifecycle (which owns the confirmation's deadline) now rather than at the next sweep; a denial
+ * makes it `denied`. Answers the error to throw.
+ */
+async function recordRefusal(
+  ctx: MethodContext,
+  row: Reservation,
+  error: ComputeError,
+): Promise<ComputeError> {
+  if (error.code !== 'CONFIRMATION_REQUIRED') {
+    const audit = callerAudit(ctx, action);
+    await ctx.deps.db
+      .transaction()
+      .execute((trx) => denyDraft(trx, { reservationId: row.id, reason: error.message, audit }));
+    return error;
+  }
+  const hold = {
+    reservationId: row.id,
+    confirmationId: String(error.details?.confirmationId ?? ''),
+    expiresAt: Number(error.details?.expiresAt ?? 0),
+  };
+  const awaiting = await ctx.deps.db.transaction().execute((trx) => awaitConfirmation(trx, hold));
+  if (awaiting) {
+    await afterCommit(ctx, 'start', () =>
+      ctx.deps.lifecycle?.start({
+        id: row.id,
+        tenantId: row.tenant_id,
+        poolId: row.pool_id,
+        state: 'awaiting-confirmation',
+      }),
+    );
+  }
+  return new ComputeError(error.code, error.message, { ...error.details, reservationId: row.id });
+}
+
+/** The budget check after the allow: SPEND_LIMIT_REACHED when the pool's policy stops new work. */
+async function budgetCheck(ctx: MethodContext, row: Reservation, known?: PoolForTenant) {
+  const pool = known ?? (await poolForTenant(ctx.deps.db, row.tenant_id, row.pool_id));
+  const policy = pool.policy as { admission?: { budgetCheck?: string } };
+  const checks =
+    policy.admission?.budgetCheck === 'meter' ||
+    ['stop-new', 'drain'].includes(pool.on_budget_exceeded ?? 'allow');
+  if (!checks) return;
+  const result = await ctx.deps.iam.billingCheck(row.tenant_id, `gpu.${pool.gpu_model}.hours`);
+  if (!result.allowed) {
+    throw new ComputeError(
+      'SPEND_LIMIT_REACHED',
+      `tenant ${row.tenant_id} has spent its budget${result.reason ? ` (${result.reason})` : ''}; retry with the same idempotency key once the budget resets or is raised`,
+      { remaining: result.remaining ?? 0 },
+    );
+  }
+}
+
+/**
+ * A repeated key answers its stored reservation: ACCESS_DENIED when it was refused, INVALID_STATE
+ * when it expired waiting for its confirmation (expiring it now when its deadline passed), else the
+ * reservation as it is once admission has decided it (null while it still awaits the decision).
+ */
+async function answerRepeatedKey(
+  ctx: MethodContext,
+  row: Reservation,
+  idempotencyKey: string,
+): Promise<ReservationView | null> {
+  if (row.state === 'denied') {
+    throw new ComputeError(
+      'ACCESS_DENIED',
+      `idempotencyKey: '${idempotencyKey}' was refused: ${row.end_reason ?? 'denied'}`,
+      { reservationId: row.id },
+    );
+  }
+  const expired =
+    row.state === 'expired' ||
+    (row.state === 'awaiting-confirmation' &&
+      row.confirmation_expires_at !== null &&
+      (await ctx.deps.db.transaction().execute((trx) => expireLateConfirmation(trx, row.id))));
+  if (expired) {
+    throw new ComputeError(
+      'INVALID_STATE',
+      `reservation ${row.id} expired waiting for its confirmation; use a new key`,
+      { reservationId: row.id },
+    );
+  }
+  return isUndecided(row.state) ? null : (await readReservationView(ctx.deps.db, row.id))!;
+}
+
 export const create = defineMethod({
   summary:
     'Reserve devices of a pool for a time window, idempotently by key: a draft, one IAM decision, then quota and placement (placed, or pending with an Unschedulable condition).',
-  action: 'compute:reservations:create',
+  action,
   input: createReservationInput,
   output: reservationViewSchema,
+  /**
+   * The admission sequence: tenant pre-check; transaction 1 (the draft and its authz row, or the
+   * stored reservation for a repeated key); exactly one IAM decision outside any transaction; the
+   * budget check; transaction 2 (placement, quota all or nothing, outbox event and audit row with
+   * the admission context); then the lifecycle is started.
+   */
   handler: async (ctx, input) => {
-    const view = await admitReservation(ctx, input);
-    return input.wait ? waitForOperation(ctx, view, input.wait.timeoutMs) : view;
+    await preCheckTenant(ctx, input.tenantId);
+    const { wait, idempotencyKey, ...rest } = input;
+    const request = normalizeRequest(rest);
+    const draft = await writeDraft(
+      ctx.deps.db,
+      {
+        tenantId: input.tenantId,
+        principal: ctx.principal,
+        idempotencyKey,
+        request,
+        hash: requestHash(input.tenantId, request),
+      },
+      ctx.deps.caches,
+    );
+    const row = draft.row;
+    const answer = (view: ReservationView) => (wait ? waitForOperation(ctx, view, wait.timeoutMs) : view);
+    if (draft.kind === 'existing') {
+      const decided = await answerRepeatedKey(ctx, row, idempotencyKey);
+      if (decided) return answer(decided);
+    }
+
+    const resource =
+      draft.kind === 'created'
+        ? reservationResource({ ...row, attributes: draft.attributes })
+        : ((await readAuthzResource(ctx.deps.db, 'compute-reservation', row.id)) ?? reservationResource(row));
+    try {
+      await ctx.deps.iam.require(ctx.principal, action, resource, { requestId: ctx.requestId });
+    } catch (error) {
+      if (
+        isComputeError(error) &&
+        (error.code === 'ACCESS_DENIED' || error.code === 'CONFIRMATION_REQUIRED')
+      ) {
+        throw await recordRefusal(ctx, row, error);
+      }
+      throw error;
+    }
+    await budgetCheck(ctx, row, draft.kind === 'created' ? draft.pool : undefined);
+
+    const outcome = await withPlacementTransaction(ctx.deps.db, (trx) =>
+      placeDraft(trx, {
+        reservationId: row.id,
+        audit: callerAudit(ctx, action),
+        ...(ctx.deps.caches ? { caches: ctx.deps.caches } : {}),
+      }),
+    );
+    if (outcome) {
+      const state = outcome.outcome === 'placed' ? 'placed' : 'pending';
+      await afterCommit(ctx, 'start', () =>
+        ctx.deps.lifecycle?.start({ id: row.id, tenantId: row.tenant_id, poolId: row.pool_id, state }),
+      );
+    }
+    return answer((await readReservationView(ctx.deps.db, row.id))!);
   },
 });

@@ -1,26 +1,26 @@
-import { sql } from 'kysely';
 import { z } from 'zod';
-import type { Db } from '../../core/database.ts';
-import { admissionContext, insertAuditEvent } from '../../db/events/audit.ts';
 import { readAuthzResource } from '../../db/iam/authz.ts';
-import { abandonExtend, applyExtend, stageExtend } from '../../db/reservations/extend.ts';
-import { lockReservation } from '../../db/reservations/reservations.ts';
+import {
+  abandonExtend,
+  commitExtend,
+  type ExtendOutcome,
+  renewLeaseNow,
+  stageExtendWindow,
+} from '../../db/reservations/extend.ts';
 import { readReservationView } from '../../db/reservations/view.ts';
 import { parseDuration } from '../../domain/duration.ts';
 import { ComputeError } from '../../domain/errors.ts';
-import { extendInput, maxDurationMs, reservationRefInput } from '../../domain/reservation-schema.ts';
+import { extendInput, reservationRefInput } from '../../domain/reservation-schema.ts';
+import { isRenewable } from '../../domain/reservation-states.ts';
 import { reservationViewSchema } from '../../domain/reservation-view.ts';
 import { defineMethod } from '../method.ts';
-import { afterCommit, findVisibleReservation, preCheckTenant, reservationResource } from './access.ts';
-
-const extendable = ['placed', 'binding', 'active'];
-
-async function windowOf(trx: Db, reservationId: string): Promise<{ start: number; end: number } | null> {
-  const { rows } = await sql<{ s: Date | null; e: Date | null }>`
-    SELECT lower(during) AS s, upper(during) AS e FROM reservations WHERE id = ${reservationId}`.execute(trx);
-  const row = rows[0];
-  return row?.s && row.e ? { start: row.s.getTime(), end: row.e.getTime() } : null;
-}
+import {
+  afterCommit,
+  callerAudit,
+  findVisibleReservation,
+  preCheckTenant,
+  reservationResource,
+} from './access.ts';
 
 export const extend = defineMethod({
   summary:
@@ -37,44 +37,9 @@ export const extend = defineMethod({
     const row = await findVisibleReservation(ctx, input.tenantId, input.reservationId);
     const by = input.by !== undefined ? parseDuration(input.by, 'by') : undefined;
     // Transaction 1: the slot and the pending change the decision reads.
-    const staged = await ctx.deps.db.transaction().execute(async (trx) => {
-      const locked = (await lockReservation(trx, row.id))!;
-      if (!extendable.includes(locked.state)) {
-        throw new ComputeError(
-          'INVALID_STATE',
-          `reservation ${row.id} is ${locked.state}: only placed, binding or active reservations extend`,
-          { state: locked.state },
-        );
-      }
-      const window = await windowOf(trx, row.id);
-      if (!window)
-        throw new ComputeError('INVALID_STATE', `reservation ${row.id} has no booked window to extend`);
-      const newEnd = input.until ?? window.end + by!;
-      if (newEnd <= window.end) return { noop: true as const, window };
-      if (newEnd - window.start > maxDurationMs) {
-        throw new ComputeError(
-          'INVALID_INPUT',
-          `${input.until ? 'until' : 'by'}: a reservation lasts at most 90d`,
-        );
-      }
-      const current = (await readAuthzResource(trx, 'compute-reservation', row.id))?.attributes ?? {};
-      const attributes = {
-        ...current,
-        durationHours: Math.round(((newEnd - window.start) / 3_600_000) * 1000) / 1000,
-      };
-      const hold = await stageExtend(trx, row.id, { durationHours: attributes.durationHours });
-      if (!hold) {
-        throw new ComputeError(
-          'CONFLICT',
-          `another extend of reservation ${row.id} is in flight; retry in a minute`,
-          {
-            reason: 'extend-in-flight',
-            retryAfterSeconds: 60,
-          },
-        );
-      }
-      return { noop: false as const, window, newEnd, hold, attributes };
-    });
+    const staged = await ctx.deps.db
+      .transaction()
+      .execute((trx) => stageExtendWindow(trx, { reservationId: row.id, until: input.until, byMs: by }));
     if (staged.noop) {
       return {
         reservation: (await readReservationView(ctx.deps.db, row.id))!,
@@ -82,39 +47,23 @@ export const extend = defineMethod({
         availableUntil: staged.window.end,
       };
     }
-    let outcome: Awaited<ReturnType<typeof applyExtend>>;
+    let outcome: ExtendOutcome;
     try {
       const resource =
         (await readAuthzResource(ctx.deps.db, 'compute-reservation', row.id)) ?? reservationResource(row);
       await ctx.deps.iam.require(ctx.principal, 'compute:reservations:extend', resource, {
         requestId: ctx.requestId,
       });
-      outcome = await ctx.deps.db.transaction().execute(async (trx) => {
-        await lockReservation(trx, row.id);
-        const result = await applyExtend(trx, {
+      const audit = callerAudit(ctx, 'compute:reservations:extend');
+      outcome = await ctx.deps.db.transaction().execute((trx) =>
+        commitExtend(trx, {
           reservationId: row.id,
-          hold: staged.hold,
-          currentEnd: staged.window.end,
-          newEnd: staged.newEnd,
-          attributes: staged.attributes,
-        });
-        if (result.extended) {
-          await insertAuditEvent(trx, {
-            tenantId: row.tenant_id,
-            actorIdentityId: ctx.principal.identityId,
-            action: 'compute:reservations:extend',
-            resourceType: 'compute-reservation',
-            resourceId: row.id,
-            requestId: ctx.requestId,
-            context: {
-              ...admissionContext(ctx.principal, ctx.requestId),
-              idempotencyKey: input.idempotencyKey,
-              end: result.end,
-            },
-          });
-        }
-        return result;
-      });
+          tenantId: row.tenant_id,
+          staged,
+          idempotencyKey: input.idempotencyKey,
+          audit,
+        }),
+      );
     } finally {
       // A refusal, a throw after the allow, or no room: the pending change never outlives this call.
       await abandonExtend(ctx.deps.db, row.id, staged.hold);
@@ -146,7 +95,7 @@ export const renew = defineMethod({
         `reservation ${row.id} was made without leaseSeconds: it has no lease to renew`,
       );
     }
-    if (!extendable.includes(row.state)) {
+    if (!isRenewable(row.state)) {
       throw new ComputeError(
         'INVALID_STATE',
         `a lease renews in placed, binding or active; reservation ${row.id} is ${row.state}`,
@@ -161,17 +110,7 @@ export const renew = defineMethod({
     if (ctx.deps.lifecycle?.renew) {
       await ctx.deps.lifecycle.renew(row.id);
     } else {
-      const renewed = await ctx.deps.db
-        .updateTable('reservations')
-        .set({
-          lease_expires_at: sql<Date>`compute_now() + make_interval(secs => lease_seconds)`,
-          version: sql<number>`version + 1`,
-          updated_at: sql<Date>`compute_now()`,
-        })
-        .where('id', '=', row.id)
-        .where('state', 'in', extendable as never)
-        .returning('id')
-        .executeTakeFirst();
+      const renewed = await renewLeaseNow(ctx.deps.db, row.id);
       if (!renewed)
         throw new ComputeError('INVALID_STATE', `reservation ${row.id} ended before its lease was renewed`);
     }

@@ -1,6 +1,5 @@
-import { sql } from 'kysely';
 import { z } from 'zod';
-import { readReservationView, readReservationViews } from '../../db/reservations/view.ts';
+import { listReservationIds, readReservationView, readReservationViews } from '../../db/reservations/view.ts';
 import { listReservationsInput, reservationRefInput } from '../../domain/reservation-schema.ts';
 import { reservationViewSchema } from '../../domain/reservation-view.ts';
 import { defineMethod } from '../method.ts';
@@ -41,35 +40,19 @@ export const list = defineMethod({
       { requestId: ctx.requestId },
     );
     const limit = input.limit ?? 50;
-    const states =
-      input.state === undefined ? null : Array.isArray(input.state) ? input.state : [input.state];
-    let query = ctx.deps.db
-      .selectFrom('reservations')
-      .select(['id', 'created_at'])
-      .where('tenant_id', '=', input.tenantId)
-      .where('state', '<>', 'draft');
-    if ((input.scope ?? 'mine') === 'mine')
-      query = query.where('owner_identity_id', '=', ctx.principal.identityId);
-    if (states) query = query.where('state', 'in', states);
-    if (input.poolId) query = query.where('pool_id', '=', input.poolId);
-    if (input.cursor) {
-      query = query.where(
-        sql<boolean>`(created_at, id) < (SELECT r.created_at, r.id FROM reservations r
-                      WHERE r.id = ${input.cursor} AND r.tenant_id = ${input.tenantId})`,
-      );
-    }
-    const rows = await query
-      .orderBy('created_at', 'desc')
-      .orderBy('id', 'desc')
-      .limit(limit + 1)
-      .execute();
-    const page = rows.slice(0, limit);
+    const { ids, more } = await listReservationIds(ctx.deps.db, {
+      tenantId: input.tenantId,
+      ...((input.scope ?? 'mine') === 'mine' ? { ownerIdentityId: ctx.principal.identityId } : {}),
+      ...(input.state === undefined
+        ? {}
+        : { states: Array.isArray(input.state) ? input.state : [input.state] }),
+      poolId: input.poolId,
+      cursor: input.cursor,
+      limit,
+    });
     return {
-      reservations: await readReservationViews(
-        ctx.deps.db,
-        page.map((r) => r.id),
-      ),
-      nextCursor: rows.length > limit ? page[page.length - 1]!.id : null,
+      reservations: await readReservationViews(ctx.deps.db, ids),
+      nextCursor: more ? ids[ids.length - 1]! : null,
     };
   },
 });

@@ -1,5 +1,6 @@
 import type { Command } from 'commander';
 import type { ComputeEvent } from '../../client/index.ts';
+import type { EventTypePattern } from '../../domain/event-types.ts';
 import { apiAction, parse, required, withConnection } from '../command.ts';
 import { formatTime, renderTable } from '../output.ts';
 
@@ -86,7 +87,7 @@ export function registerEventCommands(program: Command) {
       .option('--type <type>', 'only this event type (repeatable; reservation.* matches a prefix)', collect)
       .option('--description <text>', 'a note for people'),
   ).action(
-    apiAction<{ tenant: string; endpoint: string; type?: string[]; description?: string }>(
+    apiAction<{ tenant: string; endpoint: string; type?: EventTypePattern[]; description?: string }>(
       async ({ options, client, out }) => {
         const hook = await client.webhooks.create({
           tenantId: options.tenant,

@@ -1,6 +1,7 @@
 import { type Command, Option } from 'commander';
 import { ulid } from 'ulid';
 import type { ComputeClient } from '../../client/index.ts';
+import { isTerminal } from '../../domain/reservation-states.ts';
 import { apiAction, type CommandContext, parse, withConnection } from '../command.ts';
 import { CliError, exitCodes } from '../errors.ts';
 import { formatTime } from '../output.ts';
@@ -10,7 +11,6 @@ import {
   type Reservation,
   renderReservation,
   renderReservationTable,
-  terminalStates,
 } from '../reservation-view.ts';
 import { resolvePool, tenantOf } from '../tenant.ts';
 import { registerTraceCommand } from './trace.ts';
@@ -225,7 +225,7 @@ export function registerReservationCommands(program: Command) {
         { kind: 'state', reservationId: reservation.id, state: reservation.state },
         `${reservation.id} is ${reservation.state}`,
       );
-      const done = (state: string) => terminalStates.includes(state) || state === options.until;
+      const done = (state: string) => isTerminal(state) || state === options.until;
       if (done(reservation.state)) return;
       const stop = new AbortController();
       process.once('SIGINT', () => stop.abort());

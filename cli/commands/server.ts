@@ -49,7 +49,11 @@ export function registerServerCommands(program: Command) {
       } catch (error) {
         fail((error as Error).message);
       }
-      const log = createLogger({ level: config.LOG_LEVEL, pretty: !options.json && process.stdout.isTTY });
+      // --json keeps stdout machine-readable, log lines included.
+      const log = createLogger({
+        level: config.LOG_LEVEL,
+        format: options.json ? 'json' : config.LOG_FORMAT,
+      });
       const { startDevStack } = await import('../../server/dev-stack.ts');
       let stack: Awaited<ReturnType<typeof startDevStack>>;
       try {
@@ -101,7 +105,7 @@ export function registerServerCommands(program: Command) {
         fail('DATABASE_URL is not set: point it at the PostgreSQL database (or use `better-compute dev`)');
       if (!config.TEMPORAL_ADDRESS)
         fail('TEMPORAL_ADDRESS is not set: point it at a Temporal frontend (or use `better-compute dev`)');
-      const log = createLogger({ level: config.LOG_LEVEL });
+      const log = createLogger({ level: config.LOG_LEVEL, format: config.LOG_FORMAT });
       const { startControlPlane } = await import('../../server/serve.ts');
       try {
         const plane = await startControlPlane({

@@ -155,35 +155,3 @@ export async function loadPlacerNodes(
     };
   });
 }
-
-/**
- * The pool's per-GPU share of host CPU and memory: `policy.perGpu` where set, otherwise the
- * smallest share any GPU host of the pool can give (allocatable ÷ physical GPUs), so it fits on
- * every host. The measured share goes through `caches.share` (30 s per pool) when given.
- */
-export async function poolPerGpuShare(
-  db: Db,
-  pool: { id: string; policy: Record<string, unknown> },
-  caches?: AdmissionCaches,
-): Promise<HostResourceAmounts> {
-  const perGpu = (pool.policy.perGpu ?? {}) as Partial<HostResourceAmounts>;
-  let measured = caches?.share.get(pool.id);
-  if (!measured) {
-    const { rows } = await sql<{ resource: string; share: string | null }>`
-      SELECT h.resource, min(h.allocatable / g.n) AS share
-      FROM nodes n
-      JOIN LATERAL (SELECT count(*) AS n FROM devices d
-                    WHERE d.node_id = n.id AND d.class = 'gpu' AND d.removed_at IS NULL) g ON g.n > 0
-      JOIN host_resources h ON h.node_id = n.id AND h.resource IN ('vcpu', 'memoryGiB')
-      WHERE n.pool_id = ${pool.id}
-      GROUP BY h.resource`.execute(db);
-    measured = { vcpu: 0, memoryGiB: 0, hugepages1Gi: 0 };
-    for (const r of rows) measured[r.resource as 'vcpu' | 'memoryGiB'] = Number(r.share ?? 0);
-    caches?.share.set(pool.id, measured);
-  }
-  return {
-    vcpu: perGpu.vcpu ?? measured.vcpu,
-    memoryGiB: perGpu.memoryGiB ?? measured.memoryGiB,
-    hugepages1Gi: 0,
-  };
-}

@@ -1,8 +1,9 @@
 import { sql, type Transaction } from 'kysely';
 import type { Database } from '../../core/database.ts';
 import { type AttestationVerdict, verifyAttestedReport } from '../../domain/attestation.ts';
+import { ComputeError } from '../../domain/errors.ts';
 import { insertOutboxEvent } from '../events/outbox.ts';
-import { findAttestationCertificates } from '../nodes/nodes.ts';
+import { findAttestationCertificates } from '../nodes/certificates.ts';
 
 type Trx = Transaction<Database>;
 
@@ -138,4 +139,98 @@ export async function judgeAllocationReport(trx: Trx, allocationId: string): Pro
     await trx.updateTable('allocations').set({ bound_at: null }).where('id', '=', allocationId).execute();
   }
   return { ...base, kind: report.kind, verdict, outcome: 'rejected' };
+}
+
+/**
+ * Stores a node's attested report as received (not judged: `judgeAllocationReport` does that in
+ * the worker), in the caller's transaction, under the allocation's row lock. Only a report about
+ * an allocation placed on the reporting node counts: another node's allocation answers like an
+ * unknown one (NOT_FOUND); a binding report for a released or failed allocation is INVALID_STATE.
+ * A binding report is also kept on the allocation. Answers the allocation's reservation.
+ */
+export async function storeAllocationReport(
+  trx: Trx,
+  input: {
+    nodeId: string;
+    epoch: number;
+    allocationId: string;
+    kind: 'bound' | 'failed' | 'released';
+    body: Uint8Array;
+    keyId: string | null;
+    signature: Uint8Array | null;
+  },
+): Promise<{ reservationId: string | null }> {
+  const { allocationId, kind } = input;
+  const allocation = await trx
+    .selectFrom('allocations')
+    .where('id', '=', allocationId)
+    .where('node_id', '=', input.nodeId)
+    .select(['id', 'reservation_id', 'state'])
+    .forUpdate()
+    .executeTakeFirst();
+  if (!allocation) throw new ComputeError('NOT_FOUND', `unknown allocation ${allocationId}`);
+  if (kind === 'bound' && (allocation.state === 'released' || allocation.state === 'failed')) {
+    throw new ComputeError('INVALID_STATE', `allocation ${allocationId} is ${allocation.state}`);
+  }
+  const signature = input.signature ? Buffer.from(input.signature) : null;
+  await trx
+    .insertInto('allocation_reports')
+    .values({
+      allocation_id: allocationId,
+      node_id: input.nodeId,
+      kind,
+      epoch: input.epoch,
+      report: Buffer.from(input.body),
+      sig_kid: input.keyId,
+      sig: signature,
+    })
+    .execute();
+  if (kind === 'bound') {
+    await trx
+      .updateTable('allocations')
+      .set({
+        bound_report: Buffer.from(input.body),
+        bound_sig_kid: input.keyId,
+        bound_sig: signature,
+        updated_at: sql<Date>`compute_now()`,
+      })
+      .where('id', '=', allocationId)
+      .execute();
+  }
+  return { reservationId: allocation.reservation_id };
+}
+
+/**
+ * Judges (judgeAllocationReport) the latest stored report of every allocation of the
+ * reservation's current placement that has one, in id order, in the caller's transaction; a bound
+ * allocation whose later report fails the check is marked `binding_lost_at` (once). Answers each
+ * allocation's outcome. Idempotent: judging the same reports again changes nothing.
+ */
+export async function judgeReservationReports(
+  trx: Trx,
+  reservationId: string,
+): Promise<Record<string, ReportJudgement['outcome']>> {
+  const allocations = await trx
+    .selectFrom('allocations')
+    .where('reservation_id', '=', reservationId)
+    .where('superseded_at', 'is', null)
+    .where((eb) =>
+      eb.exists(eb.selectFrom('allocation_reports as r').whereRef('r.allocation_id', '=', 'allocations.id')),
+    )
+    .select('id')
+    .orderBy('id')
+    .execute();
+  const outcomes: Record<string, ReportJudgement['outcome']> = {};
+  for (const { id } of allocations) {
+    const judged = await judgeAllocationReport(trx, id);
+    outcomes[id] = judged.outcome;
+    if (judged.outcome === 'binding-lost') {
+      await trx
+        .updateTable('allocations')
+        .set({ binding_lost_at: sql<Date>`COALESCE(binding_lost_at, compute_now())` })
+        .where('id', '=', id)
+        .execute();
+    }
+  }
+  return outcomes;
 }

@@ -1,11 +1,15 @@
 import type { Transaction } from 'kysely';
 import type { Database } from '../../core/database.ts';
+import type { EventType } from '../../domain/event-types.ts';
 import { newId } from '../../domain/ids.ts';
 
-/** Writes one event to the outbox in the caller's transaction (the one that made the change). */
+/**
+ * Writes one event to the outbox in the caller's transaction (the one that made the change). Its
+ * type is one of `eventTypes` (domain/event-types.ts).
+ */
 export async function insertOutboxEvent(
   trx: Transaction<Database>,
-  event: { type: string; subject: string; tenantId: string | null; data: Record<string, unknown> },
+  event: { type: EventType; subject: string; tenantId: string | null; data: Record<string, unknown> },
 ): Promise<string> {
   const id = newId('evt');
   await trx

@@ -1,5 +1,5 @@
-import { sql, type Transaction } from 'kysely';
-import type { Database, Db } from '../../core/database.ts';
+import { type Selectable, sql, type Transaction } from 'kysely';
+import type { Database, Db, NodeCommandsTable } from '../../core/database.ts';
 import { commandKinds, isCommandKind } from '../../domain/command-kinds.ts';
 import { ComputeError } from '../../domain/errors.ts';
 import type { CommandLane, CommandState } from '../../domain/fleet.ts';
@@ -27,6 +27,8 @@ export async function enqueueNodeCommand(
     payload?: Record<string, unknown>;
     notBefore?: Date | null;
     notAfter?: Date | null;
+    /** A not_after this many seconds after the database's clock (instead of `notAfter`). */
+    notAfterSeconds?: number;
     minGeneration?: number | null;
   },
 ): Promise<EnqueuedCommand> {
@@ -61,7 +63,10 @@ export async function enqueueNodeCommand(
       lane: kind.lane,
       payload: JSON.stringify(parsed.data),
       not_before: input.notBefore ?? null,
-      not_after: input.notAfter ?? null,
+      not_after:
+        input.notAfterSeconds === undefined
+          ? (input.notAfter ?? null)
+          : sql<Date>`compute_now() + make_interval(secs => ${input.notAfterSeconds})`,
       min_generation: input.minGeneration ?? null,
     })
     .execute();
@@ -83,9 +88,7 @@ export interface CommandView {
   completedAt: Date | null;
 }
 
-export async function findNodeCommand(db: Db | Trx, id: string): Promise<CommandView | null> {
-  const row = await db.selectFrom('node_commands').selectAll().where('id', '=', id).executeTakeFirst();
-  if (!row) return null;
+function commandView(row: Selectable<NodeCommandsTable>): CommandView {
   return {
     id: row.id,
     nodeId: row.node_id,
@@ -100,6 +103,23 @@ export async function findNodeCommand(db: Db | Trx, id: string): Promise<Command
     deliveredAt: row.delivered_at,
     completedAt: row.completed_at,
   };
+}
+
+export async function findNodeCommand(db: Db | Trx, id: string): Promise<CommandView | null> {
+  const row = await db.selectFrom('node_commands').selectAll().where('id', '=', id).executeTakeFirst();
+  return row ? commandView(row) : null;
+}
+
+/** The latest `limit` commands of a node, newest (highest seq) first. */
+export async function listNodeCommands(db: Db, nodeId: string, limit: number): Promise<CommandView[]> {
+  const rows = await db
+    .selectFrom('node_commands')
+    .selectAll()
+    .where('node_id', '=', nodeId)
+    .orderBy('seq', 'desc')
+    .limit(limit)
+    .execute();
+  return rows.map(commandView);
 }
 
 /**
@@ -157,4 +177,128 @@ export interface QueuedCommandRow {
   notBefore: Date | null;
   notAfter: Date | null;
   minGeneration: number | null;
+}
+
+const queuedColumns = [
+  'id',
+  'seq',
+  'kind',
+  'lane',
+  'payload',
+  'not_before',
+  'not_after',
+  'min_generation',
+] as const;
+
+type QueuedRow = Pick<Selectable<NodeCommandsTable>, (typeof queuedColumns)[number]>;
+
+function queuedCommand(row: QueuedRow): QueuedCommandRow {
+  return {
+    id: row.id,
+    seq: Number(row.seq),
+    kind: row.kind,
+    lane: row.lane,
+    payload: row.payload,
+    notBefore: row.not_before,
+    notAfter: row.not_after,
+    minGeneration: row.min_generation === null ? null : Number(row.min_generation),
+  };
+}
+
+/**
+ * The commands a node's journal `journalId` took and never answered (delivered or running), in
+ * seq order: a reconnecting session sends them again and the journal dedupes.
+ */
+export async function findCommandsToRedeliver(
+  db: Db | Trx,
+  nodeId: string,
+  journalId: string,
+): Promise<QueuedCommandRow[]> {
+  const rows = await db
+    .selectFrom('node_commands')
+    .where('node_id', '=', nodeId)
+    .where('state', 'in', ['delivered', 'running'])
+    .where('journal_id', '=', journalId)
+    .select(queuedColumns)
+    .orderBy('seq')
+    .execute();
+  return rows.map(queuedCommand);
+}
+
+/**
+ * Queued commands due now (past not_before, before not_after) for the nodes whose session this
+ * gateway holds, by node and seq, at most `limit`.
+ */
+export async function findDeliverableCommands(
+  db: Db,
+  gatewayId: string,
+  limit = 5000,
+): Promise<Array<QueuedCommandRow & { nodeId: string }>> {
+  const { rows } = await sql<QueuedRow & { node_id: string }>`
+    SELECT c.id, c.node_id, c.seq, c.kind, c.lane, c.payload, c.not_before, c.not_after, c.min_generation
+    FROM node_commands c JOIN nodes n ON n.id = c.node_id
+    WHERE c.state = 'queued' AND n.session_gateway = ${gatewayId}
+      AND (c.not_before IS NULL OR c.not_before <= compute_now())
+      AND (c.not_after IS NULL OR c.not_after > compute_now())
+    ORDER BY c.node_id, c.seq
+    LIMIT ${limit}`.execute(db);
+  return rows.map((row) => ({ ...queuedCommand(row), nodeId: row.node_id }));
+}
+
+/**
+ * Marks commands delivered to a journal, each only while still queued (a command another gateway
+ * or an expiry took first is left alone). Answers the ids it marked: only those may be sent.
+ */
+export async function markCommandsDelivered(
+  db: Db,
+  deliveries: ReadonlyArray<{ commandId: string; journalId: string }>,
+): Promise<Set<string>> {
+  if (deliveries.length === 0) return new Set();
+  const { rows } = await sql<{ id: string }>`
+    UPDATE node_commands c SET state = 'delivered', delivered_at = compute_now(), journal_id = t.journal
+    FROM unnest(${deliveries.map((d) => d.commandId)}::text[], ${deliveries.map((d) => d.journalId)}::text[])
+      AS t(id, journal)
+    WHERE c.id = t.id AND c.state = 'queued'
+    RETURNING c.id`.execute(db);
+  return new Set(rows.map((r) => r.id));
+}
+
+/**
+ * Stores a command's result: only for a command of this node with that exact seq, delivered and
+ * not yet answered, while the node's epoch is still `epoch`. Answers whether it was stored; false
+ * changes nothing (an answer sent again, a wrong seq, an unknown command or a fenced session:
+ * `findNodeCommandSeq` and the node's epoch tell which).
+ */
+export async function completeDeliveredCommand(
+  db: Db,
+  input: {
+    nodeId: string;
+    epoch: number;
+    commandId: string;
+    seq: number;
+    state: 'succeeded' | 'failed' | 'expired';
+    result: Record<string, unknown> | null;
+    error: string | null;
+  },
+): Promise<boolean> {
+  const { rows } = await sql<{ id: string }>`
+    UPDATE node_commands c SET state = ${input.state},
+      result = ${input.result === null ? null : JSON.stringify(input.result)}::jsonb,
+      error = ${input.error}, completed_at = compute_now()
+    FROM nodes n
+    WHERE c.id = ${input.commandId} AND c.node_id = ${input.nodeId} AND c.seq = ${input.seq}
+      AND c.state IN ('delivered', 'running') AND n.id = c.node_id AND n.epoch = ${input.epoch}
+    RETURNING c.id`.execute(db);
+  return rows.length > 0;
+}
+
+/** The seq of a node's command, or null when the node has no such command. */
+export async function findNodeCommandSeq(db: Db, nodeId: string, commandId: string): Promise<number | null> {
+  const row = await db
+    .selectFrom('node_commands')
+    .where('id', '=', commandId)
+    .where('node_id', '=', nodeId)
+    .select('seq')
+    .executeTakeFirst();
+  return row ? Number(row.seq) : null;
 }

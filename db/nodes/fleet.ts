@@ -1,5 +1,5 @@
-import { sql } from 'kysely';
-import type { Db } from '../../core/database.ts';
+import { type Insertable, type Selectable, sql } from 'kysely';
+import type { Db, PoolOffersTable, PoolsTable } from '../../core/database.ts';
 import type { HostResource, PoolClass, PoolSharingMode } from '../../domain/fleet.ts';
 import { newId } from '../../domain/ids.ts';
 
@@ -39,16 +39,28 @@ export async function insertPool(
   return id;
 }
 
-/** Offers a pool to a tenant with a quota per resource (a resource left out grants zero). */
+/**
+ * Offers a pool to a tenant with a quota per resource (a resource left out grants zero), and what
+ * happens when the tenant's budget runs out (kept as it was when not given). Again: updates both.
+ */
 export async function offerPool(
   db: Db,
-  input: { poolId: string; tenantId: string; quota: Record<string, number>; priority?: number },
+  input: {
+    poolId: string;
+    tenantId: string;
+    quota: Record<string, number>;
+    priority?: number | undefined;
+    onBudgetExceeded?: OnBudgetExceeded | undefined;
+  },
 ) {
+  const budget = input.onBudgetExceeded ? { on_budget_exceeded: input.onBudgetExceeded } : {};
   await db.transaction().execute(async (trx) => {
     await trx
       .insertInto('pool_offers')
-      .values({ pool_id: input.poolId, tenant_id: input.tenantId, priority: input.priority ?? 0 })
-      .onConflict((oc) => oc.columns(['pool_id', 'tenant_id']).doUpdateSet({ priority: input.priority ?? 0 }))
+      .values({ pool_id: input.poolId, tenant_id: input.tenantId, priority: input.priority ?? 0, ...budget })
+      .onConflict((oc) =>
+        oc.columns(['pool_id', 'tenant_id']).doUpdateSet({ priority: input.priority ?? 0, ...budget }),
+      )
       .execute();
     for (const [resource, limit] of Object.entries(input.quota)) {
       await trx
@@ -60,6 +72,124 @@ export async function offerPool(
         .execute();
     }
   });
+}
+
+type OnBudgetExceeded = Insertable<PoolOffersTable>['on_budget_exceeded'] & string;
+
+export interface SiteRow {
+  id: string;
+  name: string;
+  region: string;
+}
+
+/** A site by id or by name (names are unique), or null. */
+export async function findSite(db: Db, by: { id: string } | { name: string }): Promise<SiteRow | null> {
+  const query = db.selectFrom('sites').select(['id', 'name', 'region']);
+  const row = await ('id' in by
+    ? query.where('id', '=', by.id)
+    : query.where('name', '=', by.name)
+  ).executeTakeFirst();
+  return row ?? null;
+}
+
+/** Every site, by name. */
+export async function listAllSites(db: Db): Promise<SiteRow[]> {
+  return db.selectFrom('sites').select(['id', 'name', 'region']).orderBy('name').execute();
+}
+
+export interface PoolRow {
+  id: string;
+  siteId: string;
+  ownerTenantId: string;
+  name: string;
+  gpuModel: string;
+  sharingMode: PoolSharingMode;
+  policy: Record<string, unknown>;
+  archived: boolean;
+}
+
+const poolColumns = [
+  'id',
+  'site_id',
+  'owner_tenant_id',
+  'name',
+  'gpu_model',
+  'sharing_mode',
+  'policy',
+  'archived_at',
+] as const;
+
+function poolRow(row: Pick<Selectable<PoolsTable>, (typeof poolColumns)[number]>): PoolRow {
+  return {
+    id: row.id,
+    siteId: row.site_id,
+    ownerTenantId: row.owner_tenant_id,
+    name: row.name,
+    gpuModel: row.gpu_model,
+    sharingMode: row.sharing_mode,
+    policy: row.policy,
+    archived: row.archived_at !== null,
+  };
+}
+
+/** A pool by id, or by its owner and name (names are unique per owning tenant). */
+export async function findPool(
+  db: Db,
+  by: { id: string } | { ownerTenantId: string; name: string },
+): Promise<PoolRow | null> {
+  const query = db.selectFrom('pools').select(poolColumns);
+  const row = await ('id' in by
+    ? query.where('id', '=', by.id)
+    : query.where('owner_tenant_id', '=', by.ownerTenantId).where('name', '=', by.name)
+  ).executeTakeFirst();
+  return row ? poolRow(row) : null;
+}
+
+/** The ids of the pools a tenant owns. */
+export async function listPoolIdsOwnedBy(db: Db, tenantId: string): Promise<string[]> {
+  const rows = await db.selectFrom('pools').select('id').where('owner_tenant_id', '=', tenantId).execute();
+  return rows.map((r) => r.id);
+}
+
+/** Every pool by name, with the tenants it is offered to (sorted). */
+export async function listPoolsWithOffers(db: Db): Promise<Array<PoolRow & { offeredTo: string[] }>> {
+  const rows = await db
+    .selectFrom('pools as p')
+    .select([
+      'p.id',
+      'p.site_id',
+      'p.owner_tenant_id',
+      'p.name',
+      'p.gpu_model',
+      'p.sharing_mode',
+      'p.policy',
+      'p.archived_at',
+      sql<string[]>`ARRAY(SELECT tenant_id FROM pool_offers o WHERE o.pool_id = p.id ORDER BY tenant_id)`.as(
+        'offered',
+      ),
+    ])
+    .orderBy('p.name')
+    .execute();
+  return rows.map((r) => ({ ...poolRow(r), offeredTo: r.offered }));
+}
+
+/** A tenant's quotas: limit and used per pool and resource, by pool and resource. */
+export async function listTenantQuotas(
+  db: Db,
+  tenantId: string,
+): Promise<Array<{ poolId: string; resource: string; limit: number; used: number }>> {
+  const rows = await db
+    .selectFrom('quotas')
+    .selectAll()
+    .where('tenant_id', '=', tenantId)
+    .orderBy(['pool_id', 'resource'])
+    .execute();
+  return rows.map((r) => ({
+    poolId: r.pool_id,
+    resource: r.resource,
+    limit: Number(r.limit_amount),
+    used: Number(r.used),
+  }));
 }
 
 /** The shape of one simulated GPU server. */

@@ -19,6 +19,8 @@ export interface JoinTokenView {
   id: string;
   poolId: string;
   expiresAt: Date;
+  /** Whether `expiresAt` has passed by the database's clock (`compute_now()`). */
+  expired: boolean;
   maxUses: number;
   uses: number;
   revokedAt: Date | null;
@@ -116,6 +118,7 @@ function view(row: {
   id: string;
   pool_id: string;
   expires_at: Date;
+  expired: boolean;
   max_uses: number;
   uses: number;
   revoked_at: Date | null;
@@ -126,6 +129,7 @@ function view(row: {
     id: row.id,
     poolId: row.pool_id,
     expiresAt: row.expires_at,
+    expired: row.expired,
     maxUses: row.max_uses,
     uses: row.uses,
     revokedAt: row.revoked_at,
@@ -138,6 +142,7 @@ const columns = [
   'id',
   'pool_id',
   'expires_at',
+  sql<boolean>`expires_at <= compute_now()`.as('expired'),
   'max_uses',
   'uses',
   'revoked_at',

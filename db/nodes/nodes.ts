@@ -1,120 +1,12 @@
 import { sql, type Transaction } from 'kysely';
 import type { Database, Db } from '../../core/database.ts';
-import type { AttestationCertificate } from '../../domain/attestation.ts';
 import { ComputeError } from '../../domain/errors.ts';
-import type { NodeRole } from '../../domain/fleet.ts';
+import type { Connectivity, NodeRole } from '../../domain/fleet.ts';
 import { newId } from '../../domain/ids.ts';
 import { canonicalJson, type DeviceAssignment, normalizeAssignments } from '../../domain/node-spec.ts';
-import { type CaMaterial, createCertificateAuthority } from '../../domain/pki.ts';
+import { revokeNodeCertificates } from './certificates.ts';
 
 type Trx = Transaction<Database>;
-
-const caName = 'machine';
-
-/** The control plane's CA, created on first use (two racing creators keep the first). */
-export async function ensureCertificateAuthority(db: Db, trustDomain: string): Promise<CaMaterial> {
-  const read = () =>
-    db
-      .selectFrom('certificate_authorities')
-      .select(['certificate_pem', 'private_key_pem', 'trust_domain'])
-      .where('name', '=', caName)
-      .executeTakeFirst();
-  let row = await read();
-  if (!row) {
-    const ca = await createCertificateAuthority(trustDomain);
-    await db
-      .insertInto('certificate_authorities')
-      .values({
-        name: caName,
-        trust_domain: trustDomain,
-        certificate_pem: ca.certificatePem,
-        private_key_pem: ca.privateKeyPem,
-      })
-      .onConflict((oc) => oc.column('name').doNothing())
-      .execute();
-    row = await read();
-  }
-  if (!row) throw new ComputeError('INTERNAL', 'the machine CA could not be stored');
-  return { certificatePem: row.certificate_pem, privateKeyPem: row.private_key_pem };
-}
-
-/** A node's certificate with what the gateway checks on every session. */
-export interface PeerCertificateRow {
-  serial: string;
-  nodeId: string;
-  role: NodeRole;
-  spiffeId: string;
-  revoked: boolean;
-  expired: boolean;
-  nodeName: string;
-  siteId: string;
-  provisionState: string;
-}
-
-export async function findPeerCertificate(db: Db, serial: string): Promise<PeerCertificateRow | null> {
-  const row = await db
-    .selectFrom('node_certificates as c')
-    .innerJoin('nodes as n', 'n.id', 'c.node_id')
-    .where('c.serial', '=', serial)
-    .select([
-      'c.serial',
-      'c.node_id',
-      'c.role',
-      'c.spiffe_id',
-      sql<boolean>`c.revoked_at IS NOT NULL`.as('revoked'),
-      sql<boolean>`c.not_after <= compute_now()`.as('expired'),
-      'n.name',
-      'n.site_id',
-      'n.provision_state',
-    ])
-    .executeTakeFirst();
-  if (!row) return null;
-  return {
-    serial: row.serial,
-    nodeId: row.node_id,
-    role: row.role,
-    spiffeId: row.spiffe_id,
-    revoked: row.revoked,
-    expired: row.expired,
-    nodeName: row.name,
-    siteId: row.site_id,
-    provisionState: row.provision_state,
-  };
-}
-
-/** Revokes every certificate of a node (a reclaimed or retired machine). */
-export async function revokeNodeCertificates(trx: Trx | Db, nodeId: string): Promise<number> {
-  const result = await trx
-    .updateTable('node_certificates')
-    .set({ revoked_at: sql<Date>`compute_now()` })
-    .where('node_id', '=', nodeId)
-    .where('revoked_at', 'is', null)
-    .executeTakeFirst();
-  return Number(result.numUpdatedRows);
-}
-
-/**
- * The certificates whose key id is `keyId`, for verifying an attested report
- * (`verifyAttestedReport` in domain/attestation.ts).
- */
-export async function findAttestationCertificates(
-  db: Db | Trx,
-  keyId: string,
-): Promise<AttestationCertificate[]> {
-  const rows = await db
-    .selectFrom('node_certificates')
-    .select(['node_id', 'role', 'key_id', 'public_key_pem', 'not_after', 'revoked_at'])
-    .where('key_id', '=', keyId)
-    .execute();
-  return rows.map((r) => ({
-    nodeId: r.node_id,
-    role: r.role,
-    keyId: r.key_id,
-    publicKeyPem: r.public_key_pem,
-    notAfter: r.not_after,
-    revokedAt: r.revoked_at,
-  }));
-}
 
 /**
  * Rewrites the `devices` section of a node's NodeSpec to exactly `assignments`, under the node's
@@ -203,4 +95,117 @@ export async function insertJoinedNode(
     if (inserted) return { id, name: inserted.name };
   }
   throw new ComputeError('CONFLICT', `no free node name near ${base} in the site`);
+}
+
+/** The node and the tenant that owns its pool (null for a node outside any pool), or null. */
+export async function findNodeOwner(
+  db: Db,
+  nodeId: string,
+): Promise<{ id: string; poolId: string | null; ownerTenantId: string | null } | null> {
+  const row = await db
+    .selectFrom('nodes as n')
+    .leftJoin('pools as p', 'p.id', 'n.pool_id')
+    .select(['n.id', 'n.pool_id', 'p.owner_tenant_id'])
+    .where('n.id', '=', nodeId)
+    .executeTakeFirst();
+  return row ? { id: row.id, poolId: row.pool_id, ownerTenantId: row.owner_tenant_id } : null;
+}
+
+/**
+ * Node ids, newest first, after `cursor`: of pools `ownerTenantId` owns when given, of one pool,
+ * in one connectivity. At most `limit`.
+ */
+export async function listNodeIds(
+  db: Db,
+  filter: {
+    ownerTenantId?: string;
+    poolId?: string;
+    connectivity?: Connectivity;
+    cursor?: string;
+    limit: number;
+  },
+): Promise<string[]> {
+  let query = db
+    .selectFrom('nodes as n')
+    .leftJoin('pools as p', 'p.id', 'n.pool_id')
+    .select('n.id')
+    .orderBy('n.id', 'desc')
+    .limit(filter.limit);
+  if (filter.ownerTenantId !== undefined) query = query.where('p.owner_tenant_id', '=', filter.ownerTenantId);
+  if (filter.poolId) query = query.where('n.pool_id', '=', filter.poolId);
+  if (filter.connectivity) query = query.where('n.connectivity', '=', filter.connectivity);
+  if (filter.cursor) query = query.where('n.id', '<', filter.cursor);
+  return (await query.execute()).map((r) => r.id);
+}
+
+/**
+ * Sets a node's scheduling flags in the caller's transaction, under its row lock: `cordoned`
+ * (no new placements, with `reason`) and `draining` (also the `Draining` NoSchedule condition,
+ * cleared again when the node is uncordoned). Idempotent; answers whether anything a caller
+ * reports changed (cordoned, or draining started or ended). NOT_FOUND for an unknown node.
+ */
+export async function setNodeSchedulingFlags(
+  trx: Trx,
+  input: { nodeId: string; cordoned: boolean; draining: boolean; reason: string | null },
+): Promise<{ changed: boolean }> {
+  const { nodeId, cordoned, draining } = input;
+  const before = await trx
+    .selectFrom('nodes')
+    .select(['cordoned', 'draining'])
+    .where('id', '=', nodeId)
+    .forUpdate()
+    .executeTakeFirst();
+  if (!before) throw new ComputeError('NOT_FOUND', `node ${nodeId} not found`);
+  await trx
+    .updateTable('nodes')
+    .set({
+      cordoned,
+      draining,
+      cordon_reason: cordoned ? input.reason : null,
+      updated_at: sql<Date>`compute_now()`,
+    })
+    .where('id', '=', nodeId)
+    .execute();
+  if (draining) {
+    await setNodeCondition(trx, nodeId, {
+      type: 'Draining',
+      reason: 'DrainRequested',
+      message: input.reason ?? 'nodes.drain',
+      effect: 'NoSchedule',
+    });
+  } else if (!cordoned) {
+    await setNodeCondition(trx, nodeId, null, 'Draining');
+  }
+  const changed =
+    before.cordoned !== cordoned || (draining && !before.draining) || (!cordoned && before.draining);
+  return { changed };
+}
+
+/**
+ * The join-time reclaim of a machine the hardware key names, in the caller's transaction under
+ * the node's row lock: a node that is not retired is reclaimed (its certificates revoked) and
+ * answered; a retired one gives up the key (the machine joins as a new node) and null is answered.
+ */
+export async function reclaimNodeByHardwareKey(
+  trx: Trx,
+  hardwareKey: string,
+): Promise<{ id: string; name: string; siteId: string; poolId: string | null } | null> {
+  const existing = await trx
+    .selectFrom('nodes')
+    .where('hardware_key', '=', hardwareKey)
+    .select(['id', 'name', 'site_id', 'pool_id', 'provision_state'])
+    .forUpdate()
+    .executeTakeFirst();
+  if (!existing) return null;
+  if (existing.provision_state === 'retired') {
+    await trx.updateTable('nodes').set({ hardware_key: null }).where('id', '=', existing.id).execute();
+    return null;
+  }
+  await revokeNodeCertificates(trx, existing.id);
+  await trx
+    .updateTable('nodes')
+    .set({ updated_at: sql<Date>`compute_now()` })
+    .where('id', '=', existing.id)
+    .execute();
+  return { id: existing.id, name: existing.name, siteId: existing.site_id, poolId: existing.pool_id };
 }

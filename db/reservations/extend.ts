@@ -1,9 +1,14 @@
 import { sql, type Transaction } from 'kysely';
 import type { Database, Db } from '../../core/database.ts';
+import { ComputeError } from '../../domain/errors.ts';
 import { newId } from '../../domain/ids.ts';
+import { maxDurationMs } from '../../domain/reservation-schema.ts';
+import { holdingStates, isExtendable } from '../../domain/reservation-states.ts';
 import { BookingConflict, lockDevices } from '../allocations/bookings.ts';
+import { insertAuditEvent } from '../events/audit.ts';
 import { insertOutboxEvent } from '../events/outbox.ts';
-import { setAuthzPending } from '../iam/authz.ts';
+import { readAuthzResource, setAuthzPending } from '../iam/authz.ts';
+import { type CallerAudit, lockReservation } from './reservations.ts';
 
 type Trx = Transaction<Database>;
 
@@ -147,4 +152,129 @@ export async function applyExtend(
     },
   });
   return { extended: true, end: input.newEnd };
+}
+
+/** The reservation's booked window in epoch ms; null when it has none. */
+async function readWindow(trx: Trx, reservationId: string): Promise<{ start: number; end: number } | null> {
+  const { rows } = await sql<{ s: Date | null; e: Date | null }>`
+    SELECT lower(during) AS s, upper(during) AS e FROM reservations WHERE id = ${reservationId}`.execute(trx);
+  const row = rows[0];
+  return row?.s && row.e ? { start: row.s.getTime(), end: row.e.getTime() } : null;
+}
+
+export type StagedExtend =
+  | { noop: true; window: { start: number; end: number } }
+  | {
+      noop: false;
+      window: { start: number; end: number };
+      newEnd: number;
+      hold: string;
+      attributes: Record<string, unknown>;
+    };
+
+/**
+ * An extend's first transaction, in the caller's transaction: the reservation locked, its new end
+ * (`until`, or its end moved `byMs` later) checked, and, when it moves the end later, the extend
+ * slot taken with the pending change (the new `durationHours`) staged in the authz row for the IAM
+ * decision to read. An end no later than the current one is a no-op. INVALID_STATE outside
+ * placed/binding/active or without a booked window; INVALID_INPUT (naming `until` or `by`) past
+ * 90 days in all; CONFLICT while another extend holds the slot.
+ */
+export async function stageExtendWindow(
+  trx: Trx,
+  input: { reservationId: string; until?: number | undefined; byMs?: number | undefined },
+): Promise<StagedExtend> {
+  const { reservationId } = input;
+  const locked = (await lockReservation(trx, reservationId))!;
+  if (!isExtendable(locked.state)) {
+    throw new ComputeError(
+      'INVALID_STATE',
+      `reservation ${reservationId} is ${locked.state}: only placed, binding or active reservations extend`,
+      { state: locked.state },
+    );
+  }
+  const window = await readWindow(trx, reservationId);
+  if (!window)
+    throw new ComputeError('INVALID_STATE', `reservation ${reservationId} has no booked window to extend`);
+  const newEnd = input.until ?? window.end + input.byMs!;
+  if (newEnd <= window.end) return { noop: true, window };
+  if (newEnd - window.start > maxDurationMs) {
+    throw new ComputeError(
+      'INVALID_INPUT',
+      `${input.until ? 'until' : 'by'}: a reservation lasts at most 90d`,
+    );
+  }
+  const current = (await readAuthzResource(trx, 'compute-reservation', reservationId))?.attributes ?? {};
+  const attributes = {
+    ...current,
+    durationHours: Math.round(((newEnd - window.start) / 3_600_000) * 1000) / 1000,
+  };
+  const hold = await stageExtend(trx, reservationId, { durationHours: attributes.durationHours });
+  if (!hold) {
+    throw new ComputeError(
+      'CONFLICT',
+      `another extend of reservation ${reservationId} is in flight; retry in a minute`,
+      {
+        reason: 'extend-in-flight',
+        retryAfterSeconds: 60,
+      },
+    );
+  }
+  return { noop: false, window, newEnd, hold, attributes };
+}
+
+/**
+ * An extend's second transaction, after the IAM allow, in the caller's transaction: the
+ * reservation locked and applyExtend run under `hold`; an extend that happened writes its audit
+ * row (with the idempotency key and the new end). Answers applyExtend's outcome.
+ */
+export async function commitExtend(
+  trx: Trx,
+  input: {
+    reservationId: string;
+    tenantId: string;
+    staged: Extract<StagedExtend, { noop: false }>;
+    idempotencyKey: string;
+    audit: CallerAudit;
+  },
+): Promise<ExtendOutcome> {
+  await lockReservation(trx, input.reservationId);
+  const result = await applyExtend(trx, {
+    reservationId: input.reservationId,
+    hold: input.staged.hold,
+    currentEnd: input.staged.window.end,
+    newEnd: input.staged.newEnd,
+    attributes: input.staged.attributes,
+  });
+  if (result.extended) {
+    await insertAuditEvent(trx, {
+      tenantId: input.tenantId,
+      actorIdentityId: input.audit.actorIdentityId,
+      action: input.audit.action,
+      resourceType: 'compute-reservation',
+      resourceId: input.reservationId,
+      requestId: input.audit.requestId,
+      context: { ...input.audit.context, idempotencyKey: input.idempotencyKey, end: result.end },
+    });
+  }
+  return result;
+}
+
+/**
+ * Moves the lease to compute_now() + lease_seconds while the reservation is placed, binding or
+ * active (without a lifecycle to do it); false when it ended first.
+ */
+export async function renewLeaseNow(db: Db, reservationId: string): Promise<boolean> {
+  const renewed = await db
+    .updateTable('reservations')
+    .set({
+      lease_expires_at: sql<Date>`compute_now() + make_interval(secs => lease_seconds)`,
+      version: sql<number>`version + 1`,
+      updated_at: sql<Date>`compute_now()`,
+    })
+    .where('id', '=', reservationId)
+    .where('state', 'in', holdingStates)
+    .returning('id')
+    .executeTakeFirst();
+  return Boolean(renewed);
 }

@@ -1,5 +1,6 @@
 import type { Transaction } from 'kysely';
 import type { Database } from '../../core/database.ts';
+import type { EventType } from '../../domain/event-types.ts';
 import { insertAuditEvent } from '../events/audit.ts';
 import { insertOutboxEvent } from '../events/outbox.ts';
 
@@ -13,7 +14,7 @@ type Trx = Transaction<Database>;
 export async function recordReservationEvent(
   trx: Trx,
   reservation: { id: string; tenant_id: string; pool_id: string },
-  type: string,
+  type: EventType,
   state: string,
   data: Record<string, unknown> = {},
 ): Promise<void> {

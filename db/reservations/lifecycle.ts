@@ -4,10 +4,11 @@ import {
   type AllocationView,
   type Condition,
   defaultTimers,
-  type LifecycleState,
   type LifecycleTimers,
   type ReservationSnapshot,
 } from '../../domain/reservation-lifecycle.ts';
+import { liveStates, type ReservationState } from '../../domain/reservation-states.ts';
+import { parseStoredRequest } from './stored.ts';
 
 type Trx = Transaction<Database>;
 
@@ -41,7 +42,8 @@ export function effectiveTimers(
 /**
  * Reads one reservation as the lifecycle sees it, in `db` or a transaction: its row, the current
  * placement's allocations (those the control plane has not released), whether its pool is still
- * there for the tenant, and compute_now(). Null when there is no such reservation.
+ * there for the tenant, and compute_now(). Null when there is no such reservation; INTERNAL
+ * (naming it) when its stored request does not parse by the stored request's schema.
  */
 export async function readReservationSnapshot(
   db: Db | Trx,
@@ -116,17 +118,13 @@ export async function readReservationSnapshot(
     string,
     unknown
   >;
-  const request = (typeof row.request === 'string' ? JSON.parse(row.request) : row.request) as {
-    devices?: Array<{ class?: string; count?: number }>;
-    duration?: string | number;
-  };
-  const devices =
-    (request.devices ?? []).map((d) => `${d.count ?? 1}×${d.class ?? 'gpu'}`).join('+') || 'devices';
+  const request = parseStoredRequest(row.id, row.request);
+  const devices = request.devices.map((d) => `${d.count}×${d.class}`).join('+');
   return {
     id: row.id,
     tenantId: row.tenant_id,
     poolId: row.pool_id,
-    state: row.state as LifecycleState,
+    state: row.state as ReservationState,
     version: row.version,
     now: ms(row.now)!,
     start: ms(row.start),
@@ -187,12 +185,15 @@ export async function markLifecycleStarted(db: Db | Trx, reservationId: string):
     .execute();
 }
 
-/** Bumps the version and `updated_at` with the given changes; the caller holds the row lock. */
+/**
+ * Bumps the version and `updated_at` with the given changes, in one statement; the caller holds the
+ * row lock. Answers the new version and the lease deadline it left.
+ */
 export async function updateReservation(
   trx: Trx,
   reservationId: string,
   changes: {
-    state?: LifecycleState;
+    state?: ReservationState;
     conditions?: Condition[];
     bindAttempts?: number;
     bindDeadline?: Date | null;
@@ -200,8 +201,10 @@ export async function updateReservation(
     /** Ends the window at compute_now() when it reaches later. */
     endWindowNow?: boolean;
     leaseFromNow?: boolean;
+    /** Restarts the pending clock (`pending_since` = compute_now()). */
+    pendingSinceNow?: boolean;
   },
-): Promise<{ version: number }> {
+): Promise<{ version: number; leaseExpiresAt: Date | null }> {
   let update = trx
     .updateTable('reservations')
     .set({ version: sql<number>`version + 1`, updated_at: sql<Date>`compute_now()` });
@@ -222,6 +225,26 @@ export async function updateReservation(
       lease_expires_at: sql<Date>`compute_now() + make_interval(secs => lease_seconds)`,
     });
   }
-  const row = await update.where('id', '=', reservationId).returning('version').executeTakeFirstOrThrow();
-  return { version: row.version };
+  if (changes.pendingSinceNow) update = update.set({ pending_since: sql<Date>`compute_now()` });
+  const row = await update
+    .where('id', '=', reservationId)
+    .returning(['version', 'lease_expires_at'])
+    .executeTakeFirstOrThrow();
+  return { version: row.version, leaseExpiresAt: row.lease_expires_at };
+}
+
+/**
+ * The oldest `limit` live reservations (past their draft, not terminal) created more than
+ * `graceMs` before compute_now(): the orphan sweep's candidates, with whether a lifecycle ever
+ * looked at them. Read-only.
+ */
+export async function findSweepCandidates(db: Db, input: { graceMs: number; limit: number }) {
+  return db
+    .selectFrom('reservations')
+    .where('state', 'in', liveStates)
+    .where(sql<boolean>`created_at < compute_now() - make_interval(secs => ${input.graceMs / 1000})`)
+    .select(['id', 'tenant_id', 'pool_id', 'state', 'lifecycle_started_at'])
+    .orderBy('created_at')
+    .limit(input.limit)
+    .execute();
 }

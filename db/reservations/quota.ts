@@ -45,6 +45,16 @@ export function precheckQuotaFree(
   }
 }
 
+/** The tenant's quota rows in a pool, every resource (a resource without a row grants zero). Read-only. */
+export async function readTenantQuotas(db: Db, tenantId: string, poolId: string) {
+  return db
+    .selectFrom('quotas')
+    .selectAll()
+    .where('tenant_id', '=', tenantId)
+    .where('pool_id', '=', poolId)
+    .execute();
+}
+
 /** A read-only check (no locks) so a request sure to exceed its quota is refused before placement. */
 export async function precheckQuota(
   db: Db,

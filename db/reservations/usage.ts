@@ -1,6 +1,7 @@
 import { sql, type Transaction } from 'kysely';
 import type { Database, Db } from '../../core/database.ts';
 import type { UsageRecord } from '../../core/iam-port.ts';
+import { endedStates } from '../../domain/reservation-states.ts';
 
 type Trx = Transaction<Database>;
 
@@ -74,7 +75,7 @@ export async function meterReservationUsage(
       least(coalesce(a.released_at, 'infinity'), upper(a.during), compute_now()) AS bill_to,
       compute_now() AS now,
       (a.released_at IS NOT NULL OR upper(a.during) <= compute_now()
-        OR r.state IN ('released', 'failed', 'cancelled', 'expired')) AS final,
+        OR r.state IN (${sql.join(endedStates.map((s) => sql.lit(s)))})) AS final,
       (SELECT array_agg(d.class) FROM device_bookings b JOIN devices d ON d.id = b.device_id
         WHERE b.allocation_id = a.id) AS classes
     FROM allocations a

@@ -1,6 +1,7 @@
 import { sql } from 'kysely';
 import type { Db } from '../../core/database.ts';
-import type { Condition, LifecycleState } from '../../domain/reservation-lifecycle.ts';
+import type { Condition } from '../../domain/reservation-lifecycle.ts';
+import { endedStates, type ReservationState } from '../../domain/reservation-states.ts';
 import { operationOf, type ReservationView } from '../../domain/reservation-view.ts';
 import { preparedMarker } from '../pool.ts';
 
@@ -8,7 +9,7 @@ interface Row {
   id: string;
   tenant_id: string;
   pool_id: string;
-  state: LifecycleState;
+  state: ReservationState;
   request: Record<string, unknown>;
   start: Date | null;
   end: Date | null;
@@ -44,7 +45,7 @@ export async function readReservationViews(db: Db, ids: readonly string[]): Prom
                'deviceIds', COALESCE((SELECT jsonb_agg(b.device_id ORDER BY b.device_id) FROM device_bookings b
                                       WHERE b.allocation_id = a.id), '[]'::jsonb)) ORDER BY a.gang_index, a.id)
              FROM allocations a WHERE a.reservation_id = r.id
-               AND (a.superseded_at IS NULL OR r.state IN ('released', 'cancelled', 'expired', 'failed'))
+               AND (a.superseded_at IS NULL OR r.state IN (${sql.join(endedStates.map((s) => sql.lit(s)))}))
                AND a.state <> 'failed'), '[]'::jsonb) AS allocations
     FROM reservations r WHERE r.id = ANY(${ids as string[]}::text[])`.execute(db);
   const byId = new Map(rows.map((r) => [r.id, r]));
@@ -80,6 +81,46 @@ export async function readReservationViews(db: Db, ids: readonly string[]): Prom
   });
 }
 
+/** One reservation as the API shows it; undefined when there is none. */
 export async function readReservationView(db: Db, id: string): Promise<ReservationView | undefined> {
   return (await readReservationViews(db, [id]))[0];
+}
+
+/**
+ * The ids of one page of a tenant's reservations (never drafts), newest first (created_at, then
+ * id): only `ownerIdentityId`'s when given, only in `states` and `poolId` when given, after the
+ * reservation `cursor`. Reads `limit + 1` rows, so `more` tells whether a further page exists.
+ */
+export async function listReservationIds(
+  db: Db,
+  input: {
+    tenantId: string;
+    ownerIdentityId?: string;
+    states?: readonly ReservationState[];
+    poolId?: string | undefined;
+    cursor?: string | undefined;
+    limit: number;
+  },
+): Promise<{ ids: string[]; more: boolean }> {
+  let query = db
+    .selectFrom('reservations')
+    .select(['id', 'created_at'])
+    .where('tenant_id', '=', input.tenantId)
+    .where('state', '<>', 'draft');
+  if (input.ownerIdentityId !== undefined)
+    query = query.where('owner_identity_id', '=', input.ownerIdentityId);
+  if (input.states) query = query.where('state', 'in', input.states);
+  if (input.poolId) query = query.where('pool_id', '=', input.poolId);
+  if (input.cursor) {
+    query = query.where(
+      sql<boolean>`(created_at, id) < (SELECT r.created_at, r.id FROM reservations r
+                    WHERE r.id = ${input.cursor} AND r.tenant_id = ${input.tenantId})`,
+    );
+  }
+  const rows = await query
+    .orderBy('created_at', 'desc')
+    .orderBy('id', 'desc')
+    .limit(input.limit + 1)
+    .execute();
+  return { ids: rows.slice(0, input.limit).map((r) => r.id), more: rows.length > input.limit };
 }

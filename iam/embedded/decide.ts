@@ -1,20 +1,17 @@
-import { sql } from 'kysely';
-import type { Confirmation, Decision, Principal, ResourceRef } from '../../core/iam-port.ts';
-import type { Directory, IamDb } from './directory.ts';
+import type { IamDb } from '../../core/iam-database.ts';
+import type { Decision, Principal, ResourceRef } from '../../core/iam-port.ts';
+import { findLatestConfirmation } from '../../db/iam/confirmations.ts';
+import type { ActiveDelegation } from '../../db/iam/identities.ts';
+import type { IamAction } from '../../domain/iam-actions.ts';
+import type { Directory } from './directory.ts';
 import { actionMatches, evaluateCondition, statementApplies } from './policy.ts';
 
 /** The longest a delegated confirmation may stay open. */
 export const maxConfirmationMs = 30 * 60_000;
 
-export interface DelegationRow {
-  id: string;
-  personIdentityId: string;
-  confirmActions: string[];
-}
-
 function rolesGrant(
   roles: Awaited<ReturnType<Directory['roles']>>,
-  action: string,
+  action: IamAction,
   tenantChain: ReadonlySet<string>,
 ) {
   return roles.some((r) => tenantChain.has(r.tenantId) && r.actions.some((a) => actionMatches(a, action)));
@@ -31,9 +28,9 @@ export async function decide(
   db: IamDb,
   directory: Directory,
   principal: Principal,
-  action: string,
+  action: IamAction,
   resource: ResourceRef,
-  delegation: DelegationRow | null,
+  delegation: ActiveDelegation | null,
 ): Promise<Decision & { held?: boolean }> {
   const chain = await directory.chain(resource.tenantId);
   if (chain.length === 0) {
@@ -101,8 +98,9 @@ export async function decide(
       };
     }
     if (delegation.confirmActions.some((a) => actionMatches(a, action))) {
-      const confirmation = await latestConfirmation(db, principal.identityId, action, resource);
-      if (confirmation?.state === 'approved' && confirmation.expiresAt > (await dbNow(db))) {
+      const latest = await findLatestConfirmation(db, principal.identityId, action, resource);
+      const confirmation = latest?.confirmation;
+      if (confirmation?.state === 'approved' && !latest?.lapsed) {
         return { allowed: true, policyIds };
       }
       return {
@@ -118,37 +116,4 @@ export async function decide(
     }
   }
   return { allowed: true, policyIds };
-}
-
-export async function dbNow(db: IamDb): Promise<Date> {
-  const { rows } = await sql<{ now: Date }>`SELECT compute_now() AS now`.execute(db);
-  return rows[0]!.now;
-}
-
-export async function latestConfirmation(
-  db: IamDb,
-  agentIdentityId: string,
-  action: string,
-  resource: { type: string; id: string },
-): Promise<Confirmation | null> {
-  const row = await db
-    .selectFrom('iam.confirmations')
-    .selectAll()
-    .where('agent_identity_id', '=', agentIdentityId)
-    .where('action', '=', action)
-    .where('resource_type', '=', resource.type)
-    .where('resource_id', '=', resource.id)
-    .orderBy('created_at', 'desc')
-    .limit(1)
-    .executeTakeFirst();
-  if (!row) return null;
-  return {
-    id: row.id,
-    state: row.state === 'pending' && row.expires_at <= (await dbNow(db)) ? 'expired' : row.state,
-    action: row.action,
-    resource: { type: row.resource_type, id: row.resource_id },
-    agentIdentityId: row.agent_identity_id,
-    personIdentityId: row.person_identity_id,
-    expiresAt: row.expires_at,
-  };
 }

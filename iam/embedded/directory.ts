@@ -1,29 +1,8 @@
-import type { Kysely } from 'kysely';
-import type { PolicyDocument } from './policy.ts';
-import type { IamDatabase } from './schema.ts';
-
-export type IamDb = Kysely<IamDatabase>;
-
-export interface TenantNode {
-  id: string;
-  name: string;
-  parentId: string | null;
-}
-
-export interface BoundRole {
-  roleId: string;
-  roleName: string;
-  tenantId: string;
-  actions: string[];
-}
-
-export interface ActivePolicy {
-  id: string;
-  tenantId: string;
-  name: string;
-  version: number;
-  document: PolicyDocument;
-}
+import type { IamDb } from '../../core/iam-database.ts';
+import type { PolicyVersion, TenantNode } from '../../core/iam-port.ts';
+import { selectActivePolicies } from '../../db/iam/policies.ts';
+import { type BoundRole, selectBoundRoles } from '../../db/iam/roles.ts';
+import { selectTenantNodes } from '../../db/iam/tenants.ts';
 
 /**
  * The directory as decisions read it (tenants, role bindings, the newest version of each policy),
@@ -34,13 +13,12 @@ export function createDirectory(db: IamDb, options: { ttlMs?: number } = {}) {
   const ttlMs = options.ttlMs ?? 2_000;
   let tenants: { at: number; byId: Map<string, TenantNode> } | null = null;
   const bindings = new Map<string, { at: number; roles: BoundRole[] }>();
-  const policies = new Map<string, { at: number; list: ActivePolicy[] }>();
+  const policies = new Map<string, { at: number; list: PolicyVersion[] }>();
 
   async function tenantMap(): Promise<Map<string, TenantNode>> {
-    if (tenants && Date.now() - tenants.at < ttlMs) return tenants.byId;
-    const rows = await db.selectFrom('iam.tenants').select(['id', 'name', 'parent_id']).execute();
-    const byId = new Map(rows.map((r) => [r.id, { id: r.id, name: r.name, parentId: r.parent_id }]));
-    tenants = { at: Date.now(), byId };
+    if (tenants && Date.now() - tenants.at < ttlMs) return tenants.byId; // wall time: the cache's TTL
+    const byId = new Map((await selectTenantNodes(db)).map((t) => [t.id, t]));
+    tenants = { at: Date.now(), byId }; // wall time: the cache's TTL
     return byId;
   }
 
@@ -74,43 +52,17 @@ export function createDirectory(db: IamDb, options: { ttlMs?: number } = {}) {
     },
     async roles(identityId: string): Promise<BoundRole[]> {
       const hit = bindings.get(identityId);
-      if (hit && Date.now() - hit.at < ttlMs) return hit.roles;
-      const rows = await db
-        .selectFrom('iam.role_bindings as b')
-        .innerJoin('iam.roles as r', 'r.id', 'b.role_id')
-        .where('b.identity_id', '=', identityId)
-        .select(['r.id', 'r.name', 'r.actions', 'b.tenant_id'])
-        .execute();
-      const roles = rows.map((r) => ({
-        roleId: r.id,
-        roleName: r.name,
-        tenantId: r.tenant_id,
-        actions: r.actions,
-      }));
-      bindings.set(identityId, { at: Date.now(), roles });
+      if (hit && Date.now() - hit.at < ttlMs) return hit.roles; // wall time: the cache's TTL
+      const roles = await selectBoundRoles(db, identityId);
+      bindings.set(identityId, { at: Date.now(), roles }); // wall time: the cache's TTL
       return roles;
     },
-    async policies(tenantId: string): Promise<ActivePolicy[]> {
+    /** The policies in force for a tenant (the newest enabled version of each name). */
+    async policies(tenantId: string): Promise<PolicyVersion[]> {
       const hit = policies.get(tenantId);
-      if (hit && Date.now() - hit.at < ttlMs) return hit.list;
-      const rows = await db
-        .selectFrom('iam.policies')
-        .where('tenant_id', '=', tenantId)
-        .distinctOn('name')
-        .orderBy('name')
-        .orderBy('version', 'desc')
-        .select(['id', 'tenant_id', 'name', 'version', 'document', 'disabled'])
-        .execute();
-      const list = rows
-        .filter((r) => !r.disabled)
-        .map((r) => ({
-          id: r.id,
-          tenantId: r.tenant_id,
-          name: r.name,
-          version: r.version,
-          document: r.document as PolicyDocument,
-        }));
-      policies.set(tenantId, { at: Date.now(), list });
+      if (hit && Date.now() - hit.at < ttlMs) return hit.list; // wall time: the cache's TTL
+      const list = await selectActivePolicies(db, tenantId);
+      policies.set(tenantId, { at: Date.now(), list }); // wall time: the cache's TTL
       return list;
     },
   };

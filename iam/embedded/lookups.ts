@@ -1,5 +1,7 @@
+import type { IamDb } from '../../core/iam-database.ts';
+import { findIdentity } from '../../db/iam/identities.ts';
 import { ComputeError } from '../../domain/errors.ts';
-import type { Directory, IamDb } from './directory.ts';
+import type { Directory } from './directory.ts';
 
 /** Reads the administration methods share: a tenant or an identity that must exist (NOT_FOUND otherwise). */
 export function createLookups(db: IamDb, directory: Directory) {
@@ -10,11 +12,7 @@ export function createLookups(db: IamDb, directory: Directory) {
       return tenant;
     },
     async requireIdentity(identityId: string) {
-      const row = await db
-        .selectFrom('iam.identities')
-        .selectAll()
-        .where('id', '=', identityId)
-        .executeTakeFirst();
+      const row = await findIdentity(db, identityId);
       if (!row) throw new ComputeError('NOT_FOUND', `identity ${identityId} does not exist`);
       return row;
     },

@@ -1,16 +1,8 @@
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { seedDemo } from '../../server/seed-demo.ts';
-import { type AdmissionHarness, createAdmissionHarness } from './harness.ts';
+import { useAdmissionHarness } from './harness.ts';
 
-let h: AdmissionHarness;
-
-beforeAll(async () => {
-  h = await createAdmissionHarness();
-});
-
-afterAll(async () => {
-  await h?.close();
-});
+const h = useAdmissionHarness();
 
 describe('the admin API', () => {
   it('lets the root admin build tenants, identities, tokens, roles and policies over HTTP', async () => {

@@ -1,11 +1,12 @@
 import { sql } from 'kysely';
-import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import { beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { advanceComputeClock } from '../../db/clock.ts';
 import { offerPool } from '../../db/nodes/fleet.ts';
+import { boundedH100Policy } from '../support/iam.ts';
 import { h100Pool, type TenantFixture, tenantWithMember } from './fixtures.ts';
-import { type AdmissionHarness, createAdmissionHarness } from './harness.ts';
+import { useAdmissionHarness } from './harness.ts';
 
-let h: AdmissionHarness;
+const h = useAdmissionHarness();
 let acme: TenantFixture;
 let acme2: TenantFixture;
 let globex: TenantFixture;
@@ -24,17 +25,12 @@ const base = (key: string, extra: Record<string, unknown> = {}) => ({
 const creates = () => h.decisions.filter((d) => d.action === 'compute:reservations:create').length;
 
 beforeAll(async () => {
-  h = await createAdmissionHarness();
   acme = await tenantWithMember(h, 'acme');
   acme2 = await tenantWithMember(h, 'acme', { name: 'acme-second' });
   globex = await tenantWithMember(h, 'globex');
   const pool = await h100Pool(h, { nodes: 3, tenants: ['acme'], gpuQuota: 64 });
   poolId = pool.poolId;
   nodeIds = pool.nodes.map((n) => n.id);
-});
-
-afterAll(async () => {
-  await h?.close();
 });
 
 beforeEach(async () => {
@@ -273,28 +269,7 @@ describe('reservations.create', () => {
     await h.iam.admin.applyPolicy({
       tenantId: 'acme',
       name: 'bounded-h100',
-      document: {
-        statements: [
-          {
-            effect: 'deny',
-            actions: ['compute:reservations:create', 'compute:reservations:extend'],
-            condition: {
-              all: [
-                { attribute: 'gpuModel', operator: 'equals', value: 'h100' },
-                {
-                  not: {
-                    all: [
-                      { attribute: 'gpuCount', operator: 'lessThanOrEqual', value: 8 },
-                      { attribute: 'durationHours', operator: 'lessThanOrEqual', value: 72 },
-                      { attribute: 'region', operator: 'in', value: ['eu-central-1', 'eu-west-1'] },
-                    ],
-                  },
-                },
-              ],
-            },
-          },
-        ],
-      },
+      document: boundedH100Policy,
     });
     const ok = await h.call(
       acme.token,

@@ -1,13 +1,13 @@
 import { sql } from 'kysely';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
 import { insertDeviceBookings } from '../../db/allocations/bookings.ts';
 import { checkBookingInvariants } from '../../db/allocations/invariants.ts';
 import { advanceComputeClock } from '../../db/clock.ts';
 import { insertBareAllocation } from '../support/allocations.ts';
 import { h100Pool, type TenantFixture, tenantWithMember } from './fixtures.ts';
-import { type AdmissionHarness, createAdmissionHarness } from './harness.ts';
+import { useAdmissionHarness } from './harness.ts';
 
-let h: AdmissionHarness;
+const h = useAdmissionHarness();
 let acme: TenantFixture;
 let acme2: TenantFixture;
 let poolId: string;
@@ -34,15 +34,10 @@ async function quotaUsed(pool = poolId) {
 }
 
 beforeAll(async () => {
-  h = await createAdmissionHarness();
   acme = await tenantWithMember(h, 'acme');
   acme2 = await tenantWithMember(h, 'acme', { name: 'acme-two' });
   poolId = (await h100Pool(h, { nodes: 2, tenants: ['acme'], gpuQuota: 64 })).poolId;
   otherPoolId = (await h100Pool(h, { nodes: 1, tenants: ['acme'], gpuQuota: 64, name: 'other' })).poolId;
-});
-
-afterAll(async () => {
-  await h?.close();
 });
 
 describe('reservations.get and list', () => {

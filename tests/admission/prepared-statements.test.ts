@@ -1,18 +1,13 @@
 import { sql } from 'kysely';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
 import { preparedMarker } from '../../db/pool.ts';
-import { createTestDatabase, type TestDatabase } from '../support/database.ts';
+import { useTestDatabase } from '../support/database.ts';
 
-let t: TestDatabase;
+const t = useTestDatabase({ max: 1 });
 
 beforeAll(async () => {
-  t = await createTestDatabase({ max: 1 });
   await sql`CREATE TABLE prepared_probe (id int PRIMARY KEY)`.execute(t.db);
   await sql`INSERT INTO prepared_probe VALUES (1)`.execute(t.db);
-});
-
-afterAll(async () => {
-  await t?.drop();
 });
 
 const probe = () =>

@@ -2,15 +2,14 @@ import { afterAll, beforeAll, expect, it } from 'vitest';
 import { checkBookingInvariants } from '../../db/allocations/invariants.ts';
 import { type HttpServer, listen } from '../../server/http.ts';
 import { h100Pool, type TenantFixture, tenantWithMember } from './fixtures.ts';
-import { type AdmissionHarness, createAdmissionHarness } from './harness.ts';
+import { useAdmissionHarness } from './harness.ts';
 
-let h: AdmissionHarness;
+const h = useAdmissionHarness();
 let server: HttpServer;
 let acme: TenantFixture;
 let poolId: string;
 
 beforeAll(async () => {
-  h = await createAdmissionHarness();
   acme = await tenantWithMember(h, 'acme');
   poolId = (await h100Pool(h, { nodes: 4, tenants: ['acme'], gpuQuota: 64 })).poolId;
   server = await listen(h.compute.app, '127.0.0.1', 0);
@@ -18,7 +17,6 @@ beforeAll(async () => {
 
 afterAll(async () => {
   await server?.stop();
-  await h?.close();
 });
 
 interface Envelope {

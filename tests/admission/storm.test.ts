@@ -1,23 +1,18 @@
 import { sql } from 'kysely';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
 import { checkBookingInvariants } from '../../db/allocations/invariants.ts';
 import { h100Pool, type TenantFixture, tenantWithMember } from './fixtures.ts';
-import { type AdmissionHarness, createAdmissionHarness } from './harness.ts';
+import { useAdmissionHarness } from './harness.ts';
 
-let h: AdmissionHarness;
+const h = useAdmissionHarness({ max: 20 });
 let tenants: TenantFixture[];
 let poolId: string;
 
 beforeAll(async () => {
-  h = await createAdmissionHarness({ max: 20 });
   tenants = [];
   for (const id of ['acme', 'globex', 'initech', 'umbrella']) tenants.push(await tenantWithMember(h, id));
   // 25 nodes of 8 GPUs: room for exactly 100 two-GPU reservations.
   poolId = (await h100Pool(h, { nodes: 25, tenants: tenants.map((t) => t.id), gpuQuota: 100 })).poolId;
-});
-
-afterAll(async () => {
-  await h?.close();
 });
 
 describe('the admission storm', () => {

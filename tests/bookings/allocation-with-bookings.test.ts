@@ -1,25 +1,25 @@
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
 import { BookingConflict, insertAllocationWithBookings } from '../../db/allocations/bookings.ts';
 import { checkBookingInvariants } from '../../db/allocations/invariants.ts';
-import { insertPool, insertSite, type RegisteredNode, registerReadyNodes } from '../../db/nodes/fleet.ts';
+import type { RegisteredNode } from '../../db/nodes/fleet.ts';
 import { newId } from '../../domain/ids.ts';
 import { insertBareAllocation } from '../support/allocations.ts';
-import { createTestDatabase, type TestDatabase } from '../support/database.ts';
+import { useTestDatabase } from '../support/database.ts';
+import { seedPool } from '../support/fleet.ts';
 
 const hour = 3_600_000;
 const start = new Date('2031-01-01T00:00:00Z');
 const end = new Date(start.getTime() + 2 * hour);
 
-let t: TestDatabase;
+const t = useTestDatabase({ max: 40 });
 let poolId: string;
 let node: RegisteredNode;
 let reservationId: string;
 
 beforeAll(async () => {
-  t = await createTestDatabase({ max: 40 });
-  const siteId = await insertSite(t.db, { name: 'test-site', region: 'eu-central' });
-  poolId = await insertPool(t.db, { siteId, ownerTenantId: 'tnt_root', name: 'h100', gpuModel: 'h100' });
-  node = (await registerReadyNodes(t.db, { siteId, poolId, count: 1 }))[0]!;
+  const pool = await seedPool(t.db, { nodes: 1 });
+  poolId = pool.poolId;
+  node = pool.nodes[0]!;
   // A reservation to hang the allocations on (its own bare allocation books nothing).
   const bare = await t.db
     .transaction()
@@ -30,10 +30,6 @@ beforeAll(async () => {
     .where('id', '=', bare)
     .executeTakeFirstOrThrow();
   reservationId = row.reservation_id!;
-});
-
-afterAll(async () => {
-  await t?.drop();
 });
 
 const book = (deviceIds: string[], resources: { vcpu?: number; memoryGiB?: number }) => {

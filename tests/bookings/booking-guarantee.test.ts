@@ -1,4 +1,4 @@
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
 import {
   BookingConflict,
   insertDeviceBookings,
@@ -6,10 +6,11 @@ import {
   truncateAllocationBookings,
 } from '../../db/allocations/bookings.ts';
 import { checkBookingInvariants } from '../../db/allocations/invariants.ts';
-import { insertPool, insertSite, type RegisteredNode, registerReadyNodes } from '../../db/nodes/fleet.ts';
+import type { RegisteredNode } from '../../db/nodes/fleet.ts';
 import type { HostResource } from '../../domain/fleet.ts';
 import { insertBareAllocation } from '../support/allocations.ts';
-import { createTestDatabase, type TestDatabase } from '../support/database.ts';
+import { useTestDatabase } from '../support/database.ts';
+import { seedPool } from '../support/fleet.ts';
 
 const hour = 3_600_000;
 const base = new Date('2030-01-01T00:00:00Z').getTime();
@@ -33,19 +34,12 @@ function random(seed: number) {
   };
 }
 
-let t: TestDatabase;
+const t = useTestDatabase({ max: 70 });
 let poolId: string;
 let nodes: RegisteredNode[];
 
 beforeAll(async () => {
-  t = await createTestDatabase({ max: 70 });
-  const siteId = await insertSite(t.db, { name: 'test-site', region: 'eu-central' });
-  poolId = await insertPool(t.db, { siteId, ownerTenantId: 'tnt_root', name: 'h100', gpuModel: 'h100' });
-  nodes = await registerReadyNodes(t.db, { siteId, poolId, count: 4 });
-});
-
-afterAll(async () => {
-  await t?.drop();
+  ({ poolId, nodes } = await seedPool(t.db, { nodes: 4 }));
 });
 
 describe('the booking guarantee', () => {

@@ -1,24 +1,20 @@
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
 import { insertDeviceBookings, truncateAllocationBookings } from '../../db/allocations/bookings.ts';
 import { advanceComputeClock, freezeComputeClock, readComputeNow } from '../../db/clock.ts';
-import { insertPool, insertSite, type RegisteredNode, registerReadyNodes } from '../../db/nodes/fleet.ts';
+import type { RegisteredNode } from '../../db/nodes/fleet.ts';
 import { insertBareAllocation } from '../support/allocations.ts';
-import { createTestDatabase, type TestDatabase } from '../support/database.ts';
+import { useTestDatabase } from '../support/database.ts';
+import { seedPool } from '../support/fleet.ts';
 
 const hour = 3_600_000;
-let t: TestDatabase;
+const t = useTestDatabase();
 let poolId: string;
 let node: RegisteredNode;
 
 beforeAll(async () => {
-  t = await createTestDatabase();
-  const siteId = await insertSite(t.db, { name: 'clock-site', region: 'eu-central-1' });
-  poolId = await insertPool(t.db, { siteId, ownerTenantId: 'tnt_root', name: 'h100', gpuModel: 'h100' });
-  [node] = (await registerReadyNodes(t.db, { siteId, poolId, count: 1 })) as [RegisteredNode];
-});
-
-afterAll(async () => {
-  await t?.drop();
+  const pool = await seedPool(t.db, { site: 'clock-site', nodes: 1 });
+  poolId = pool.poolId;
+  node = pool.nodes[0]!;
 });
 
 describe('the one clock', () => {

@@ -1,24 +1,20 @@
 import { writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import { afterAll, beforeAll, describe, expect, test, vi } from 'vitest';
+import { beforeAll, describe, expect, test, vi } from 'vitest';
 import { newId } from '../../domain/ids.ts';
-import { startTestApi, type TestApi } from './harness.ts';
+import { useTestApi } from '../support/api.ts';
 import { json, runCli } from './run-cli.ts';
 
 // Each test spawns the real CLI several times; on a loaded machine one spawn takes seconds.
 vi.setConfig({ testTimeout: 300_000 });
 
-let api: TestApi;
+const api = useTestApi();
 let asRoot: Record<string, string>;
 let asAcme: Record<string, string>;
 beforeAll(async () => {
-  api = await startTestApi();
   asRoot = { BETTER_COMPUTE_URL: api.url, BETTER_COMPUTE_TOKEN: api.root.token };
   asAcme = { BETTER_COMPUTE_URL: api.url, BETTER_COMPUTE_TOKEN: api.acme.token };
-});
-afterAll(async () => {
-  await api?.stop();
 });
 
 describe('bad input never reaches the API and says what to fix', () => {

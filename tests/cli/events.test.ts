@@ -1,39 +1,26 @@
 import { spawn } from 'node:child_process';
 import path from 'node:path';
-import { afterAll, beforeAll, describe, expect, test, vi } from 'vitest';
+import { beforeAll, describe, expect, test, vi } from 'vitest';
 import { newId } from '../../domain/ids.ts';
-import { startTestApi, type TestApi } from './harness.ts';
+import { useTestApi } from '../support/api.ts';
+import { insertOutboxEvent } from '../support/events.ts';
+import { tenantMember } from '../support/iam.ts';
 import { json, runCli } from './run-cli.ts';
 
 // Each test spawns the real CLI several times; on a loaded machine one spawn takes seconds.
 vi.setConfig({ testTimeout: 300_000 });
 
-let api: TestApi;
+const api = useTestApi();
 let asAcme: Record<string, string>;
 let asAcmeAdmin: Record<string, string>;
 beforeAll(async () => {
-  api = await startTestApi();
   asAcme = { BETTER_COMPUTE_URL: api.url, BETTER_COMPUTE_TOKEN: api.acme.token };
-  const admin = await api.iam.admin.createIdentity({ tenantId: 'acme', kind: 'service', name: 'acme-ops' });
-  await api.iam.admin.bindRole({ identityId: admin.id, role: 'admin', tenantId: 'acme' });
-  const { token } = await api.iam.admin.createToken({ identityId: admin.id });
+  const { token } = await tenantMember(api.iam, 'acme', { kind: 'service', name: 'acme-ops', role: 'admin' });
   asAcmeAdmin = { BETTER_COMPUTE_URL: api.url, BETTER_COMPUTE_TOKEN: token };
-});
-afterAll(async () => {
-  await api?.stop();
 });
 
 async function emit(type: string, subject: string, tenantId = 'acme') {
-  await api.database.db
-    .insertInto('outbox_events')
-    .values({
-      id: newId('evt'),
-      type,
-      subject,
-      tenant_id: tenantId,
-      data: JSON.stringify({ state: type.split('.')[1] }),
-    })
-    .execute();
+  await insertOutboxEvent(api.database.db, { type, subject, tenantId, data: { state: type.split('.')[1] } });
 }
 
 describe('events and webhooks from the CLI', () => {

@@ -1,35 +1,28 @@
-import { afterAll, beforeAll, describe, expect, test, vi } from 'vitest';
-import {
-  insertPool,
-  insertSite,
-  offerPool,
-  type RegisteredNode,
-  registerReadyNodes,
-} from '../../db/nodes/fleet.ts';
+import { beforeAll, describe, expect, test, vi } from 'vitest';
+import type { RegisteredNode } from '../../db/nodes/fleet.ts';
 import { newId } from '../../domain/ids.ts';
-import { startTestApi, type TestApi } from './harness.ts';
+import { useTestApi } from '../support/api.ts';
+import { seedPool } from '../support/fleet.ts';
 import { json, runCli } from './run-cli.ts';
 
 // Each test spawns the real CLI several times; on a loaded machine one spawn takes seconds.
 vi.setConfig({ testTimeout: 300_000 });
 
-let api: TestApi;
+const api = useTestApi();
 let asRoot: Record<string, string>;
 let asAcme: Record<string, string>;
 let poolId: string;
 let nodes: RegisteredNode[];
 beforeAll(async () => {
-  api = await startTestApi();
   asRoot = { BETTER_COMPUTE_URL: api.url, BETTER_COMPUTE_TOKEN: api.root.token };
   asAcme = { BETTER_COMPUTE_URL: api.url, BETTER_COMPUTE_TOKEN: api.acme.token };
-  const db = api.database.db;
-  const siteId = await insertSite(db, { name: 'site-nodes', region: 'eu-central-1' });
-  poolId = await insertPool(db, { siteId, ownerTenantId: api.root.tenantId, name: 'h100', gpuModel: 'h100' });
-  nodes = await registerReadyNodes(db, { siteId, poolId, count: 2, namePrefix: 'n' });
-  await offerPool(db, { poolId, tenantId: 'acme', quota: { gpu: 8 } });
-});
-afterAll(async () => {
-  await api?.stop();
+  ({ poolId, nodes } = await seedPool(api.database.db, {
+    site: 'site-nodes',
+    ownerTenantId: api.root.tenantId,
+    nodes: 2,
+    namePrefix: 'n',
+    offers: { acme: { gpu: 8 } },
+  }));
 });
 
 describe('nodes', () => {

@@ -1,48 +1,47 @@
 import { spawn } from 'node:child_process';
 import path from 'node:path';
-import { afterAll, beforeAll, describe, expect, test, vi } from 'vitest';
+import { beforeAll, describe, expect, test, vi } from 'vitest';
 import { createComputeClient } from '../../client/index.ts';
-import { h100Shape, insertPool, insertSite, offerPool, registerReadyNodes } from '../../db/nodes/fleet.ts';
-import { startTestApi, type TestApi } from './harness.ts';
+import { h100Shape } from '../../db/nodes/fleet.ts';
+import { useTestApi } from '../support/api.ts';
+import { seedPool } from '../support/fleet.ts';
 import { json, runCli } from './run-cli.ts';
 
 // Each test spawns the real CLI several times; on a loaded machine one spawn takes seconds.
 vi.setConfig({ testTimeout: 300_000 });
 
-let api: TestApi;
+const api = useTestApi();
 let env: Record<string, string>;
 let poolId: string;
 beforeAll(async () => {
-  api = await startTestApi();
   env = { BETTER_COMPUTE_URL: api.url, BETTER_COMPUTE_TOKEN: api.acme.token };
   const db = api.database.db;
-  const siteId = await insertSite(db, { name: 'site-cli', region: 'eu-central-1' });
-  poolId = await insertPool(db, { siteId, ownerTenantId: api.root.tenantId, name: 'h100', gpuModel: 'h100' });
-  await registerReadyNodes(db, { siteId, poolId, count: 2, namePrefix: 'cli' });
-  await offerPool(db, { poolId, tenantId: 'acme', quota: { gpu: 8 } });
-  // A second pool with one node that never reported host resources nor a heartbeat, cordoned.
-  const barePool = await insertPool(db, {
-    siteId,
+  const offers = { acme: { gpu: 8 } };
+  const pool = await seedPool(db, {
+    site: 'site-cli',
     ownerTenantId: api.root.tenantId,
-    name: 'bare',
-    gpuModel: 'h100',
+    nodes: 2,
+    namePrefix: 'cli',
+    offers,
   });
-  const [bare] = await registerReadyNodes(db, {
-    siteId,
-    poolId: barePool,
-    count: 1,
-    namePrefix: 'zz-bare',
-    shape: { ...h100Shape, resources: {} },
-  });
+  poolId = pool.poolId;
+  // A second pool with one node that never reported host resources nor a heartbeat, cordoned.
+  const [bare] = (
+    await seedPool(db, {
+      siteId: pool.siteId,
+      ownerTenantId: api.root.tenantId,
+      name: 'bare',
+      nodes: 1,
+      namePrefix: 'zz-bare',
+      shape: { ...h100Shape, resources: {} },
+      offers,
+    })
+  ).nodes;
   await db
     .updateTable('nodes')
     .set({ last_heartbeat_at: null, cordoned: true, cordon_reason: 'fan' })
     .where('id', '=', bare!.id)
     .execute();
-  await offerPool(db, { poolId: barePool, tenantId: 'acme', quota: { gpu: 8 } });
-});
-afterAll(async () => {
-  await api?.stop();
 });
 
 const reserveArgs = () => [

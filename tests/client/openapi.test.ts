@@ -1,19 +1,15 @@
 import { Validator } from '@seriousme/openapi-schema-validator';
 import { Ajv2020 } from 'ajv/dist/2020.js';
-import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { beforeAll, describe, expect, test } from 'vitest';
 import { methods } from '../../api/registry.ts';
-import { startTestApi, type TestApi } from '../cli/harness.ts';
+import { useTestApi } from '../support/api.ts';
 
-let api: TestApi;
+const api = useTestApi();
 let document: Record<string, any>;
 beforeAll(async () => {
-  api = await startTestApi();
   const response = await fetch(`${api.url}/api/compute/openapi.json`);
   expect(response.status).toBe(200);
   document = (await response.json()) as Record<string, any>;
-});
-afterAll(async () => {
-  await api?.stop();
 });
 
 describe('the OpenAPI document served by the API', () => {

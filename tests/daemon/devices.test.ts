@@ -1,12 +1,11 @@
-import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { existsSync, readFileSync } from 'node:fs';
 import path from 'node:path';
-import { afterAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { convergeDevices, writeHold } from '../../daemon/devices.ts';
+import { useTempDir } from '../support/temp-dir.ts';
 
-const root = mkdtempSync(path.join(tmpdir(), 'bcd-devices-'));
+const root = useTempDir('bcd-devices-');
 const roots = { cdiDir: path.join(root, 'etc/cdi'), envDir: path.join(root, 'run/bcd/allocations') };
-afterAll(() => rmSync(root, { recursive: true, force: true }));
 
 const assignment = (allocationId: string, stableIds: string[], limits?: Record<string, number>) => ({
   allocationId,

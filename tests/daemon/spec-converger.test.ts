@@ -1,16 +1,15 @@
-import { existsSync, mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { existsSync } from 'node:fs';
 import path from 'node:path';
-import { afterAll, describe, expect, it } from 'vitest';
-import { createLogger } from '../../core/logger.ts';
+import { describe, expect, it } from 'vitest';
 import type { NodeIdentity } from '../../daemon/identity.ts';
 import { Journal } from '../../daemon/journal.ts';
 import { SpecConverger } from '../../daemon/spec-converger.ts';
 import { generateKeyPairPem } from '../../domain/pki.ts';
 import type { AgentMessage } from '../../proto/gen/agent/v1/agent.ts';
+import { testLogger } from '../support/logger.ts';
+import { useTempDir } from '../support/temp-dir.ts';
 
-const dir = mkdtempSync(path.join(tmpdir(), 'bcd-spec-'));
-afterAll(() => rmSync(dir, { recursive: true, force: true }));
+const dir = useTempDir('bcd-spec-');
 
 const hold = (allocationId: string) => ({
   allocationId,
@@ -46,7 +45,7 @@ describe('the spec converger', () => {
         roots,
         journal,
         identity,
-        log: createLogger({ level: 'silent' }),
+        log: testLogger(),
         send: (m) => sent.push(m),
       });
     const converger = make();

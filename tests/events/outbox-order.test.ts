@@ -1,24 +1,21 @@
-import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { createLogger } from '../../core/logger.ts';
+import { describe, expect, test } from 'vitest';
+import {
+  type OutboxCursor,
+  type OutboxEvent,
+  outboxHead,
+  outboxStart,
+  readOutbox,
+} from '../../db/events/outbox-read.ts';
 import { newId } from '../../domain/ids.ts';
-import { outboxHead, outboxStart, readOutbox } from '../../events/outbox.ts';
 import { createOutboxHub } from '../../events/outbox-hub.ts';
-import { createTestDatabase, type TestDatabase } from '../support/database.ts';
+import { type TestDatabase, useTestDatabase } from '../support/database.ts';
+import { insertOutboxEvent } from '../support/events.ts';
+import { testLogger } from '../support/logger.ts';
 
-let database: TestDatabase;
-beforeAll(async () => {
-  database = await createTestDatabase({ max: 6 });
-});
-afterAll(async () => {
-  await database.drop();
-});
+const database = useTestDatabase({ max: 6 });
 
-async function insertEvent(db: TestDatabase['db'], type: string) {
-  await db
-    .insertInto('outbox_events')
-    .values({ id: newId('evt'), type, subject: 'reservation/rsv_x', tenant_id: 'acme', data: '{}' })
-    .execute();
-}
+const insertEvent = (db: TestDatabase['db'], type: string) =>
+  insertOutboxEvent(db, { type, subject: 'reservation/rsv_x', tenantId: 'acme' });
 
 /** A connection of its own, so a test can hold a transaction open between steps. */
 async function session() {
@@ -32,6 +29,24 @@ async function session() {
       ),
     release: () => client.release(),
   };
+}
+
+/**
+ * Reads from `cursor` until `count` events arrived. The horizon is the whole cluster's oldest
+ * transaction in flight, so another test file's open transaction may hold a committed event back
+ * for a moment: what this proves is that it arrives, once and in order, not when.
+ */
+async function readAtLeast(db: TestDatabase['db'], cursor: OutboxCursor, count: number) {
+  const events: OutboxEvent[] = [];
+  let at = cursor;
+  const deadline = Date.now() + 15_000;
+  while (events.length < count && Date.now() < deadline) {
+    const page = await readOutbox(db, at, { tenantId: 'acme' }, 100);
+    events.push(...page.events);
+    at = page.cursor;
+    if (events.length < count) await new Promise((r) => setTimeout(r, 20));
+  }
+  return { events, cursor: at };
 }
 
 describe('reading the outbox', () => {
@@ -53,11 +68,11 @@ describe('reading the outbox', () => {
 
       // A `seq > last` cursor would emit test.b and test.c now and skip test.a for ever. The reader
       // emits test.b (its transaction is older than every one in flight) and holds back test.c.
-      const first = await readOutbox(db, head, { tenantId: 'acme' }, 100);
+      const first = await readAtLeast(db, head, 1);
       expect(first.events.map((e) => e.type)).toEqual(['test.b']);
 
       await a.query('COMMIT');
-      const second = await readOutbox(db, first.cursor, { tenantId: 'acme' }, 100);
+      const second = await readAtLeast(db, first.cursor, 2);
       expect(second.events.map((e) => e.type)).toEqual(['test.a', 'test.c']);
       expect(second.events[0]!.seq).toBeLessThan(first.events[0]!.seq);
       const third = await readOutbox(db, second.cursor, { tenantId: 'acme' }, 100);
@@ -79,7 +94,7 @@ describe('reading the outbox', () => {
       const whileOpen = await readOutbox(db, head, { tenantId: 'acme' }, 100);
       expect(whileOpen.events).toEqual([]);
       await older.query('ROLLBACK');
-      const after = await readOutbox(db, whileOpen.cursor, { tenantId: 'acme' }, 100);
+      const after = await readAtLeast(db, whileOpen.cursor, 1);
       expect(after.events.map((e) => e.type)).toEqual(['test.newer']);
     } finally {
       older.release();
@@ -116,7 +131,7 @@ describe('reading the outbox', () => {
 
   test('the shared tail: a follower that falls too far behind reads on its own, losing and repeating nothing', async () => {
     const db = database.db;
-    const hub = createOutboxHub({ db, log: createLogger({ level: 'silent' }) }, { pollMs: 20, maxQueue: 5 });
+    const hub = createOutboxHub({ db, log: testLogger() }, { pollMs: 20, maxQueue: 5 });
     const controller = new AbortController();
     const subject = `reservation/${newId('rsv')}`;
     const follower = hub.follow(
@@ -133,10 +148,7 @@ describe('reading the outbox', () => {
     for (let i = 0; i < 20; i++) {
       const id = newId('evt');
       written.push(id);
-      await db
-        .insertInto('outbox_events')
-        .values({ id, type: 'test.n', subject, tenant_id: 'acme', data: '{}' })
-        .execute();
+      await insertOutboxEvent(db, { id, type: 'test.n', subject, tenantId: 'acme' });
     }
     const seen: string[] = [];
     let next = await first;

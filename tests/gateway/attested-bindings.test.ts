@@ -1,44 +1,24 @@
 import { readFileSync } from 'node:fs';
 import { sql } from 'kysely';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { loadIdentity } from '../../daemon/identity.ts';
-import { type SimulatedFleet, startSimulatedFleet } from '../../daemon/sim.ts';
 import { judgeAllocationReport } from '../../db/allocations/reports.ts';
 import { setNodeDevicesAssignment } from '../../db/nodes/nodes.ts';
 import { attestedReportPurpose, signAllocationReport } from '../../domain/attestation.ts';
 import { generateKeyPairPem } from '../../domain/pki.ts';
 import type { AttestedReport } from '../../proto/gen/agent/v1/agent.ts';
 import { insertBareAllocation } from '../support/allocations.ts';
-import { eventually, type GatewayFixture, gatewayFixture, testLog } from './fixture.ts';
+import { eventually } from '../support/eventually.ts';
+import { useGatewayFixture } from '../support/gateway.ts';
 import { openRawSession } from './raw-session.ts';
 
 describe('attested bindings through a real gateway', () => {
-  let fx: GatewayFixture;
-  let fleet: SimulatedFleet;
-  beforeAll(async () => {
-    fx = await gatewayFixture();
-    fleet = await startSimulatedFleet({
-      gatewayAddress: fx.gateway.address,
-      caCertificatePem: fx.gateway.caCertificatePem,
-      joinToken: await fx.token(1),
-      nodes: 1,
-      rootDir: fx.dir,
-      log: testLog,
-    });
-    await eventually(async () => {
-      const n = await fx.database.db.selectFrom('nodes').select('provision_state').executeTakeFirst();
-      return n?.provision_state === 'ready';
-    });
-  });
-  afterAll(async () => {
-    await fleet?.stop();
-    await fx?.close();
-  });
+  const fx = useGatewayFixture({}, { nodes: 1, until: 'ready' });
 
   /** An allocation of `gpus` GPUs (offset `from`) on the node, booked, placed in `binding`. */
   async function booked(from: number, gpus: number) {
     const db = fx.database.db;
-    const node = fleet.nodes[0]!;
+    const node = fx.fleet.nodes[0]!;
     const devices = await db
       .selectFrom('devices')
       .select(['id', 'stable_id'])
@@ -86,7 +66,7 @@ describe('attested bindings through a real gateway', () => {
 
   it('a genuine report binds; unsigned, foreign-signed and replayed reports never do', async () => {
     const db = fx.database.db;
-    const node = fleet.nodes[0]!;
+    const node = fx.fleet.nodes[0]!;
     const good = await booked(0, 2);
     const victim = await booked(2, 2);
     await db.transaction().execute((trx) => setNodeDevicesAssignment(trx, node.nodeId, [good.assignment]));

@@ -1,49 +1,28 @@
 import { readFileSync } from 'node:fs';
-import { Client, credentials, Metadata } from '@grpc/grpc-js';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { parseConfig } from '../../core/config.ts';
+import { Client, Metadata } from '@grpc/grpc-js';
+import { describe, expect, it } from 'vitest';
+import { gatewayChannel } from '../../daemon/gateway-tls.ts';
 import { loadIdentity, renewCertificate } from '../../daemon/identity.ts';
-import { type SimulatedFleet, startSimulatedFleet } from '../../daemon/sim.ts';
+import { revokeNodeCertificates } from '../../db/nodes/certificates.ts';
 import { enqueueNodeCommand, findNodeCommand } from '../../db/nodes/commands.ts';
-import { revokeNodeCertificates } from '../../db/nodes/nodes.ts';
-import { startGateway } from '../../gateway/server.ts';
 import { AgentMessage, CommandOutcome, type ControlMessage } from '../../proto/gen/agent/v1/agent.ts';
 import { insertBareAllocation } from '../support/allocations.ts';
-import { eventually, type GatewayFixture, gatewayFixture, testLog } from './fixture.ts';
+import { eventually } from '../support/eventually.ts';
+import { startTestGateway, useGatewayFixture } from '../support/gateway.ts';
 import { openRawSession } from './raw-session.ts';
 
 const refusalsOf = (received: ControlMessage[]) =>
   received.flatMap((m) => (m.body?.$case === 'refusal' ? [m.body.value] : []));
 
 describe('bad input on sessions', () => {
-  let fx: GatewayFixture;
-  let fleet: SimulatedFleet;
-  beforeAll(async () => {
-    fx = await gatewayFixture({
-      maxMessageBytes: 64 * 1024,
-      messagesPerSecond: 50,
-      messageBurst: 50,
-      maxRefusals: 200,
-    });
-    fleet = await startSimulatedFleet({
-      gatewayAddress: fx.gateway.address,
-      caCertificatePem: fx.gateway.caCertificatePem,
-      joinToken: await fx.token(3),
-      nodes: 3,
-      rootDir: fx.dir,
-      log: testLog,
-      minBackoffMs: 100,
-    });
-    await eventually(async () => fx.gateway.sessionCount() === 3);
-  });
-  afterAll(async () => {
-    await fleet?.stop();
-    await fx?.close();
-  });
+  const fx = useGatewayFixture(
+    { maxMessageBytes: 64 * 1024, messagesPerSecond: 50, messageBurst: 50, maxRefusals: 200 },
+    { nodes: 3, minBackoffMs: 100, until: 'connected' },
+  );
 
   it('refuses unknown commands, sequences that go backwards, and generations that go backwards', async () => {
     const db = fx.database.db;
-    const node = fleet.nodes[0]!;
+    const node = fx.fleet.nodes[0]!;
     await node.agent.stop();
     const identity = { ...loadIdentity(node.dir), gateway: fx.gateway.address };
     const raw = await openRawSession(identity, fx.gateway.address, journalOf(node.dir));
@@ -94,7 +73,7 @@ describe('bad input on sessions', () => {
   });
 
   it('a Hello naming another node, or without a journal id, ends the session at once', async () => {
-    const [a, b] = [fleet.nodes[0]!, fleet.nodes[1]!];
+    const [a, b] = [fx.fleet.nodes[0]!, fx.fleet.nodes[1]!];
     const identity = { ...loadIdentity(a.dir), gateway: fx.gateway.address };
     const before = await fx.database.db.selectFrom('nodes').select(['id', 'epoch']).orderBy('id').execute();
     const impostor = await openRawSession({ ...identity, nodeId: b.nodeId }, fx.gateway.address);
@@ -109,17 +88,11 @@ describe('bad input on sessions', () => {
 
   it('a malformed or oversized message ends the session and changes nothing', async () => {
     const db = fx.database.db;
-    const node = fleet.nodes[1]!;
+    const node = fx.fleet.nodes[1]!;
     await node.agent.stop();
     const identity = loadIdentity(node.dir);
-    const client = new Client(
-      fx.gateway.address,
-      credentials.createSsl(
-        Buffer.from(identity.caCertificatePem),
-        Buffer.from(identity.privateKeyPem),
-        Buffer.from(identity.certificatePem),
-      ),
-    );
+    const tls = gatewayChannel(fx.gateway.address, identity);
+    const client = new Client(fx.gateway.address, tls.credentials, tls.options);
     const hello = Buffer.from(
       AgentMessage.encode({
         body: {
@@ -174,7 +147,7 @@ describe('bad input on sessions', () => {
 
   it('a flood from one node is cut off and cannot starve the others', async () => {
     const db = fx.database.db;
-    const flooder = fleet.nodes[2]!;
+    const flooder = fx.fleet.nodes[2]!;
     await flooder.agent.stop();
     const raw = await openRawSession(
       { ...loadIdentity(flooder.dir), gateway: fx.gateway.address },
@@ -182,7 +155,7 @@ describe('bad input on sessions', () => {
       journalOf(flooder.dir),
     );
     await raw.wait(() => raw.received.find((m) => m.body?.$case === 'welcome'));
-    const victim = fleet.nodes[0]!;
+    const victim = fx.fleet.nodes[0]!;
     await victim.agent.stop();
     victim.agent.start();
     await eventually(async () => fx.gateway.sessionCount() >= 2);
@@ -202,16 +175,9 @@ describe('bad input on sessions', () => {
 
   it('a report on a session fenced by another gateway changes nothing', async () => {
     const db = fx.database.db;
-    const node = fleet.nodes[0]!;
+    const node = fx.fleet.nodes[0]!;
     await node.agent.stop();
-    const second = await startGateway({
-      config: parseConfig({}),
-      db,
-      log: testLog,
-      host: '127.0.0.1',
-      port: 0,
-      options: { deliveryIntervalMs: 50 },
-    });
+    const second = await startTestGateway({ db });
     const identity = loadIdentity(node.dir);
     const journal = journalOf(node.dir);
     const first = await openRawSession(
@@ -265,7 +231,7 @@ describe('bad input on sessions', () => {
 
   it('renews a certificate over mutual TLS, and refuses a revoked one', async () => {
     const db = fx.database.db;
-    const node = fleet.nodes[1]!;
+    const node = fx.fleet.nodes[1]!;
     const identity = { ...loadIdentity(node.dir), gateway: fx.gateway.address };
     const before = readFileSync(`${node.dir}/cert.pem`, 'utf8');
     const notAfter = await renewCertificate(identity, node.dir);

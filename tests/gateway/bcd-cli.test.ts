@@ -1,20 +1,14 @@
 import { execFile } from 'node:child_process';
 import { writeFileSync } from 'node:fs';
 import { promisify } from 'node:util';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { type GatewayFixture, gatewayFixture } from './fixture.ts';
+import { describe, expect, it } from 'vitest';
+import { useGatewayFixture } from '../support/gateway.ts';
 
 const run = promisify(execFile);
 const bcd = (...args: string[]) => run(process.execPath, ['bin/bcd.js', ...args], { encoding: 'utf8' });
 
 describe('the bcd command', () => {
-  let fx: GatewayFixture;
-  beforeAll(async () => {
-    fx = await gatewayFixture();
-  });
-  afterAll(async () => {
-    await fx?.close();
-  });
+  const fx = useGatewayFixture();
 
   it('joins with a token (this host, no GPUs), shows its status, and refuses the token a second time', async () => {
     const caFile = `${fx.dir}/ca.pem`;

@@ -1,5 +1,5 @@
 import { sql } from 'kysely';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
 import { advanceComputeClock } from '../../db/clock.ts';
 import {
   enqueueNodeCommand,
@@ -7,20 +7,14 @@ import {
   failTimedOutCommands,
   findNodeCommand,
 } from '../../db/nodes/commands.ts';
-import { insertPool, insertSite, registerReadyNodes } from '../../db/nodes/fleet.ts';
-import { createTestDatabase, type TestDatabase } from '../support/database.ts';
+import { useTestDatabase } from '../support/database.ts';
+import { seedPool } from '../support/fleet.ts';
 
 describe('command timeouts and expiry', () => {
-  let t: TestDatabase;
+  const t = useTestDatabase();
   let nodeId: string;
   beforeAll(async () => {
-    t = await createTestDatabase();
-    const siteId = await insertSite(t.db, { name: 's', region: 'eu-1' });
-    const poolId = await insertPool(t.db, { siteId, ownerTenantId: 'tnt_root', name: 'p', gpuModel: 'h100' });
-    nodeId = (await registerReadyNodes(t.db, { siteId, poolId, count: 1 }))[0]!.id;
-  });
-  afterAll(async () => {
-    await t?.drop();
+    nodeId = (await seedPool(t.db, { nodes: 1 })).nodes[0]!.id;
   });
 
   it('fails a delivered command past its kind timeout, and expires a queued one past not_after', async () => {

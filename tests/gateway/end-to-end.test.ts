@@ -1,18 +1,12 @@
-import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { existsSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { parseConfig } from '../../core/config.ts';
-import { type SimulatedFleet, startSimulatedFleet } from '../../daemon/sim.ts';
-import { createJoinToken } from '../../db/nodes/join-tokens.ts';
-import { type StartedGateway, startGateway } from '../../gateway/server.ts';
-import {
-  insertPlacedReservation,
-  type LifecycleHarness,
-  startLifecycleHarness,
-  waitForState,
-} from '../lifecycle/harness.ts';
-import { eventually, testLog } from './fixture.ts';
+import type { SimulatedFleet } from '../../daemon/sim.ts';
+import type { StartedGateway } from '../../gateway/server.ts';
+import { insertPlacedReservation, useLifecycleHarness, waitForState } from '../lifecycle/harness.ts';
+import { eventually } from '../support/eventually.ts';
+import { joinSimulatedFleet, startTestGateway } from '../support/gateway.ts';
+import { useTempDir } from '../support/temp-dir.ts';
 
 /**
  * The whole path with nothing stood in: a bcd agent joins with a token through a real gateway
@@ -21,38 +15,21 @@ import { eventually, testLog } from './fixture.ts';
  * and the reservation becomes active; releasing removes the files.
  */
 describe('end to end: bcd, gateway and the reservation lifecycle', () => {
-  let h: LifecycleHarness;
+  const h = useLifecycleHarness({ name: 'bcd-e2e', nodes: 0, timers: { bindTimeoutMs: 30_000 } });
+  const dir = useTempDir('bc-e2e-');
   let gateway: StartedGateway;
   let fleet: SimulatedFleet;
-  let dir: string;
   beforeAll(async () => {
-    h = await startLifecycleHarness({ name: 'bcd-e2e', nodes: 0, timers: { bindTimeoutMs: 30_000 } });
-    gateway = await startGateway({
-      config: parseConfig({}),
-      db: h.db,
-      log: testLog,
-      lifecycle: h.lifecycle,
-      host: '127.0.0.1',
-      port: 0,
-      options: { deliveryIntervalMs: 50 },
-    });
-    dir = mkdtempSync(path.join(tmpdir(), 'bc-e2e-'));
-    const { token } = await createJoinToken(h.db, { poolId: h.poolId, ttlSeconds: 600, maxUses: 1 });
-    fleet = await startSimulatedFleet({
-      gatewayAddress: gateway.address,
-      caCertificatePem: gateway.caCertificatePem,
-      joinToken: token,
+    gateway = await startTestGateway({ db: h.db, lifecycle: h.lifecycle });
+    fleet = await joinSimulatedFleet(gateway, h.db, h.poolId, {
       nodes: 1,
       rootDir: dir,
-      log: testLog,
       shape: { gpus: 4, nvlinkDomainSize: 4 },
     });
   });
   afterAll(async () => {
     await fleet?.stop();
     await gateway?.stop();
-    await h?.stop();
-    if (dir) rmSync(dir, { recursive: true, force: true });
   });
 
   it('a joined node binds a reservation (active), and releasing removes its CDI spec and env file', async () => {

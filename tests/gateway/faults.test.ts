@@ -1,12 +1,12 @@
-import { credentials, Metadata } from '@grpc/grpc-js';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Metadata } from '@grpc/grpc-js';
+import { describe, expect, it } from 'vitest';
 import { NodeAgent } from '../../daemon/agent.ts';
+import { gatewayChannel } from '../../daemon/gateway-tls.ts';
 import { SimHardware } from '../../daemon/hardware.ts';
 import { joinWithToken, loadIdentity } from '../../daemon/identity.ts';
-import { type SimulatedFleet, startSimulatedFleet } from '../../daemon/sim.ts';
 import { advanceComputeClock } from '../../db/clock.ts';
+import { revokeNodeCertificates } from '../../db/nodes/certificates.ts';
 import { enqueueNodeCommand, findNodeCommand } from '../../db/nodes/commands.ts';
-import { revokeNodeCertificates } from '../../db/nodes/nodes.ts';
 import {
   createCertificateAuthority,
   createCsr,
@@ -16,7 +16,8 @@ import {
 } from '../../domain/pki.ts';
 import { AgentServiceClient } from '../../proto/gen/agent/v1/agent.ts';
 import { insertBareAllocation } from '../support/allocations.ts';
-import { eventually, type GatewayFixture, gatewayFixture, testLog } from './fixture.ts';
+import { eventually } from '../support/eventually.ts';
+import { gatewayTestLog, useGatewayFixture } from '../support/gateway.ts';
 
 /** Opens a session and answers the status it ends with (or 'open' after 1.5 s). */
 async function sessionStatus(
@@ -25,10 +26,8 @@ async function sessionStatus(
   key: string,
   cert: string,
 ): Promise<number | 'open'> {
-  const client = new AgentServiceClient(
-    gateway,
-    credentials.createSsl(Buffer.from(ca), Buffer.from(key), Buffer.from(cert)),
-  );
+  const tls = gatewayChannel(gateway, { caCertificatePem: ca, privateKeyPem: key, certificatePem: cert });
+  const client = new AgentServiceClient(gateway, tls.credentials, tls.options);
   const stream = client.session(new Metadata());
   try {
     return await new Promise((resolve) => {
@@ -43,26 +42,10 @@ async function sessionStatus(
 }
 
 describe('faults and refusals', () => {
-  let fx: GatewayFixture;
-  let fleet: SimulatedFleet;
-  beforeAll(async () => {
-    fx = await gatewayFixture({ leaseMs: 1_500, heartbeatIntervalMs: 250 });
-    fleet = await startSimulatedFleet({
-      gatewayAddress: fx.gateway.address,
-      caCertificatePem: fx.gateway.caCertificatePem,
-      joinToken: await fx.token(3),
-      nodes: 3,
-      rootDir: fx.dir,
-      log: testLog,
-      minBackoffMs: 100,
-      maxBackoffMs: 1_000,
-    });
-    await eventually(async () => fx.gateway.sessionCount() === 3);
-  });
-  afterAll(async () => {
-    await fleet?.stop();
-    await fx?.close();
-  });
+  const fx = useGatewayFixture(
+    { leaseMs: 1_500, heartbeatIntervalMs: 250 },
+    { nodes: 3, minBackoffMs: 100, maxBackoffMs: 1_000, until: 'connected' },
+  );
 
   it('refuses a used or expired join token', async () => {
     const hardware = new SimHardware('extra-machine');
@@ -86,7 +69,7 @@ describe('faults and refusals', () => {
     // The moved clock made every node look silent to the sweep; their live sessions' next
     // heartbeats connect them again.
     await eventually(async () => {
-      const ids = fleet.nodes.map((n) => n.nodeId);
+      const ids = fx.fleet.nodes.map((n) => n.nodeId);
       const rows = await fx.database.db
         .selectFrom('nodes')
         .select('connectivity')
@@ -110,7 +93,7 @@ describe('faults and refusals', () => {
     const forged = await issueNodeCertificate({
       ca: foreignCa,
       publicKeyPem: csr.publicKeyPem,
-      spiffeId: `spiffe://better-compute.local/site/${fx.siteId}/node/${fleet.nodes[0]!.nodeId}`,
+      spiffeId: `spiffe://better-compute.local/site/${fx.siteId}/node/${fx.fleet.nodes[0]!.nodeId}`,
       nodeName: 'evil',
       role: 'node',
       now: new Date(),
@@ -120,7 +103,7 @@ describe('faults and refusals', () => {
     expect(await sessionStatus(fx.gateway.address, ca, keys.privateKeyPem, forged.certificatePem)).toBe(16);
     // Revoked: the node's own certificate after revocation.
     // Revoked while its session is live: the session ends, and no new one opens.
-    const victim = fleet.nodes[2]!;
+    const victim = fx.fleet.nodes[2]!;
     const sessionsBefore = victim.agent.status.sessions;
     expect(victim.agent.status.connected).toBe(true);
     await revokeNodeCertificates(fx.database.db, victim.nodeId);
@@ -160,7 +143,7 @@ describe('faults and refusals', () => {
 
   it('runs commands in order, expires late ones, and a restarted bcd never runs one twice', async () => {
     const db = fx.database.db;
-    const node = fleet.nodes[0]!;
+    const node = fx.fleet.nodes[0]!;
     const gpu = node.hardware.gpus().gpus[7]!.uuid;
     const [refresh, diag] = await db.transaction().execute(async (trx) => [
       await enqueueNodeCommand(trx, { nodeId: node.nodeId, kind: 'inventory.refresh' }),
@@ -192,7 +175,7 @@ describe('faults and refusals', () => {
       stateDir: node.dir,
       roots: { cdiDir: `${node.dir}/cdi`, envDir: `${node.dir}/allocations` },
       hardware,
-      log: testLog,
+      log: gatewayTestLog,
       minBackoffMs: 100,
     });
     restarted.start();
@@ -221,7 +204,7 @@ describe('faults and refusals', () => {
 
   it('a silenced node becomes NodeUnreachable within the lease; a gateway restart reconnects with a new epoch', async () => {
     const db = fx.database.db;
-    const node = fleet.nodes[1]!;
+    const node = fx.fleet.nodes[1]!;
     const before = await db
       .selectFrom('nodes')
       .select('epoch')

@@ -1,34 +1,22 @@
 import { sql } from 'kysely';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createLogger } from '../../core/logger.ts';
-import { insertPool, insertSite, type RegisteredNode, registerReadyNodes } from '../../db/nodes/fleet.ts';
+import { beforeAll, describe, expect, it } from 'vitest';
+import type { RegisteredNode } from '../../db/nodes/fleet.ts';
 import { Dispatcher } from '../../gateway/dispatch.ts';
 import { defaultGatewayOptions } from '../../gateway/options.ts';
 import { SessionRegistry } from '../../gateway/registry.ts';
-import { createTestDatabase, type TestDatabase } from '../support/database.ts';
+import { useTestDatabase } from '../support/database.ts';
+import { seedPool } from '../support/fleet.ts';
+import { testLogger } from '../support/logger.ts';
 
-let t: TestDatabase;
+const t = useTestDatabase({ max: 20 });
 let nodes: RegisteredNode[];
 
 beforeAll(async () => {
-  t = await createTestDatabase({ max: 20 });
-  const siteId = await insertSite(t.db, { name: 'order-site', region: 'eu-central-1' });
-  const poolId = await insertPool(t.db, {
-    siteId,
-    ownerTenantId: 'tnt_root',
-    name: 'h100',
-    gpuModel: 'h100',
-  });
-  nodes = await registerReadyNodes(t.db, {
-    siteId,
-    poolId,
-    count: 400,
+  ({ nodes } = await seedPool(t.db, {
+    site: 'order-site',
+    nodes: 400,
     shape: { gpus: 1, gpuModel: 'h100', gpuMemoryMiB: 1, nvlinkDomainSize: 1, numaNodes: 1, resources: {} },
-  });
-});
-
-afterAll(async () => {
-  await t?.drop();
+  }));
 });
 
 describe('the heartbeat flush and the liveness sweep', () => {
@@ -37,7 +25,7 @@ describe('the heartbeat flush and the liveness sweep', () => {
     const registry = new SessionRegistry(options);
     const dispatcher = new Dispatcher({
       db: t.db,
-      log: createLogger({ level: 'silent' }),
+      log: testLogger(),
       options,
       registry,
     });

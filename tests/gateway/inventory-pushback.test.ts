@@ -1,43 +1,26 @@
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { type SimulatedFleet, startSimulatedFleet } from '../../daemon/sim.ts';
+import { describe, expect, it } from 'vitest';
 import { enqueueNodeCommand, findNodeCommand } from '../../db/nodes/commands.ts';
-import { eventually, type GatewayFixture, gatewayFixture, testLog } from './fixture.ts';
+import { eventually } from '../support/eventually.ts';
+import { useGatewayFixture } from '../support/gateway.ts';
 
 describe('inventory changes and retry pushback', () => {
-  let fx: GatewayFixture;
-  let fleet: SimulatedFleet;
-  beforeAll(async () => {
-    fx = await gatewayFixture({ maxSessions: 2 });
-    fleet = await startSimulatedFleet({
-      gatewayAddress: fx.gateway.address,
-      caCertificatePem: fx.gateway.caCertificatePem,
-      joinToken: await fx.token(3),
-      nodes: 3,
-      rootDir: fx.dir,
-      log: testLog,
-      shape: { gpus: 4, nvlinkDomainSize: 2 },
-    });
-  });
-  afterAll(async () => {
-    await fleet?.stop();
-    await fx?.close();
-  });
+  const fx = useGatewayFixture({ maxSessions: 2 }, { nodes: 3, shape: { gpus: 4, nvlinkDomainSize: 2 } });
 
   it('a gateway at its limit refuses with a retry pushback that bcd honours', async () => {
-    await eventually(async () => fleet.nodes.some((n) => n.agent.status.lastPushbackMs !== null));
+    await eventually(async () => fx.fleet.nodes.some((n) => n.agent.status.lastPushbackMs !== null));
     await eventually(async () => fx.gateway.sessionCount() === 2);
-    const refused = fleet.nodes.find((n) => n.agent.status.lastPushbackMs !== null)!;
+    const refused = fx.fleet.nodes.find((n) => n.agent.status.lastPushbackMs !== null)!;
     expect(refused.agent.status.lastPushbackMs).toBeGreaterThanOrEqual(500);
     expect(refused.agent.status.connected).toBe(false);
     // Room appears: the refused node gets in after its pushback.
-    const connected = fleet.nodes.find((n) => n.agent.status.connected)!;
+    const connected = fx.fleet.nodes.find((n) => n.agent.status.connected)!;
     await connected.agent.stop();
     await eventually(async () => refused.agent.status.connected, 35_000);
   }, 60_000);
 
   it('a GPU the driver no longer sees raises GpuCountMismatch and removes the device', async () => {
     const db = fx.database.db;
-    const node = fleet.nodes.find((n) => n.agent.status.connected)!;
+    const node = fx.fleet.nodes.find((n) => n.agent.status.connected)!;
     const domains = await eventually(async () => {
       const rows = await db
         .selectFrom('devices')

@@ -1,33 +1,19 @@
 import { execFileSync } from 'node:child_process';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { type SimulatedFleet, startSimulatedFleet } from '../../daemon/sim.ts';
+import { describe, expect, it } from 'vitest';
 import { readDaemonStatus } from '../../daemon/status.ts';
 import { enqueueNodeCommand, findNodeCommand } from '../../db/nodes/commands.ts';
-import { eventually, type GatewayFixture, gatewayFixture, testLog } from './fixture.ts';
+import { eventually } from '../support/eventually.ts';
+import { useGatewayFixture } from '../support/gateway.ts';
 
 describe('lanes and bcd status', () => {
-  let fx: GatewayFixture;
-  let fleet: SimulatedFleet;
-  beforeAll(async () => {
-    fx = await gatewayFixture({ credits: { control: 4, provision: 1, bulk: 1 } });
-    fleet = await startSimulatedFleet({
-      gatewayAddress: fx.gateway.address,
-      caCertificatePem: fx.gateway.caCertificatePem,
-      joinToken: await fx.token(1),
-      nodes: 1,
-      rootDir: fx.dir,
-      log: testLog,
-    });
-    await eventually(async () => fx.gateway.sessionCount() === 1);
-  });
-  afterAll(async () => {
-    await fleet?.stop();
-    await fx?.close();
-  });
+  const fx = useGatewayFixture(
+    { credits: { control: 4, provision: 1, bulk: 1 } },
+    { nodes: 1, until: 'connected' },
+  );
 
   it('bulk work never blocks control commands, and each lane runs in seq order', async () => {
     const db = fx.database.db;
-    const node = fleet.nodes[0]!;
+    const node = fx.fleet.nodes[0]!;
     node.hardware.diagnoseDelayMs = 1_500;
     const diag = (level: string) => ({ nodeId: node.nodeId, kind: 'diag.nvml', payload: { level } });
     const bulk = await db.transaction().execute(async (trx) => {
@@ -51,7 +37,7 @@ describe('lanes and bcd status', () => {
 
   it('a simulated reboot answers, drops the session and comes back with a new epoch', async () => {
     const db = fx.database.db;
-    const node = fleet.nodes[0]!;
+    const node = fx.fleet.nodes[0]!;
     const before = await db
       .selectFrom('nodes')
       .select('epoch')
@@ -71,7 +57,7 @@ describe('lanes and bcd status', () => {
   });
 
   it('bcd status shows the node, its session, its certificate expiry and what it holds', async () => {
-    const node = fleet.nodes[0]!;
+    const node = fx.fleet.nodes[0]!;
     const roots = { dir: node.dir, cdiDir: `${node.dir}/cdi`, envDir: `${node.dir}/allocations` };
     const status = readDaemonStatus(roots);
     expect(status).toMatchObject({

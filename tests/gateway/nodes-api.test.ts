@@ -1,29 +1,22 @@
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { SimHardware } from '../../daemon/hardware.ts';
 import { joinWithToken } from '../../daemon/identity.ts';
 import { type SimulatedFleet, startSimulatedFleet } from '../../daemon/sim.ts';
-import { type StartedGateway, startGateway } from '../../gateway/server.ts';
-import { type AdmissionHarness, createAdmissionHarness } from '../admission/harness.ts';
-import { eventually, testLog } from './fixture.ts';
+import type { StartedGateway } from '../../gateway/server.ts';
+import { useAdmissionHarness } from '../admission/harness.ts';
+import { eventually } from '../support/eventually.ts';
+import { gatewayTestLog, startTestGateway } from '../support/gateway.ts';
+import { useTempDir } from '../support/temp-dir.ts';
 
 describe('the nodes and joinTokens API groups', () => {
-  let h: AdmissionHarness;
+  const h = useAdmissionHarness();
+  const dir = useTempDir('bc-nodes-api-');
   let gateway: StartedGateway;
   let fleet: SimulatedFleet | undefined;
-  let dir: string;
   let poolId: string;
   beforeAll(async () => {
-    h = await createAdmissionHarness();
-    gateway = await startGateway({
-      ...h.deps,
-      host: '127.0.0.1',
-      port: 0,
-      options: { deliveryIntervalMs: 50 },
-    });
-    dir = mkdtempSync(path.join(tmpdir(), 'bc-nodes-api-'));
+    gateway = await startTestGateway({ db: h.t.db, log: h.deps.log, lifecycle: h.deps.lifecycle });
     const site = await h.call(h.rootToken, 'admin/createSite', { name: 'dc-1', region: 'eu-1' });
     const pool = await h.call(h.rootToken, 'admin/createPool', {
       siteId: site.body.data.id,
@@ -35,8 +28,6 @@ describe('the nodes and joinTokens API groups', () => {
   afterAll(async () => {
     await fleet?.stop();
     await gateway?.stop();
-    await h?.close();
-    if (dir) rmSync(dir, { recursive: true, force: true });
   });
 
   it('creates a join token shown once, a node joins with it, and the operator lists, cordons, drains and uncordons it', async () => {
@@ -56,7 +47,7 @@ describe('the nodes and joinTokens API groups', () => {
       joinToken: created.body.data.token,
       nodes: 1,
       rootDir: dir,
-      log: testLog,
+      log: gatewayTestLog,
     });
     const nodeId = fleet.nodes[0]!.nodeId;
     const ready = await eventually(async () => {

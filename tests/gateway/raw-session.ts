@@ -1,4 +1,5 @@
-import { credentials, Metadata } from '@grpc/grpc-js';
+import { Metadata } from '@grpc/grpc-js';
+import { gatewayChannel } from '../../daemon/gateway-tls.ts';
 import type { NodeIdentity } from '../../daemon/identity.ts';
 import {
   type AgentMessage,
@@ -12,14 +13,8 @@ export async function openRawSession(
   gateway: string,
   journalId = 'jrn_rawsession01',
 ) {
-  const client = new AgentServiceClient(
-    gateway,
-    credentials.createSsl(
-      Buffer.from(identity.caCertificatePem),
-      Buffer.from(identity.privateKeyPem),
-      Buffer.from(identity.certificatePem),
-    ),
-  );
+  const tls = gatewayChannel(gateway, identity);
+  const client = new AgentServiceClient(gateway, tls.credentials, tls.options);
   const stream = client.session(new Metadata());
   const received: ControlMessage[] = [];
   let ended: { code: number; details: string } | null = null;

@@ -1,32 +1,14 @@
 import { rmSync } from 'node:fs';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { NodeAgent } from '../../daemon/agent.ts';
 import { SimHardware } from '../../daemon/hardware.ts';
 import { joinWithToken, loadIdentity } from '../../daemon/identity.ts';
-import { type SimulatedFleet, startSimulatedFleet } from '../../daemon/sim.ts';
 import { enqueueNodeCommand, findNodeCommand } from '../../db/nodes/commands.ts';
-import { eventually, type GatewayFixture, gatewayFixture, testLog } from './fixture.ts';
+import { eventually } from '../support/eventually.ts';
+import { gatewayTestLog, useGatewayFixture } from '../support/gateway.ts';
 
 describe('reclaiming machines and losing journals', () => {
-  let fx: GatewayFixture;
-  let fleet: SimulatedFleet;
-  beforeAll(async () => {
-    fx = await gatewayFixture();
-    fleet = await startSimulatedFleet({
-      gatewayAddress: fx.gateway.address,
-      caCertificatePem: fx.gateway.caCertificatePem,
-      joinToken: await fx.token(1),
-      nodes: 1,
-      rootDir: fx.dir,
-      log: testLog,
-      minBackoffMs: 100,
-    });
-    await eventually(async () => fx.gateway.sessionCount() === 1);
-  });
-  afterAll(async () => {
-    await fleet?.stop();
-    await fx?.close();
-  });
+  const fx = useGatewayFixture({}, { nodes: 1, minBackoffMs: 100, until: 'connected' });
 
   const join = async (hardware: SimHardware, dir: string) =>
     joinWithToken({
@@ -41,7 +23,7 @@ describe('reclaiming machines and losing journals', () => {
 
   it('the same machine joining again reclaims its node and revokes its old certificate', async () => {
     const db = fx.database.db;
-    const node = fleet.nodes[0]!;
+    const node = fx.fleet.nodes[0]!;
     const again = await join(new SimHardware(node.hardware.seed), `${fx.dir}/rejoin`);
     expect(again).toMatchObject({ nodeId: node.nodeId, reclaimed: true });
     const certs = await db
@@ -75,8 +57,8 @@ describe('reclaiming machines and losing journals', () => {
   it('a lost journal fails the commands that were in flight instead of replaying them', async () => {
     const db = fx.database.db;
     const identity = { ...loadIdentity(`${fx.dir}/rejoin`), gateway: fx.gateway.address };
-    await fleet.nodes[0]!.agent.stop();
-    const hardware = new SimHardware(fleet.nodes[0]!.hardware.seed);
+    await fx.fleet.nodes[0]!.agent.stop();
+    const hardware = new SimHardware(fx.fleet.nodes[0]!.hardware.seed);
     hardware.resetDelayMs = 60_000;
     const start = (h: SimHardware) => {
       const agent = new NodeAgent({
@@ -84,7 +66,7 @@ describe('reclaiming machines and losing journals', () => {
         stateDir: `${fx.dir}/rejoin`,
         roots: { cdiDir: `${fx.dir}/rejoin/cdi`, envDir: `${fx.dir}/rejoin/allocations` },
         hardware: h,
-        log: testLog,
+        log: gatewayTestLog,
         minBackoffMs: 100,
       });
       agent.start();

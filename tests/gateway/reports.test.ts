@@ -1,8 +1,8 @@
 import { existsSync, readFileSync } from 'node:fs';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { loadIdentity } from '../../daemon/identity.ts';
-import { type SimulatedFleet, startSimulatedFleet } from '../../daemon/sim.ts';
-import { findAttestationCertificates, setNodeDevicesAssignment } from '../../db/nodes/nodes.ts';
+import { findAttestationCertificates } from '../../db/nodes/certificates.ts';
+import { setNodeDevicesAssignment } from '../../db/nodes/nodes.ts';
 import {
   attestedReportPurpose,
   signAllocationReport,
@@ -10,35 +10,16 @@ import {
 } from '../../domain/attestation.ts';
 import { generateKeyPairPem } from '../../domain/pki.ts';
 import { insertBareAllocation } from '../support/allocations.ts';
-import { eventually, type GatewayFixture, gatewayFixture, testLog } from './fixture.ts';
+import { eventually } from '../support/eventually.ts';
+import { useGatewayFixture } from '../support/gateway.ts';
 import { openRawSession } from './raw-session.ts';
 
 describe('NodeSpec delivery and attested reports', () => {
-  let fx: GatewayFixture;
-  let fleet: SimulatedFleet;
-  beforeAll(async () => {
-    fx = await gatewayFixture();
-    fleet = await startSimulatedFleet({
-      gatewayAddress: fx.gateway.address,
-      caCertificatePem: fx.gateway.caCertificatePem,
-      joinToken: await fx.token(2),
-      nodes: 2,
-      rootDir: fx.dir,
-      log: testLog,
-    });
-    await eventually(async () => {
-      const rows = await fx.database.db.selectFrom('nodes').select('provision_state').execute();
-      return rows.length === 2 && rows.every((r) => r.provision_state === 'ready');
-    });
-  });
-  afterAll(async () => {
-    await fleet?.stop();
-    await fx?.close();
-  });
+  const fx = useGatewayFixture({}, { nodes: 2, until: 'ready' });
 
   async function allocate(nodeIndex: number, gpus: number) {
     const db = fx.database.db;
-    const node = fleet.nodes[nodeIndex]!;
+    const node = fx.fleet.nodes[nodeIndex]!;
     const devices = await db
       .selectFrom('devices')
       .select(['id', 'stable_id'])
@@ -139,7 +120,7 @@ describe('NodeSpec delivery and attested reports', () => {
   it('refuses reports about another node, and unsigned or foreign-signed reports never verify', async () => {
     const db = fx.database.db;
     const target = await allocate(0, 1);
-    const intruder = fleet.nodes[1]!;
+    const intruder = fx.fleet.nodes[1]!;
     await intruder.agent.stop();
     const identity = { ...loadIdentity(intruder.dir), gateway: fx.gateway.address };
     const raw = await openRawSession(identity, fx.gateway.address);
@@ -182,7 +163,7 @@ describe('NodeSpec delivery and attested reports', () => {
     }
 
     // Unsigned and foreign-key reports are stored as received but never verify.
-    const own = fleet.nodes[0]!;
+    const own = fx.fleet.nodes[0]!;
     const signed = signAllocationReport(
       {
         purpose: attestedReportPurpose,

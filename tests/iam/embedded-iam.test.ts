@@ -1,51 +1,23 @@
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
 import type { Principal, ResourceRef } from '../../core/iam-port.ts';
-import { createLogger } from '../../core/logger.ts';
 import { advanceComputeClock } from '../../db/clock.ts';
 import { bootstrapPlatform } from '../../iam/bootstrap.ts';
 import { createEmbeddedIam, type EmbeddedIam } from '../../iam/embedded/index.ts';
-import { createTestDatabase, type TestDatabase } from '../support/database.ts';
+import { useTestDatabase } from '../support/database.ts';
+import { boundedH100Policy } from '../support/iam.ts';
+import { testLogger } from '../support/logger.ts';
 
-let t: TestDatabase;
+const t = useTestDatabase({ max: 5 });
 let iam: EmbeddedIam;
 let root: Awaited<ReturnType<typeof bootstrapPlatform>>;
-
-const h100Policy = {
-  statements: [
-    {
-      sid: 'BoundedH100',
-      effect: 'deny',
-      actions: ['compute:reservations:create', 'compute:reservations:extend'],
-      condition: {
-        all: [
-          { attribute: 'gpuModel', operator: 'equals', value: 'h100' },
-          {
-            not: {
-              all: [
-                { attribute: 'gpuCount', operator: 'lessThanOrEqual', value: 8 },
-                { attribute: 'durationHours', operator: 'lessThanOrEqual', value: 72 },
-                { attribute: 'region', operator: 'in', value: ['eu-central-1', 'eu-west-1'] },
-              ],
-            },
-          },
-        ],
-      },
-    },
-  ],
-};
 
 function reservation(attributes: Record<string, unknown>, id = 'rsv_x'): ResourceRef {
   return { type: 'compute-reservation', id, tenantId: 'acme', attributes };
 }
 
 beforeAll(async () => {
-  t = await createTestDatabase({ max: 5 });
-  iam = createEmbeddedIam({ db: t.db, log: createLogger({ level: 'silent' }) });
+  iam = createEmbeddedIam({ db: t.db, log: testLogger() });
   root = await bootstrapPlatform(iam);
-});
-
-afterAll(async () => {
-  await t?.drop();
 });
 
 describe('the embedded IAM', () => {
@@ -90,7 +62,7 @@ describe('the embedded IAM', () => {
     const foreign = { ...small, tenantId: 'globex' };
     expect((await iam.authorize(principal, 'compute:reservations:create', foreign)).allowed).toBe(false);
 
-    await iam.admin.applyPolicy({ tenantId: 'acme', name: 'h100-limits', document: h100Policy });
+    await iam.admin.applyPolicy({ tenantId: 'acme', name: 'h100-limits', document: boundedH100Policy });
     const cases: Array<[Record<string, unknown>, boolean]> = [
       [{ gpuModel: 'h100', gpuCount: 8, durationHours: 72, region: 'eu-west-1' }, true],
       [{ gpuModel: 'h100', gpuCount: 9, durationHours: 8, region: 'eu-west-1' }, false],
@@ -113,7 +85,7 @@ describe('the embedded IAM', () => {
     });
     expect(v2.version).toBe(2);
     expect((await iam.authorize(principal, 'compute:reservations:create', small)).allowed).toBe(false);
-    await iam.admin.applyPolicy({ tenantId: 'acme', name: 'h100-limits', document: h100Policy });
+    await iam.admin.applyPolicy({ tenantId: 'acme', name: 'h100-limits', document: boundedH100Policy });
   });
 
   it('refuses malformed policy documents with the field named', async () => {

@@ -3,13 +3,13 @@
 // Usage: node --import tsx tests/lifecycle/api-crash-child.ts '<json options>'
 
 import { parseConfig } from '../../core/config.ts';
-import { createLogger } from '../../core/logger.ts';
 import { createDb } from '../../db/pool.ts';
 import { createEmbeddedIam } from '../../iam/embedded/index.ts';
 import { createCompute } from '../../server/compute.ts';
+import { testLogger } from '../support/logger.ts';
 
 const options = JSON.parse(process.argv[2] ?? '{}') as { databaseUrl: string; token: string; poolId: string };
-const log = createLogger({ level: 'silent' });
+const log = testLogger();
 const { db } = createDb(options.databaseUrl, { max: 2, applicationName: 'api-crash-child' });
 const iam = createEmbeddedIam({ db, log });
 const crash = async (): Promise<never> => {

@@ -1,93 +1,24 @@
-import { randomBytes } from 'node:crypto';
 import { sql } from 'kysely';
-import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
-import { parseConfig } from '../../core/config.ts';
-import { createLogger } from '../../core/logger.ts';
-import {
-  insertPool,
-  insertSite,
-  offerPool,
-  type RegisteredNode,
-  registerReadyNodes,
-} from '../../db/nodes/fleet.ts';
-import { bootstrapPlatform } from '../../iam/bootstrap.ts';
-import { createEmbeddedIam } from '../../iam/embedded/index.ts';
-import { createCompute } from '../../server/compute.ts';
-import { connectTemporal, type TemporalClientHandle } from '../../temporal/client.ts';
-import { createTemporalLifecycle } from '../../temporal/lifecycle.ts';
-import { type RunningWorker, startWorker } from '../../temporal/worker.ts';
+import { describe, expect, it } from 'vitest';
 import { snapshotQuery } from '../../workflows/reservation/messages.ts';
-import { createTestDatabase, type TestDatabase } from '../support/database.ts';
-import { fastTimers, smallShape } from './harness.ts';
+import { callApi } from '../support/api.ts';
+import { useLifecycleApi } from './harness.ts';
 
 /**
  * The reservations API (admission) and the lifecycle workflows together: admission starts the
  * workflow after its commit, and a release through the API wakes the pool's pending reservations.
  */
-let t: TestDatabase;
-let temporal: TemporalClientHandle;
-let worker: RunningWorker;
-let compute: ReturnType<typeof createCompute>;
-let token: string;
-let poolId: string;
-let node: RegisteredNode;
-
-beforeAll(async () => {
-  t = await createTestDatabase();
-  const log = createLogger({ level: 'warn', name: 'api-e2e' });
-  const iam = createEmbeddedIam({ db: t.db, log });
-  await bootstrapPlatform(iam);
-  await iam.admin.createTenant({ id: 'acme', name: 'acme' });
-  const identity = await iam.admin.createIdentity({ tenantId: 'acme', kind: 'person', name: 'ada' });
-  await iam.admin.bindRole({ identityId: identity.id, role: 'member' });
-  token = (await iam.admin.createToken({ identityId: identity.id })).token;
-  const siteId = await insertSite(t.db, { name: 'site-e2e', region: 'eu-central-1' });
-  poolId = await insertPool(t.db, { siteId, ownerTenantId: 'platform', name: 'h100', gpuModel: 'h100' });
-  [node] = (await registerReadyNodes(t.db, { siteId, poolId, count: 1, shape: smallShape })) as [
-    RegisteredNode,
-  ];
-  await offerPool(t.db, { poolId, tenantId: 'acme', quota: { gpu: 16 } });
-
-  const address = inject('temporalAddress');
-  const taskQueue = `lifecycle-api-e2e-${randomBytes(4).toString('hex')}`;
+const h = useLifecycleApi({
+  name: 'api-e2e',
+  nodes: 1,
   // A pending retry far away: a pending reservation placed within seconds was woken by the release.
-  const timers = { ...fastTimers, pendingRetryMs: 120_000 };
-  temporal = await connectTemporal({ address });
-  worker = await startWorker({ db: t.db, log, iam, address, taskQueue, timers, sweeper: false });
-  const lifecycle = createTemporalLifecycle(temporal.client, { taskQueue, timers });
-  compute = createCompute({
-    config: parseConfig({}),
-    db: t.db,
-    log,
-    iam,
-    lifecycle,
-    temporal: temporal.client,
-  });
-});
-
-afterAll(async () => {
-  await worker?.stop();
-  await temporal?.close();
-  await t?.drop();
+  timers: { pendingRetryMs: 120_000 },
+  pool: { ownerTenantId: 'platform', gpuQuota: 16 },
 });
 
 async function call(path: string, body: unknown) {
-  const response = await compute.app.request(`/api/compute/${path}`, {
-    method: 'POST',
-    headers: {
-      'content-type': 'application/json',
-      'x-better-compute': '1',
-      authorization: `Bearer ${token}`,
-    },
-    body: JSON.stringify(body),
-  });
-  return {
-    status: response.status,
-    body: (await response.json()) as {
-      data: { id: string; state: string };
-      error?: { code: string };
-    },
-  };
+  const { status, body: answer } = await callApi(h.compute.app, h.credential.token, path, body);
+  return { status, body: answer as { data: { id: string; state: string }; error?: { code: string } } };
 }
 
 async function stateOf(id: string): Promise<string> {
@@ -98,7 +29,7 @@ describe('admission and lifecycle together', () => {
   it('binds what admission placed, and places a pending reservation as soon as a release frees capacity', async () => {
     const first = await call('reservations/create', {
       tenantId: 'acme',
-      poolId,
+      poolId: h.poolId,
       devices: [{ class: 'gpu', count: 2 }],
       duration: '1h',
       idempotencyKey: 'e2e-first',
@@ -109,7 +40,7 @@ describe('admission and lifecycle together', () => {
 
     const second = await call('reservations/create', {
       tenantId: 'acme',
-      poolId,
+      poolId: h.poolId,
       devices: [{ class: 'gpu', count: 2 }],
       duration: '1h',
       idempotencyKey: 'e2e-second',
@@ -118,15 +49,15 @@ describe('admission and lifecycle together', () => {
     const secondId = second.body.data.id as string;
 
     // The node reports the first bound (what the gateway writes, then its wake-up).
-    const allocation = await t.db
+    const allocation = await h.db
       .selectFrom('allocations')
       .where('reservation_id', '=', firstId)
       .select('id')
       .executeTakeFirstOrThrow();
     await sql`UPDATE allocations SET state = 'bound', bound_at = compute_now(),
       binding = ${JSON.stringify({ cdiDevices: ['bcd.dev/gpu=GPU-0'], envFile: '/run/bcd/allocations/a.env' })}::jsonb
-      WHERE id = ${allocation.id}`.execute(t.db);
-    await temporal.client.workflow
+      WHERE id = ${allocation.id}`.execute(h.db);
+    await h.temporal.client.workflow
       .getHandle(firstId)
       .signal('allocationReport', { allocationId: allocation.id, kind: 'bound' });
     await expect.poll(() => stateOf(firstId), { timeout: 10_000 }).toBe('active');
@@ -134,20 +65,20 @@ describe('admission and lifecycle together', () => {
     const released = await call('reservations/release', { tenantId: 'acme', reservationId: firstId });
     expect(released.body.data.state).toBe('released');
     await expect.poll(() => stateOf(secondId), { timeout: 10_000 }).toMatch(/^(placed|binding)$/);
-    const placedOn = await t.db
+    const placedOn = await h.db
       .selectFrom('allocations')
       .where('reservation_id', '=', secondId)
       .where('superseded_at', 'is', null)
       .select('node_id')
       .executeTakeFirstOrThrow();
-    expect(placedOn.node_id).toBe(node.id);
+    expect(placedOn.node_id).toBe(h.nodes[0]!.id);
 
     // The first one's usage reached the billing ledger once, and its workflow ended.
-    expect(await temporal.client.workflow.getHandle(firstId).result()).toEqual({ state: 'released' });
+    expect(await h.temporal.client.workflow.getHandle(firstId).result()).toEqual({ state: 'released' });
     const ledger = await sql<{
       n: number;
     }>`SELECT count(*)::int AS n FROM iam.usage_records WHERE subject LIKE ${`reservation/${firstId}/%`}`.execute(
-      t.db,
+      h.db,
     );
     expect(ledger.rows[0]!.n).toBe(1);
 
@@ -158,14 +89,14 @@ describe('admission and lifecycle together', () => {
   it('renews through the workflow and moves its end timer when an extend commits', async () => {
     const created = await call('reservations/create', {
       tenantId: 'acme',
-      poolId,
+      poolId: h.poolId,
       devices: [{ class: 'gpu', count: 2 }],
       duration: '10m',
       leaseSeconds: 120,
       idempotencyKey: 'e2e-extend',
     });
     const id = created.body.data.id;
-    const handle = temporal.client.workflow.getHandle(id);
+    const handle = h.temporal.client.workflow.getHandle(id);
     await expect
       .poll(async () => (await handle.query(snapshotQuery))?.state, { timeout: 10_000 })
       .toBe('binding');
@@ -173,7 +104,7 @@ describe('admission and lifecycle together', () => {
 
     const renewed = await call('reservations/renew', { tenantId: 'acme', reservationId: id });
     expect(renewed.status).toBe(200);
-    const leaseRow = await t.db
+    const leaseRow = await h.db
       .selectFrom('reservations')
       .where('id', '=', id)
       .select('lease_expires_at')
@@ -195,7 +126,11 @@ describe('admission and lifecycle together', () => {
       .poll(
         async () => {
           const spec = (
-            await t.db.selectFrom('nodes').select('spec').where('id', '=', node.id).executeTakeFirstOrThrow()
+            await h.db
+              .selectFrom('nodes')
+              .select('spec')
+              .where('id', '=', h.nodes[0]!.id)
+              .executeTakeFirstOrThrow()
           ).spec as { devices?: Array<{ until: number }> };
           return spec.devices?.[0]?.until;
         },

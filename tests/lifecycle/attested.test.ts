@@ -1,28 +1,21 @@
 import { generateKeyPairSync } from 'node:crypto';
 import { sql } from 'kysely';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createLogger } from '../../core/logger.ts';
+import { beforeAll, describe, expect, it } from 'vitest';
 import { signAllocationReport } from '../../domain/attestation.ts';
 import { keyIdOfPublicKey } from '../../domain/pki.ts';
 import { acceptAllocationReport } from '../../gateway/reports.ts';
-import {
-  eventTypes,
-  insertPlacedReservation,
-  type LifecycleHarness,
-  startLifecycleHarness,
-  waitForState,
-} from './harness.ts';
+import { testLogger } from '../support/logger.ts';
+import { eventTypes, insertPlacedReservation, useLifecycleHarness, waitForState } from './harness.ts';
 
 /**
  * Attested bindings through the gateway's real storage path (acceptAllocationReport) and the
  * worker's verification: only a report the node signed counts as bound.
  */
-let h: LifecycleHarness;
-const log = createLogger({ level: 'silent' });
+const h = useLifecycleHarness({ name: 'attested', nodes: 2, timers: { bindTimeoutMs: 30_000 } });
+const log = testLogger();
 const keys = new Map<string, string>();
 
 beforeAll(async () => {
-  h = await startLifecycleHarness({ name: 'attested', nodes: 2, timers: { bindTimeoutMs: 30_000 } });
   for (const node of h.nodes) {
     const { publicKey, privateKey } = generateKeyPairSync('ec', { namedCurve: 'P-256' });
     const publicKeyPem = publicKey.export({ format: 'pem', type: 'spki' }).toString();
@@ -42,10 +35,6 @@ beforeAll(async () => {
       })
       .execute();
   }
-});
-
-afterAll(async () => {
-  await h?.stop();
 });
 
 async function report(nodeId: string, allocationId: string, signWith: string | null) {

@@ -1,23 +1,9 @@
 import { sql } from 'kysely';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import {
-  insertPlacedReservation,
-  type LifecycleHarness,
-  reportAllocation,
-  startLifecycleHarness,
-  waitForState,
-} from './harness.ts';
+import { describe, expect, it } from 'vitest';
+import { insertPlacedReservation, reportAllocation, useLifecycleHarness, waitForState } from './harness.ts';
 
-let h: LifecycleHarness;
-
-beforeAll(async () => {
-  // One-second usage windows stand in for hours.
-  h = await startLifecycleHarness({ name: 'billing', nodes: 1, timers: { usageWindowMs: 1_000 } });
-});
-
-afterAll(async () => {
-  await h?.stop();
-});
+// One-second usage windows stand in for hours.
+const h = useLifecycleHarness({ name: 'billing', nodes: 1, timers: { usageWindowMs: 1_000 } });
 
 describe('billing', () => {
   it('writes usage windows as the reservation runs, sends each once, and stops at the release', async () => {

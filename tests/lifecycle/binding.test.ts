@@ -1,25 +1,16 @@
 import { sql } from 'kysely';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { newId } from '../../domain/ids.ts';
 import { wakeSignal } from '../../workflows/reservation/messages.ts';
 import {
   eventTypes,
   insertPlacedReservation,
-  type LifecycleHarness,
   reportAllocation,
-  startLifecycleHarness,
+  useLifecycleHarness,
   waitForState,
 } from './harness.ts';
 
-let h: LifecycleHarness;
-
-beforeAll(async () => {
-  h = await startLifecycleHarness({ name: 'binding', nodes: 4 });
-});
-
-afterAll(async () => {
-  await h?.stop();
-});
+const h = useLifecycleHarness({ name: 'binding', nodes: 4 });
 
 const start = (id: string) => h.startLifecycle(id);
 

@@ -1,23 +1,14 @@
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import {
   eventTypes,
   insertPlacedReservation,
   insertUnplacedReservation,
-  type LifecycleHarness,
   reportAllocation,
-  startLifecycleHarness,
+  useLifecycleHarness,
   waitForState,
 } from './harness.ts';
 
-let h: LifecycleHarness;
-
-beforeAll(async () => {
-  h = await startLifecycleHarness({ name: 'cancel-release', nodes: 4 });
-});
-
-afterAll(async () => {
-  await h?.stop();
-});
+const h = useLifecycleHarness({ name: 'cancel-release', nodes: 4 });
 
 const start = (id: string, state: string) => h.startLifecycle(id, state);
 

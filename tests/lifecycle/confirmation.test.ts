@@ -1,24 +1,10 @@
 import { sql } from 'kysely';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { confirmationUpdate, snapshotQuery } from '../../workflows/reservation/messages.ts';
 import { searchAttributes } from '../../workflows/search-attributes.ts';
-import {
-  eventTypes,
-  insertUnplacedReservation,
-  type LifecycleHarness,
-  startLifecycleHarness,
-  waitForState,
-} from './harness.ts';
+import { eventTypes, insertUnplacedReservation, useLifecycleHarness, waitForState } from './harness.ts';
 
-let h: LifecycleHarness;
-
-beforeAll(async () => {
-  h = await startLifecycleHarness({ name: 'confirmation', nodes: 1 });
-});
-
-afterAll(async () => {
-  await h?.stop();
-});
+const h = useLifecycleHarness({ name: 'confirmation', nodes: 1 });
 
 const start = (id: string) => h.startLifecycle(id, 'awaiting-confirmation');
 

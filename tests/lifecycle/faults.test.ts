@@ -1,35 +1,29 @@
 import type { ChildProcess } from 'node:child_process';
 import { sql } from 'kysely';
 import pg from 'pg';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, describe, expect, it } from 'vitest';
 import { checkBookingInvariants } from '../../db/allocations/invariants.ts';
 import { killChild, spawnChildWorker } from './children.ts';
 import {
   eventTypes,
   insertPlacedReservation,
-  type LifecycleHarness,
   reportAllocation,
-  startLifecycleHarness,
+  useLifecycleHarness,
   waitForState,
 } from './harness.ts';
 
-let h: LifecycleHarness;
-let child: ChildProcess | null = null;
 const activityTimeoutMs = 3_000;
-
-beforeAll(async () => {
-  h = await startLifecycleHarness({
-    name: 'faults',
-    nodes: 2,
-    worker: false,
-    activityTimeoutMs,
-    timers: { bindTimeoutMs: 60_000 },
-  });
+const h = useLifecycleHarness({
+  name: 'faults',
+  nodes: 2,
+  worker: false,
+  activityTimeoutMs,
+  timers: { bindTimeoutMs: 60_000 },
 });
+let child: ChildProcess | null = null;
 
 afterAll(async () => {
   if (child) await killChild(child);
-  await h?.stop();
 });
 
 /** Waits until some session of the test database waits on a lock (the child's activity is stuck). */

@@ -1,24 +1,15 @@
 import { sql } from 'kysely';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { searchAttributes } from '../../workflows/search-attributes.ts';
 import {
   eventTypes,
   insertPlacedReservation,
-  type LifecycleHarness,
   reportAllocation,
-  startLifecycleHarness,
+  useLifecycleHarness,
   waitForState,
 } from './harness.ts';
 
-let h: LifecycleHarness;
-
-beforeAll(async () => {
-  h = await startLifecycleHarness({ name: 'full-path' });
-});
-
-afterAll(async () => {
-  await h?.stop();
-});
+const h = useLifecycleHarness({ name: 'full-path' });
 
 describe('a reservation lifecycle on Temporal', () => {
   it('goes placed → binding → active → released, with NodeSpec, events, billing and search attributes', async () => {

@@ -1,33 +1,22 @@
-import { randomBytes } from 'node:crypto';
+import type { Client } from '@temporalio/client';
 import { sql } from 'kysely';
-import { inject } from 'vitest';
+import { parseConfig } from '../../core/config.ts';
 import type { Db, ReservationState } from '../../core/database.ts';
-import { createLogger } from '../../core/logger.ts';
-import {
-  insertPool,
-  insertSite,
-  type NodeShape,
-  offerPool,
-  type RegisteredNode,
-  registerReadyNodes,
-} from '../../db/nodes/fleet.ts';
+import type { Logger } from '../../core/logger.ts';
+import type { RegisteredNode } from '../../db/nodes/fleet.ts';
 import type { LifecycleTimers } from '../../domain/reservation-lifecycle.ts';
-import { createEmbeddedIam } from '../../iam/embedded/index.ts';
-import { connectTemporal, type TemporalClientHandle } from '../../temporal/client.ts';
-import { createTemporalLifecycle } from '../../temporal/lifecycle.ts';
-import { type RunningWorker, startWorker } from '../../temporal/worker.ts';
+import { bootstrapPlatform } from '../../iam/bootstrap.ts';
+import { createEmbeddedIam, type EmbeddedIam } from '../../iam/embedded/index.ts';
+import { type Compute, createCompute } from '../../server/compute.ts';
+import type { RunningWorker } from '../../temporal/worker.ts';
 import { createTestDatabase, type TestDatabase } from '../support/database.ts';
+import { seedPool, smallShape } from '../support/fleet.ts';
+import { useFixture } from '../support/hooks.ts';
+import { tenantMember } from '../support/iam.ts';
+import { testLogger } from '../support/logger.ts';
+import { startTestTemporal, type TestTemporal } from '../support/temporal.ts';
 
 export * from './reservations.ts';
-
-export const smallShape: NodeShape = {
-  gpus: 2,
-  gpuModel: 'h100',
-  gpuMemoryMiB: 81_559,
-  nvlinkDomainSize: 2,
-  numaNodes: 1,
-  resources: {},
-};
 
 /** Short timers so every moment of a lifecycle happens within seconds. */
 export const fastTimers: Partial<LifecycleTimers> = {
@@ -41,14 +30,17 @@ export const fastTimers: Partial<LifecycleTimers> = {
 export interface LifecycleHarness {
   t: TestDatabase;
   db: Db;
+  log: Logger;
+  /** The embedded IAM the worker bills through. */
+  iam: EmbeddedIam;
   tenantId: string;
   siteId: string;
   poolId: string;
   nodes: RegisteredNode[];
   taskQueue: string;
   address: string;
-  temporal: TemporalClientHandle;
-  lifecycle: ReturnType<typeof createTemporalLifecycle>;
+  temporal: { client: Client };
+  lifecycle: TestTemporal['lifecycle'];
   worker: RunningWorker | null;
   /** Starts the in-process worker (when the harness began without one). */
   startWorker(): Promise<void>;
@@ -57,11 +49,7 @@ export interface LifecycleHarness {
   stop(): Promise<void>;
 }
 
-/**
- * A real migrated database with a small fleet (nodes of two H100s), the embedded IAM as billing
- * ledger, a worker on a task queue of its own on the real Temporal dev server, and the lifecycle.
- */
-export async function startLifecycleHarness(options: {
+export interface LifecycleHarnessOptions {
   name: string;
   timers?: Partial<LifecycleTimers>;
   nodes?: number;
@@ -70,77 +58,104 @@ export async function startLifecycleHarness(options: {
   historyLimit?: number;
   /** Run the orphan-sweeper Schedule (a Schedule of this harness's own) every `everyMs`. */
   sweeper?: { everyMs: number; graceMs: number };
-}): Promise<LifecycleHarness> {
-  const log = createLogger({ level: 'warn', name: `test-${options.name}` });
+  /** Who owns the pool (default `tnt_root`) and the GPU quota it offers the tenant (default 64). */
+  pool?: { ownerTenantId?: string; gpuQuota?: number };
+}
+
+/**
+ * A real migrated database with a small fleet (nodes of two H100s), the embedded IAM as billing
+ * ledger, a worker on a task queue of its own on the real Temporal dev server, and the lifecycle.
+ */
+export async function startLifecycleHarness(options: LifecycleHarnessOptions): Promise<LifecycleHarness> {
+  const log = testLogger(`test-${options.name}`, 'warn');
   const t = await createTestDatabase();
   const tenantId = 'acme';
-  const siteId = await insertSite(t.db, { name: `site-${options.name}`, region: 'eu-central-1' });
-  const poolId = await insertPool(t.db, {
-    siteId,
-    ownerTenantId: 'tnt_root',
-    name: 'h100',
-    gpuModel: 'h100',
-  });
-  await offerPool(t.db, { poolId, tenantId, quota: { gpu: 64 } });
-  const nodes = await registerReadyNodes(t.db, {
-    siteId,
-    poolId,
-    count: options.nodes ?? 2,
+  const { siteId, poolId, nodes } = await seedPool(t.db, {
+    site: `site-${options.name}`,
+    ...(options.pool?.ownerTenantId ? { ownerTenantId: options.pool.ownerTenantId } : {}),
+    nodes: options.nodes ?? 2,
     shape: smallShape,
+    offers: { [tenantId]: { gpu: options.pool?.gpuQuota ?? 64 } },
   });
-  const address = inject('temporalAddress');
-  const taskQueue = `lifecycle-${options.name}-${randomBytes(4).toString('hex')}`;
-  const timers = { ...fastTimers, ...options.timers };
-  const temporal = await connectTemporal({ address });
   const iam = createEmbeddedIam({ db: t.db, log });
-  const lifecycleOptions = {
-    taskQueue,
-    timers,
+  const temporal = await startTestTemporal({
+    name: options.name,
+    db: t.db,
+    log,
+    iam,
+    timers: { ...fastTimers, ...options.timers },
+    ...(options.worker === false ? { worker: false } : {}),
     ...(options.activityTimeoutMs ? { activityTimeoutMs: options.activityTimeoutMs } : {}),
     ...(options.historyLimit ? { historyLimit: options.historyLimit } : {}),
-  };
-  const startInProcessWorker = () =>
-    startWorker({
-      db: t.db,
-      log,
-      iam,
-      address,
-      taskQueue,
-      timers,
-      lifecycle: lifecycleOptions,
-      sweeper: options.sweeper ? { ...options.sweeper, scheduleId: `sweeper-${taskQueue}` } : false,
-    });
-  const worker = options.worker === false ? null : await startInProcessWorker();
-  const lifecycle = createTemporalLifecycle(temporal.client, lifecycleOptions);
-  const harness: LifecycleHarness = {
+    ...(options.sweeper ? { sweeper: options.sweeper } : {}),
+  });
+  return {
     t,
     db: t.db,
+    log,
+    iam,
     tenantId,
     siteId,
     poolId,
     nodes,
-    taskQueue,
-    address,
-    temporal,
-    lifecycle,
-    worker,
-    async startWorker() {
-      harness.worker = await startInProcessWorker();
+    taskQueue: temporal.taskQueue,
+    address: temporal.address,
+    temporal: { client: temporal.client },
+    lifecycle: temporal.lifecycle,
+    get worker() {
+      return temporal.worker;
     },
-    startLifecycle: (id, state = 'placed') => lifecycle.start({ id, tenantId, poolId, state }),
+    set worker(worker) {
+      temporal.worker = worker;
+    },
+    startWorker: () => temporal.startWorker(),
+    startLifecycle: (id, state = 'placed') => temporal.lifecycle.start({ id, tenantId, poolId, state }),
     async stop() {
-      if (options.sweeper) {
-        await temporal.client.schedule
-          .getHandle(`sweeper-${taskQueue}`)
-          .delete()
-          .catch(() => {});
-      }
-      await harness.worker?.stop();
-      await temporal.close();
+      await temporal.stop();
       await t.drop();
     },
   };
-  return harness;
+}
+
+/** startLifecycleHarness for the tests of the enclosing file or `describe` block. */
+export function useLifecycleHarness(options: LifecycleHarnessOptions): LifecycleHarness {
+  return useFixture(
+    () => startLifecycleHarness(options),
+    (h) => h.stop(),
+  );
+}
+
+export interface LifecycleApi extends LifecycleHarness {
+  /** The API in process, starting and signalling the harness's lifecycles. */
+  compute: Compute;
+  /** A member of the harness's tenant. */
+  credential: { token: string };
+}
+
+/** The harness with the platform bootstrapped, a member of its tenant, and the API in process. */
+export function useLifecycleApi(options: LifecycleHarnessOptions): LifecycleApi {
+  return useFixture(
+    async () => {
+      const h = await startLifecycleHarness(options);
+      try {
+        await bootstrapPlatform(h.iam);
+        const { token } = await tenantMember(h.iam, h.tenantId, { name: 'ada' });
+        const compute = createCompute({
+          config: parseConfig({}),
+          db: h.db,
+          log: h.log,
+          iam: h.iam,
+          lifecycle: h.lifecycle,
+          temporal: h.temporal.client,
+        });
+        return Object.assign(h, { compute, credential: { token } });
+      } catch (error) {
+        await h.stop();
+        throw error;
+      }
+    },
+    (h) => h.stop(),
+  );
 }
 
 /** What the gateway does with a node's `AllocationBound`: store the binding, then wake the workflow. */

@@ -1,20 +1,7 @@
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import {
-  insertPlacedReservation,
-  type LifecycleHarness,
-  startLifecycleHarness,
-  waitForState,
-} from './harness.ts';
+import { describe, expect, it } from 'vitest';
+import { insertPlacedReservation, useLifecycleHarness, waitForState } from './harness.ts';
 
-let h: LifecycleHarness;
-
-beforeAll(async () => {
-  h = await startLifecycleHarness({ name: 'history-bound', nodes: 1, historyLimit: 40 });
-});
-
-afterAll(async () => {
-  await h?.stop();
-});
+const h = useLifecycleHarness({ name: 'history-bound', nodes: 1, historyLimit: 40 });
 
 describe('bounded history', () => {
   it('continues as new while a reservation is renewed again and again, keeping its lease and its state', async () => {

@@ -1,25 +1,16 @@
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import {
   eventTypes,
   insertPlacedReservation,
   insertUnplacedReservation,
-  type LifecycleHarness,
-  startLifecycleHarness,
+  useLifecycleHarness,
   waitForState,
 } from './harness.ts';
 
-let h: LifecycleHarness;
-
-beforeAll(async () => {
-  h = await startLifecycleHarness({
-    name: 'pending',
-    nodes: 1,
-    timers: { maxPendingMs: 3_000, pendingRetryMs: 500 },
-  });
-});
-
-afterAll(async () => {
-  await h?.stop();
+const h = useLifecycleHarness({
+  name: 'pending',
+  nodes: 1,
+  timers: { maxPendingMs: 3_000, pendingRetryMs: 500 },
 });
 
 const start = (id: string, state: string) => h.startLifecycle(id, state);

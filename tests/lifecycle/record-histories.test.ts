@@ -1,12 +1,11 @@
 import { existsSync, writeFileSync } from 'node:fs';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { historyToRecordedJson } from '../histories/format.ts';
 import {
   insertPlacedReservation,
   insertUnplacedReservation,
-  type LifecycleHarness,
   reportAllocation,
-  startLifecycleHarness,
+  useLifecycleHarness,
   waitForState,
 } from './harness.ts';
 
@@ -24,25 +23,17 @@ const scenarios = [
 ];
 const missing = scenarios.filter((name) => !existsSync(new URL(`${name}.json`, dir)));
 
-let h: LifecycleHarness;
-
-beforeAll(async () => {
-  if (missing.length > 0) h = await startLifecycleHarness({ name: 'record', nodes: 4 });
-});
-
-afterAll(async () => {
-  await h?.stop();
-});
-
-async function save(name: string, reservationId: string): Promise<void> {
-  const handle = h.temporal.client.workflow.getHandle(reservationId);
-  await handle.result();
-  writeFileSync(new URL(`${name}.json`, dir), `${historyToRecordedJson(await handle.fetchHistory())}\n`);
-}
-
-const start = (id: string, state: string) => h.startLifecycle(id, state);
-
 describe.skipIf(missing.length === 0)('recording lifecycle histories', () => {
+  const h = useLifecycleHarness({ name: 'record', nodes: 4 });
+
+  async function save(name: string, reservationId: string): Promise<void> {
+    const handle = h.temporal.client.workflow.getHandle(reservationId);
+    await handle.result();
+    writeFileSync(new URL(`${name}.json`, dir), `${historyToRecordedJson(await handle.fetchHistory())}\n`);
+  }
+
+  const start = (id: string, state: string) => h.startLifecycle(id, state);
+
   it('records every missing scenario', async () => {
     if (missing.includes('full-path')) {
       const r = await insertPlacedReservation(h, { node: h.nodes[0]!, startInMs: 500 });

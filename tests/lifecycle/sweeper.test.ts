@@ -1,28 +1,20 @@
 import { spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createLogger } from '../../core/logger.ts';
+import { describe, expect, it } from 'vitest';
 import { checkBookingInvariants } from '../../db/allocations/invariants.ts';
 import { bootstrapPlatform } from '../../iam/bootstrap.ts';
 import { createEmbeddedIam } from '../../iam/embedded/index.ts';
 import { ensureSweeperSchedule } from '../../temporal/schedules.ts';
+import { tenantMember } from '../support/iam.ts';
+import { testLogger } from '../support/logger.ts';
 import {
   insertPlacedReservation,
   insertUnplacedReservation,
-  type LifecycleHarness,
-  startLifecycleHarness,
+  useLifecycleHarness,
   waitForState,
 } from './harness.ts';
 
-let h: LifecycleHarness;
-
-beforeAll(async () => {
-  h = await startLifecycleHarness({ name: 'sweeper', nodes: 2, sweeper: { everyMs: 1_000, graceMs: 500 } });
-});
-
-afterAll(async () => {
-  await h?.stop();
-});
+const h = useLifecycleHarness({ name: 'sweeper', nodes: 2, sweeper: { everyMs: 1_000, graceMs: 500 } });
 
 describe('the orphan sweeper (a Temporal Schedule)', () => {
   it('starts the lifecycle of reservations committed without one (the API died before the start)', async () => {
@@ -82,12 +74,9 @@ describe('the orphan sweeper (a Temporal Schedule)', () => {
   });
 
   it("catches up after an API process is SIGKILLed between admission's commit and the workflow start", async () => {
-    const iam = createEmbeddedIam({ db: h.db, log: createLogger({ level: 'silent' }) });
+    const iam = createEmbeddedIam({ db: h.db, log: testLogger() });
     await bootstrapPlatform(iam);
-    await iam.admin.createTenant({ id: 'acme', name: 'acme' });
-    const identity = await iam.admin.createIdentity({ tenantId: 'acme', kind: 'person', name: 'ada' });
-    await iam.admin.bindRole({ identityId: identity.id, role: 'member' });
-    const token = (await iam.admin.createToken({ identityId: identity.id })).token;
+    const { token } = await tenantMember(iam, 'acme', { name: 'ada' });
     const child = spawn(
       process.execPath,
       [

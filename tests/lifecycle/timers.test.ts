@@ -1,24 +1,15 @@
 import { sql } from 'kysely';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { snapshotQuery } from '../../workflows/reservation/messages.ts';
 import {
   eventTypes,
   insertPlacedReservation,
-  type LifecycleHarness,
   reportAllocation,
-  startLifecycleHarness,
+  useLifecycleHarness,
   waitForState,
 } from './harness.ts';
 
-let h: LifecycleHarness;
-
-beforeAll(async () => {
-  h = await startLifecycleHarness({ name: 'timers', nodes: 3 });
-});
-
-afterAll(async () => {
-  await h?.stop();
-});
+const h = useLifecycleHarness({ name: 'timers', nodes: 3 });
 
 const start = (id: string) => h.startLifecycle(id);
 

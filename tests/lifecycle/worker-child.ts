@@ -1,10 +1,10 @@
 // A worker in a process of its own, so a test can SIGKILL it in the middle of an activity.
 // Usage: node --import tsx tests/lifecycle/worker-child.ts '<json options>'
 
-import { createLogger } from '../../core/logger.ts';
 import { createDb } from '../../db/pool.ts';
 import { createEmbeddedIam } from '../../iam/embedded/index.ts';
 import { startWorker } from '../../temporal/worker.ts';
+import { testLogger } from '../support/logger.ts';
 
 const options = JSON.parse(process.argv[2] ?? '{}') as {
   databaseUrl: string;
@@ -13,7 +13,7 @@ const options = JSON.parse(process.argv[2] ?? '{}') as {
   timers?: Record<string, number>;
   activityTimeoutMs?: number;
 };
-const log = createLogger({ level: 'warn', name: 'worker-child' });
+const log = testLogger('worker-child', 'warn');
 const { db } = createDb(options.databaseUrl, { max: 4, applicationName: 'worker-child' });
 await startWorker({
   db,

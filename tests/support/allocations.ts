@@ -1,6 +1,7 @@
 import type { Transaction } from 'kysely';
 import type { Database } from '../../core/database.ts';
 import { newId } from '../../domain/ids.ts';
+import type { NormalizedRequest } from '../../domain/reservation-request.ts';
 
 /**
  * A placed reservation with one allocation on `nodeId`, for tests that exercise the booking layer
@@ -21,7 +22,13 @@ export async function insertBareAllocation(
       pool_id: input.poolId,
       owner_identity_id: 'idn_test',
       idempotency_key: reservationId,
-      request: JSON.stringify({}),
+      request: JSON.stringify({
+        poolId: input.poolId,
+        devices: [{ class: 'gpu', count: 1, topology: 'any' }],
+        duration: `${input.end.getTime() - input.start.getTime()}ms`,
+        durationMs: input.end.getTime() - input.start.getTime(),
+        binding: 'hold',
+      } satisfies NormalizedRequest),
       request_hash: 'test',
       state: 'placed',
       duration_ms: input.end.getTime() - input.start.getTime(),

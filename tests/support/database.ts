@@ -2,6 +2,7 @@ import { randomBytes } from 'node:crypto';
 import pg from 'pg';
 import { inject } from 'vitest';
 import { createDb, type DbHandle } from '../../db/pool.ts';
+import { useFixture } from './hooks.ts';
 
 export interface TestDatabase extends DbHandle {
   url: string;
@@ -40,4 +41,12 @@ export async function createTestDatabase(options: { max?: number } = {}): Promis
       await dropper.end();
     },
   };
+}
+
+/** A fresh database for the tests of the enclosing file or `describe` block, dropped after them. */
+export function useTestDatabase(options: { max?: number } = {}): TestDatabase {
+  return useFixture(
+    () => createTestDatabase(options),
+    (database) => database.drop(),
+  );
 }

@@ -4,16 +4,13 @@
  * calls besides ApplicationFailure, so it is unit-tested without a server.
  */
 import { ApplicationFailure } from '@temporalio/common';
-import {
-  isTerminal,
-  type LifecycleIntents,
-  type LifecycleMemory,
-  type ReservationSnapshot,
+import type {
+  LifecycleIntents,
+  LifecycleMemory,
+  ReservationSnapshot,
 } from '../../domain/reservation-lifecycle.ts';
+import { isCancellable, isRenewable, isTerminal } from '../../domain/reservation-states.ts';
 import type { ReservationWorkflowInput } from './messages.ts';
-
-const renewableStates = ['placed', 'binding', 'active'];
-const cancellableStates = ['pending', 'placed', 'awaiting-confirmation'];
 
 function invalidState(message: string, details: Record<string, unknown> = {}): ApplicationFailure {
   return ApplicationFailure.create({
@@ -109,12 +106,12 @@ export class LifecycleHolder {
 
   /** Whether a cancel can still apply (the reservation has not started). */
   cancellable(): boolean {
-    return this.snapshot === null || cancellableStates.includes(this.snapshot.state);
+    return this.snapshot === null || isCancellable(this.snapshot.state);
   }
 
   validateCancel(): void {
     this.requireLive('cancel');
-    if (this.snapshot && !cancellableStates.includes(this.snapshot.state)) {
+    if (this.snapshot && !isCancellable(this.snapshot.state)) {
       throw invalidState(
         `only a reservation that has not started can be cancelled; it is ${this.snapshot.state}`,
         {
@@ -129,7 +126,7 @@ export class LifecycleHolder {
     if (!this.snapshot) return;
     if (this.snapshot.leaseSeconds === null)
       throw invalidState('the reservation was created without leaseSeconds');
-    if (!renewableStates.includes(this.snapshot.state)) {
+    if (!isRenewable(this.snapshot.state)) {
       throw invalidState(`a lease renews in placed, binding or active; it is ${this.snapshot.state}`, {
         state: this.snapshot.state,
       });

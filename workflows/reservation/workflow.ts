@@ -22,6 +22,7 @@ import type { ReservationActivities } from '../../activities/reservation.ts';
 import type { SweeperActivities } from '../../activities/sweeper.ts';
 // biome-ignore lint/style/noRestrictedImports: a type-only import, erased before bundling
 import type { UsageActivities } from '../../activities/usage.ts';
+import { assertNever } from '../../domain/errors.ts';
 import {
   decide,
   type LifecycleAction,
@@ -289,5 +290,7 @@ async function act(
       holder.memory.meteredThrough = s.now;
       await settleUsage(acts, reservationId, s);
       return;
+    default:
+      return assertNever(action);
   }
 }

@@ -1,4 +1,6 @@
-import type { ColumnType, Generated } from 'kysely';
+import type { ColumnType, Generated, Kysely, Transaction } from 'kysely';
+import type { Database } from './database.ts';
+import type { IdentityKind } from './iam-port.ts';
 
 type Timestamp = ColumnType<Date, Date | string, Date | string>;
 type TimestampDefault = ColumnType<Date, Date | string | undefined, Date | string>;
@@ -15,7 +17,7 @@ export interface IamTenantsTable {
 export interface IamIdentitiesTable {
   id: string;
   tenant_id: string;
-  kind: 'person' | 'service' | 'agent';
+  kind: IdentityKind;
   name: string;
   email: string | null;
   disabled_at: Timestamp | null;
@@ -63,6 +65,7 @@ export interface IamPoliciesTable {
   tenant_id: string;
   name: string;
   version: number;
+  /** A policy document as applied (core/iam-policy.ts); read back through its schema. */
   document: Json<unknown>;
   disabled: Generated<boolean>;
   created_by: string | null;
@@ -108,8 +111,11 @@ export interface IamFeatureFlagsTable {
   enabled: boolean;
 }
 
-/** IAM's own tables, in the PostgreSQL schema `iam` (never mixed into compute's Database). */
-export interface IamDatabase {
+/**
+ * The embedded IAM's own tables, in the PostgreSQL schema `iam` (never part of compute's
+ * `Database`). A type alias, not an interface, so that Kysely's `withTables` accepts it.
+ */
+export type IamDatabase = {
   'iam.tenants': IamTenantsTable;
   'iam.identities': IamIdentitiesTable;
   'iam.delegations': IamDelegationsTable;
@@ -121,4 +127,8 @@ export interface IamDatabase {
   'iam.usage_records': IamUsageRecordsTable;
   'iam.budgets': IamBudgetsTable;
   'iam.feature_flags': IamFeatureFlagsTable;
-}
+};
+
+/** Compute's database seen with IAM's tables as well; made once by `iamDatabase` (db/iam/iam-db.ts). */
+export type IamDb = Kysely<Database & IamDatabase>;
+export type IamTransaction = Transaction<Database & IamDatabase>;

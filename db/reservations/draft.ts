@@ -2,8 +2,6 @@ import { sql, type Transaction } from 'kysely';
 import type { AdmissionCaches, PoolForTenant } from '../../core/admission-caches.ts';
 import type { Database, Db, Reservation } from '../../core/database.ts';
 import type { Principal } from '../../core/iam-port.ts';
-import { poolPerGpuShare } from '../../db/allocations/placement-load.ts';
-import { preparedMarker } from '../../db/pool.ts';
 import { ComputeError } from '../../domain/errors.ts';
 import { reservationDraftId } from '../../domain/ids.ts';
 import {
@@ -11,6 +9,7 @@ import {
   type HostResourceAmounts,
   type NormalizedRequest,
 } from '../../domain/reservation-request.ts';
+import { preparedMarker } from '../pool.ts';
 
 type Trx = Transaction<Database>;
 
@@ -48,6 +47,38 @@ export async function poolForTenant(trx: Trx | Db, tenantId: string, poolId: str
   if (!pool)
     throw new ComputeError('NOT_FOUND', `poolId: pool ${poolId} is not offered to tenant ${tenantId}`);
   return pool;
+}
+
+/**
+ * The pool's per-GPU share of host CPU and memory: `policy.perGpu` where set, otherwise the
+ * smallest share any GPU host of the pool can give (allocatable ÷ physical GPUs), so it fits on
+ * every host. The measured share goes through `caches.share` (30 s per pool) when given.
+ */
+export async function poolPerGpuShare(
+  db: Db,
+  pool: { id: string; policy: Record<string, unknown> },
+  caches?: AdmissionCaches,
+): Promise<HostResourceAmounts> {
+  const perGpu = (pool.policy.perGpu ?? {}) as Partial<HostResourceAmounts>;
+  let measured = caches?.share.get(pool.id);
+  if (!measured) {
+    const { rows } = await sql<{ resource: string; share: string | null }>`
+      SELECT h.resource, min(h.allocatable / g.n) AS share
+      FROM nodes n
+      JOIN LATERAL (SELECT count(*) AS n FROM devices d
+                    WHERE d.node_id = n.id AND d.class = 'gpu' AND d.removed_at IS NULL) g ON g.n > 0
+      JOIN host_resources h ON h.node_id = n.id AND h.resource IN ('vcpu', 'memoryGiB')
+      WHERE n.pool_id = ${pool.id}
+      GROUP BY h.resource`.execute(db);
+    measured = { vcpu: 0, memoryGiB: 0, hugepages1Gi: 0 };
+    for (const r of rows) measured[r.resource as 'vcpu' | 'memoryGiB'] = Number(r.share ?? 0);
+    caches?.share.set(pool.id, measured);
+  }
+  return {
+    vcpu: perGpu.vcpu ?? measured.vcpu,
+    memoryGiB: perGpu.memoryGiB ?? measured.memoryGiB,
+    hugepages1Gi: 0,
+  };
 }
 
 const classForSharing: Record<string, string> = {

@@ -1,0 +1,38 @@
+import { createHash } from 'node:crypto';
+import { ComputeError } from '../domain/errors.ts';
+import type { Authenticator } from './authenticate.ts';
+
+/**
+ * Wraps an authenticator with a cache of refused tokens (keyed by the token's hash, never the
+ * token): a token IAM answered UNAUTHENTICATED for is refused again for `ttlMs` without a lookup,
+ * so a flood of one bad token costs one database read. Only UNAUTHENTICATED is remembered; any
+ * other failure (the database down) is tried again on the next call. Tokens are random secrets
+ * that never become valid later, so remembering a refusal changes no answer.
+ */
+export function withFailedLookupCache(
+  authenticate: Authenticator,
+  options: { ttlMs?: number; maxEntries?: number; now?: () => number } = {},
+): Authenticator {
+  const ttlMs = options.ttlMs ?? 30_000;
+  const maxEntries = options.maxEntries ?? 10_000;
+  // wall time: a TTL cache.
+  const clock = options.now ?? Date.now;
+  const refused = new Map<string, { error: ComputeError; expiresAt: number }>();
+  return async function authenticateOrRefuseFromCache(token) {
+    if (!token) return authenticate(token);
+    const key = createHash('sha256').update(token).digest('base64url');
+    const now = clock();
+    const hit = refused.get(key);
+    if (hit && hit.expiresAt > now) throw hit.error;
+    if (hit) refused.delete(key);
+    try {
+      return await authenticate(token);
+    } catch (error) {
+      if (error instanceof ComputeError && error.code === 'UNAUTHENTICATED') {
+        if (refused.size >= maxEntries) refused.delete(refused.keys().next().value!);
+        refused.set(key, { error, expiresAt: now + ttlMs });
+      }
+      throw error;
+    }
+  };
+}

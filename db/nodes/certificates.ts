@@ -1,0 +1,185 @@
+import { sql, type Transaction } from 'kysely';
+import type { Database, Db } from '../../core/database.ts';
+import type { AttestationCertificate } from '../../domain/attestation.ts';
+import { ComputeError } from '../../domain/errors.ts';
+import type { NodeRole } from '../../domain/fleet.ts';
+import {
+  type CaMaterial,
+  type CsrContents,
+  createCertificateAuthority,
+  type IssuedCertificate,
+  issueNodeCertificate,
+  maxNodeCertificateMs,
+} from '../../domain/pki.ts';
+import { readComputeNow } from '../clock.ts';
+
+type Trx = Transaction<Database>;
+
+const caName = 'machine';
+
+/** The control plane's CA, created on first use (two racing creators keep the first). */
+export async function ensureCertificateAuthority(db: Db, trustDomain: string): Promise<CaMaterial> {
+  const read = () =>
+    db
+      .selectFrom('certificate_authorities')
+      .select(['certificate_pem', 'private_key_pem', 'trust_domain'])
+      .where('name', '=', caName)
+      .executeTakeFirst();
+  let row = await read();
+  if (!row) {
+    const ca = await createCertificateAuthority(trustDomain);
+    await db
+      .insertInto('certificate_authorities')
+      .values({
+        name: caName,
+        trust_domain: trustDomain,
+        certificate_pem: ca.certificatePem,
+        private_key_pem: ca.privateKeyPem,
+      })
+      .onConflict((oc) => oc.column('name').doNothing())
+      .execute();
+    row = await read();
+  }
+  if (!row) throw new ComputeError('INTERNAL', 'the machine CA could not be stored');
+  return { certificatePem: row.certificate_pem, privateKeyPem: row.private_key_pem };
+}
+
+/**
+ * Signs a node certificate for `publicKeyPem` (valid from the database's clock for `certificateTtlMs`,
+ * at most 24 hours) and records it in `node_certificates`, inside the caller's transaction. Join,
+ * renewal and the benchmark's direct provisioning issue every node certificate through here.
+ */
+export async function issueStoredNodeCertificate(
+  trx: Trx,
+  options: { ca: CaMaterial; certificateTtlMs: number },
+  input: { nodeId: string; nodeName: string; role: NodeRole; spiffeId: string } & CsrContents,
+): Promise<IssuedCertificate> {
+  const cert = await issueNodeCertificate({
+    ca: options.ca,
+    publicKeyPem: input.publicKeyPem,
+    spiffeId: input.spiffeId,
+    nodeName: input.nodeName,
+    role: input.role,
+    now: await readComputeNow(trx),
+    validForMs: Math.min(options.certificateTtlMs, maxNodeCertificateMs),
+  });
+  await trx
+    .insertInto('node_certificates')
+    .values({
+      serial: cert.serial,
+      node_id: input.nodeId,
+      role: input.role,
+      spiffe_id: input.spiffeId,
+      key_id: input.keyId,
+      public_key_pem: input.publicKeyPem,
+      certificate_pem: cert.certificatePem,
+      not_before: cert.notBefore,
+      not_after: cert.notAfter,
+    })
+    .execute();
+  return cert;
+}
+
+/** A node's certificate with what the gateway checks on every session. */
+export interface PeerCertificateRow {
+  serial: string;
+  nodeId: string;
+  role: NodeRole;
+  spiffeId: string;
+  revoked: boolean;
+  expired: boolean;
+  nodeName: string;
+  siteId: string;
+  provisionState: string;
+}
+
+export async function findPeerCertificate(db: Db, serial: string): Promise<PeerCertificateRow | null> {
+  const row = await db
+    .selectFrom('node_certificates as c')
+    .innerJoin('nodes as n', 'n.id', 'c.node_id')
+    .where('c.serial', '=', serial)
+    .select([
+      'c.serial',
+      'c.node_id',
+      'c.role',
+      'c.spiffe_id',
+      sql<boolean>`c.revoked_at IS NOT NULL`.as('revoked'),
+      sql<boolean>`c.not_after <= compute_now()`.as('expired'),
+      'n.name',
+      'n.site_id',
+      'n.provision_state',
+    ])
+    .executeTakeFirst();
+  if (!row) return null;
+  return {
+    serial: row.serial,
+    nodeId: row.node_id,
+    role: row.role,
+    spiffeId: row.spiffe_id,
+    revoked: row.revoked,
+    expired: row.expired,
+    nodeName: row.name,
+    siteId: row.site_id,
+    provisionState: row.provision_state,
+  };
+}
+
+/** Of `serials`, those whose certificate is revoked or expired now (a live session must end). */
+export async function findInvalidCertificateSerials(db: Db, serials: readonly string[]): Promise<string[]> {
+  if (serials.length === 0) return [];
+  const { rows } = await sql<{ serial: string }>`
+    SELECT serial FROM node_certificates
+    WHERE serial = ANY(${serials}::text[])
+      AND (revoked_at IS NOT NULL OR not_after <= compute_now())`.execute(db);
+  return rows.map((r) => r.serial);
+}
+
+/** Revokes every certificate of a node (a reclaimed or retired machine). */
+export async function revokeNodeCertificates(trx: Trx | Db, nodeId: string): Promise<number> {
+  const result = await trx
+    .updateTable('node_certificates')
+    .set({ revoked_at: sql<Date>`compute_now()` })
+    .where('node_id', '=', nodeId)
+    .where('revoked_at', 'is', null)
+    .executeTakeFirst();
+  return Number(result.numUpdatedRows);
+}
+
+/**
+ * The certificates whose key id is `keyId`, for verifying an attested report
+ * (`verifyAttestedReport` in domain/attestation.ts).
+ */
+export async function findAttestationCertificates(
+  db: Db | Trx,
+  keyId: string,
+): Promise<AttestationCertificate[]> {
+  const rows = await db
+    .selectFrom('node_certificates')
+    .select(['node_id', 'role', 'key_id', 'public_key_pem', 'not_after', 'revoked_at'])
+    .where('key_id', '=', keyId)
+    .execute();
+  return rows.map((r) => ({
+    nodeId: r.node_id,
+    role: r.role,
+    keyId: r.key_id,
+    publicKeyPem: r.public_key_pem,
+    notAfter: r.not_after,
+    revokedAt: r.revoked_at,
+  }));
+}
+
+/** The latest expiry of each node's unrevoked certificates, by node id. */
+export async function latestCertificateExpiries(
+  db: Db,
+  nodeIds: readonly string[],
+): Promise<Map<string, Date>> {
+  if (nodeIds.length === 0) return new Map();
+  const rows = await db
+    .selectFrom('node_certificates')
+    .select(['node_id', sql<Date>`max(not_after)`.as('not_after')])
+    .where('node_id', 'in', nodeIds)
+    .where('revoked_at', 'is', null)
+    .groupBy('node_id')
+    .execute();
+  return new Map(rows.map((r) => [r.node_id, r.not_after]));
+}

@@ -1,0 +1,257 @@
+import { sql, type Transaction } from 'kysely';
+import type { Database, Db } from '../../core/database.ts';
+import { ComputeError } from '../../domain/errors.ts';
+import { failInFlightCommands, findCommandsToRedeliver, type QueuedCommandRow } from './commands.ts';
+import { setNodeCondition } from './nodes.ts';
+
+/**
+ * A node's session on a gateway, as the database keeps it: the node's `epoch` (each new session
+ * increments it and so fences the older one), `session_gateway`, `last_heartbeat_at`,
+ * `connectivity` and the `NodeUnreachable` condition. Every session write carries its epoch.
+ */
+
+type Trx = Transaction<Database>;
+
+/** The node and epoch a session holds; a write under an older epoch changes nothing. */
+export interface SessionFence {
+  nodeId: string;
+  epoch: number;
+}
+
+export interface OpenedNodeSession {
+  epoch: number;
+  generation: number;
+  spec: Record<string, unknown>;
+  /** Commands of a lost journal that were failed instead of replayed. */
+  failedInFlight: number;
+  /** The node had been marked unreachable: its reservations' lifecycles should look again. */
+  wasUnreachable: boolean;
+  /** Commands delivered to this journal and not answered: sent again (the journal dedupes). */
+  redeliver: QueuedCommandRow[];
+}
+
+/**
+ * Opens a session in the caller's transaction, under the node's row lock: increments the node's
+ * epoch (fencing any older session), marks it connected on `gatewayId`, records its agent,
+ * capabilities (as system labels `bc.dev/cap.<capability>`) and journal, and clears
+ * `NodeUnreachable`. A journal id other than the stored one means the old journal is lost: its
+ * in-flight commands fail instead of being replayed. NOT_FOUND when the node no longer exists.
+ */
+export async function openNodeSession(
+  trx: Trx,
+  input: {
+    nodeId: string;
+    gatewayId: string;
+    agentVersion: string | null;
+    capabilities: readonly string[];
+    journalId: string;
+  },
+): Promise<OpenedNodeSession> {
+  const { nodeId } = input;
+  const before = await trx
+    .selectFrom('nodes')
+    .where('id', '=', nodeId)
+    .select(['journal_id', 'connectivity'])
+    .forUpdate()
+    .executeTakeFirst();
+  if (!before) throw new ComputeError('NOT_FOUND', 'the node no longer exists');
+  const row = await trx
+    .updateTable('nodes')
+    .set({
+      epoch: sql<string>`epoch + 1`,
+      connectivity: 'connected',
+      session_gateway: input.gatewayId,
+      last_heartbeat_at: sql<Date>`compute_now()`,
+      agent_version: input.agentVersion,
+      capabilities: [...input.capabilities],
+      journal_id: input.journalId,
+      power_state: 'on',
+      updated_at: sql<Date>`compute_now()`,
+    })
+    .where('id', '=', nodeId)
+    .returning(['epoch', 'spec', 'spec_generation'])
+    .executeTakeFirstOrThrow();
+  let failedInFlight = 0;
+  if (before.journal_id && before.journal_id !== input.journalId) {
+    failedInFlight = await failInFlightCommands(trx, nodeId, 'the node lost its journal');
+  }
+  await trx
+    .deleteFrom('node_labels')
+    .where('node_id', '=', nodeId)
+    .where('source', '=', 'system')
+    .where('key', 'like', 'bc.dev/cap.%')
+    .execute();
+  for (const capability of input.capabilities) {
+    await trx
+      .insertInto('node_labels')
+      .values({ node_id: nodeId, key: `bc.dev/cap.${capability}`, value: 'true', source: 'system' })
+      .execute();
+  }
+  await setNodeCondition(trx, nodeId, null, 'NodeUnreachable');
+  const redeliver = await findCommandsToRedeliver(trx, nodeId, input.journalId);
+  return {
+    epoch: Number(row.epoch),
+    generation: Number(row.spec_generation),
+    spec: row.spec,
+    failedInFlight,
+    wasUnreachable: before.connectivity === 'unreachable',
+    redeliver,
+  };
+}
+
+/**
+ * Locks the node's row (`update`, or `share` for a write that only needs the node to stay put)
+ * while the session still holds its epoch. Answers false when a newer session fenced this one:
+ * the caller then changes nothing.
+ */
+export async function lockNodeAtEpoch(
+  trx: Trx,
+  fence: SessionFence,
+  mode: 'update' | 'share',
+): Promise<boolean> {
+  const query = trx
+    .selectFrom('nodes')
+    .where('id', '=', fence.nodeId)
+    .where('epoch', '=', String(fence.epoch))
+    .select('id');
+  const node = await (mode === 'update' ? query.forUpdate() : query.forShare()).executeTakeFirst();
+  return node !== undefined;
+}
+
+/** The node's current epoch, or null when the node no longer exists. */
+export async function findNodeEpoch(db: Db, nodeId: string): Promise<number | null> {
+  const row = await db.selectFrom('nodes').select('epoch').where('id', '=', nodeId).executeTakeFirst();
+  return row ? Number(row.epoch) : null;
+}
+
+/** Records the spec generation the node converged; false (nothing written) for a fenced session. */
+export async function setObservedGeneration(
+  db: Db,
+  fence: SessionFence,
+  generation: number,
+): Promise<boolean> {
+  const result = await db
+    .updateTable('nodes')
+    .set({ observed_generation: generation })
+    .where('id', '=', fence.nodeId)
+    .where('epoch', '=', String(fence.epoch))
+    .executeTakeFirst();
+  return Number(result.numUpdatedRows) > 0;
+}
+
+/** A joined (`enrolling`) node becomes `ready` once it converged a spec and sent its inventory. */
+export async function markNodeReadyIfConverged(db: Db, fence: SessionFence): Promise<void> {
+  await sql`
+    UPDATE nodes SET provision_state = 'ready', updated_at = compute_now()
+    WHERE id = ${fence.nodeId} AND epoch = ${fence.epoch} AND provision_state = 'enrolling'
+      AND observed_generation >= 1
+      AND EXISTS (SELECT 1 FROM inventory_snapshots s WHERE s.node_id = nodes.id)`.execute(db);
+}
+
+/** A closed session lets go of its node, unless a newer session or another gateway holds it. */
+export async function releaseSessionGateway(
+  db: Db,
+  session: SessionFence & { gatewayId: string },
+): Promise<void> {
+  await db
+    .updateTable('nodes')
+    .set({ session_gateway: null })
+    .where('id', '=', session.nodeId)
+    .where('epoch', '=', String(session.epoch))
+    .where('session_gateway', '=', session.gatewayId)
+    .execute();
+}
+
+/** The nodes held by `gatewayId` whose NodeSpec is newer than what they converged. */
+export async function findSpecsToSend(
+  db: Db,
+  gatewayId: string,
+): Promise<Array<{ nodeId: string; generation: number; spec: Record<string, unknown> }>> {
+  const { rows } = await sql<{ id: string; spec: Record<string, unknown>; spec_generation: string }>`
+    SELECT id, spec, spec_generation FROM nodes
+    WHERE session_gateway = ${gatewayId} AND spec_generation > COALESCE(observed_generation, 0)`.execute(db);
+  return rows.map((r) => ({ nodeId: r.id, generation: Number(r.spec_generation), spec: r.spec }));
+}
+
+/**
+ * Records one flush of heartbeats heard by `gatewayId`, in the caller's transaction: each node
+ * still at the heard epoch gets `last_heartbeat_at` and is connected on this gateway. A node the
+ * database wrongly thought silent (another gateway's sweep during a pause, a moved clock) is
+ * connected again and loses `NodeUnreachable`; those are answered. Rows are locked in id order
+ * (the liveness sweep skips locked rows), so the two never deadlock.
+ */
+export async function recordHeartbeats(
+  trx: Trx,
+  gatewayId: string,
+  heard: ReadonlyArray<SessionFence>,
+): Promise<string[]> {
+  if (heard.length === 0) return [];
+  const { rows } = await sql<{ id: string; was_lost: boolean }>`
+    WITH locked AS (
+      SELECT n.id FROM nodes n
+      JOIN unnest(${heard.map((h) => h.nodeId)}::text[], ${heard.map((h) => h.epoch)}::bigint[]) AS t(id, epoch)
+        ON n.id = t.id AND n.epoch = t.epoch
+      ORDER BY n.id FOR UPDATE OF n
+    )
+    UPDATE nodes n SET last_heartbeat_at = compute_now(), connectivity = 'connected',
+      session_gateway = ${gatewayId}
+    FROM locked WHERE n.id = locked.id
+    RETURNING n.id, (SELECT o.connectivity <> 'connected' OR o.session_gateway IS DISTINCT FROM ${gatewayId}
+                     FROM nodes o WHERE o.id = n.id) AS was_lost`.execute(trx);
+  const lost = rows.filter((r) => r.was_lost).map((r) => r.id);
+  if (lost.length > 0) {
+    await trx
+      .deleteFrom('node_conditions')
+      .where('node_id', 'in', lost)
+      .where('type', '=', 'NodeUnreachable')
+      .execute();
+  }
+  return lost;
+}
+
+/**
+ * A session whose liveness lease lapsed: its node becomes unreachable with `NodeUnreachable`
+ * (nothing it holds is released), only while the session still holds the node's epoch. Answers
+ * the node ids marked (none when fenced).
+ */
+export async function markSessionUnreachable(trx: Trx, fence: SessionFence): Promise<string[]> {
+  const { rows } = await sql<{ id: string }>`
+    UPDATE nodes SET connectivity = 'unreachable', session_gateway = NULL, updated_at = compute_now()
+    WHERE id = ${fence.nodeId} AND epoch = ${fence.epoch} RETURNING id`.execute(trx);
+  return raiseUnreachable(
+    trx,
+    rows.map((r) => r.id),
+  );
+}
+
+/**
+ * Nodes whose heartbeats reached no gateway for a whole lease (by `compute_now()`) become
+ * unreachable with `NodeUnreachable`; nothing they hold is released. Rows another transaction
+ * holds are skipped (the next sweep sees them). Answers the node ids marked.
+ */
+export async function markSilentNodesUnreachable(trx: Trx, leaseSeconds: number): Promise<string[]> {
+  const { rows } = await sql<{ id: string }>`
+    WITH stale AS (
+      SELECT id FROM nodes
+      WHERE connectivity = 'connected'
+        AND (last_heartbeat_at IS NULL OR last_heartbeat_at < compute_now() - make_interval(secs => ${leaseSeconds}))
+      ORDER BY id FOR UPDATE SKIP LOCKED
+    )
+    UPDATE nodes SET connectivity = 'unreachable', session_gateway = NULL, updated_at = compute_now()
+    FROM stale WHERE nodes.id = stale.id
+    RETURNING nodes.id`.execute(trx);
+  return raiseUnreachable(
+    trx,
+    rows.map((r) => r.id),
+  );
+}
+
+async function raiseUnreachable(trx: Trx, nodeIds: string[]): Promise<string[]> {
+  if (nodeIds.length === 0) return nodeIds;
+  await sql`
+    INSERT INTO node_conditions (node_id, type, reason, message, effect)
+    SELECT id, 'NodeUnreachable', 'Unreachable', 'no heartbeat within the liveness lease', 'NoSchedule'
+    FROM unnest(${nodeIds}::text[]) AS id
+    ON CONFLICT (node_id, type) DO UPDATE SET updated_at = compute_now()`.execute(trx);
+  return nodeIds;
+}

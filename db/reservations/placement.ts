@@ -1,0 +1,257 @@
+import { type Compilable, sql, type Transaction } from 'kysely';
+import type { AdmissionCaches } from '../../core/admission-caches.ts';
+import type { Database, Reservation } from '../../core/database.ts';
+import { ComputeError } from '../../domain/errors.ts';
+import type { EventType } from '../../domain/event-types.ts';
+import { newId } from '../../domain/ids.ts';
+import { isUndecided } from '../../domain/reservation-states.ts';
+import { findAndBook, placementRequestOf } from '../allocations/placement.ts';
+import { preparedMarker } from '../pool.ts';
+import { chargeQuota, precheckQuotaFree, quotaNeeds } from './quota.ts';
+import { type CallerAudit, lockReservationForPlacement } from './reservations.ts';
+import { parseStoredHostShare, parseStoredRequest } from './stored.ts';
+
+type Trx = Transaction<Database>;
+
+/**
+ * Placing a reservation: admission's first placement of its draft (placeDraft) and the
+ * lifecycle's retries of a pending one (placeReservation), with one placer and one booking path.
+ */
+
+export interface AuditRow {
+  tenantId: string;
+  actorIdentityId: string | null;
+  action: string;
+  requestId: string | null;
+  context: Record<string, unknown>;
+}
+
+/**
+ * Runs a reservation's state update together with its outbox event and audit row in one
+ * statement (data-modifying CTEs), answering the new version: one round trip instead of three.
+ */
+async function updateWithRecords(
+  trx: Trx,
+  reservationId: string,
+  update: Compilable & { returning: unknown },
+  records: {
+    event?: { type: EventType; subject: string; tenantId: string; data: Record<string, unknown> };
+    audit?: AuditRow;
+  },
+): Promise<{ version: number }> {
+  const event = records.event;
+  const audit = records.audit;
+  const { rows } = await sql<{ version: number; id: string }>`${sql.raw(preparedMarker)}
+    WITH u AS (${update}),
+    o AS (
+      INSERT INTO outbox_events (id, type, subject, tenant_id, data)
+      SELECT ${newId('evt')}, ${event?.type ?? ''}, ${event?.subject ?? ''}, ${event?.tenantId ?? null},
+             ${JSON.stringify(event?.data ?? {})}::jsonb
+      WHERE ${event !== undefined} AND EXISTS (SELECT 1 FROM u)
+    ),
+    a AS (
+      INSERT INTO audit_events (tenant_id, actor_identity_id, action, resource_type, resource_id, outcome, request_id, context)
+      SELECT ${audit?.tenantId ?? null}, ${audit?.actorIdentityId ?? null}, ${audit?.action ?? ''}, 'compute-reservation',
+             ${reservationId}, 'allowed', ${audit?.requestId ?? null},
+             ${JSON.stringify(audit?.context ?? {})}::jsonb
+      WHERE ${audit !== undefined} AND EXISTS (SELECT 1 FROM u)
+    )
+    SELECT version FROM u`.execute(trx);
+  if (!rows[0]) throw new ComputeError('INTERNAL', 'the reservation to update is gone');
+  return { version: rows[0].version };
+}
+
+export type PlaceOutcome =
+  | { outcome: 'placed'; nodeId: string; deviceIds: string[]; start: number; end: number; version: number }
+  | { outcome: 'pending'; message: string; earliestStart: number | null; version: number }
+  | { outcome: 'unchanged'; state: string | null };
+
+/**
+ * Places a `pending` reservation in the caller's transaction, with the inline placer: the window
+ * starts at the requested start while it is still ahead, else at compute_now(), for the full
+ * duration. Placed: one allocation with its device and scalar bookings, state `placed`, the lease
+ * deadline set, event `reservation.placed`. No fit: it stays `pending` with an `Unschedulable` /
+ * `NoFit` condition whose message is the placer's summary and the earliest start within 14 days
+ * (event `reservation.pending` only with `announcePending`). Idempotent: any other state changes
+ * nothing (`unchanged`). Throws PlacementContention when it lost a race (retry the transaction,
+ * e.g. through withPlacementTransaction). Codes: INTERNAL only.
+ */
+export async function placeReservation(
+  trx: Trx,
+  reservationId: string,
+  options: { announcePending?: boolean; caches?: AdmissionCaches } = {},
+): Promise<PlaceOutcome> {
+  const row = await lockReservationForPlacement(trx, reservationId);
+  if (row?.state !== 'pending') return { outcome: 'unchanged', state: row?.state ?? null };
+  return placeLockedReservation(trx, row, row.now.getTime(), options);
+}
+
+/**
+ * placeReservation's body for a row the caller already locked (admission places its draft
+ * directly): whatever its state before, it ends `placed` or `pending`.
+ */
+export async function placeLockedReservation(
+  trx: Trx,
+  row: Reservation,
+  now: number,
+  options: {
+    announcePending?: boolean;
+    extra?: Record<string, unknown>;
+    /** An audit row written with the outcome (its context gains `outcome`), in the same statement. */
+    audit?: AuditRow;
+    /** Admission's caches (the placer's heuristic inputs). */
+    caches?: AdmissionCaches;
+  } = {},
+): Promise<PlaceOutcome> {
+  const reservationId = row.id;
+  const request = parseStoredRequest(reservationId, row.request);
+  const requested = row.requested_start?.getTime() ?? now;
+  const start = Math.max(now, requested);
+  const durationMs = Number(row.duration_ms);
+  const window = { start, end: start + durationMs };
+  const result = await findAndBook(trx, {
+    poolId: row.pool_id,
+    request: placementRequestOf(request),
+    window,
+    durationMs,
+    reservationId,
+    ...(options.caches ? { caches: options.caches } : {}),
+  });
+  if (result.placed) {
+    const update = trx
+      .updateTable('reservations')
+      .set({
+        ...options.extra,
+        state: 'placed',
+        during: `[${new Date(start).toISOString()},${new Date(window.end).toISOString()})`,
+        conditions: '[]',
+        pending_since: null,
+        lease_expires_at: row.lease_seconds
+          ? sql<Date>`compute_now() + make_interval(secs => lease_seconds)`
+          : null,
+        version: sql<number>`version + 1`,
+        updated_at: sql<Date>`compute_now()`,
+      })
+      .where('id', '=', reservationId)
+      .returning('version');
+    const updated = await updateWithRecords(trx, reservationId, update, {
+      event: {
+        type: 'reservation.placed',
+        subject: `reservation/${reservationId}`,
+        tenantId: row.tenant_id,
+        data: {
+          reservationId,
+          state: 'placed',
+          poolId: row.pool_id,
+          nodeIds: [result.fit.nodeId],
+          start,
+          end: window.end,
+        },
+      },
+      audit: options.audit && { ...options.audit, context: { ...options.audit.context, outcome: 'placed' } },
+    });
+    return {
+      outcome: 'placed',
+      nodeId: result.fit.nodeId,
+      deviceIds: result.fit.deviceIds,
+      start,
+      end: window.end,
+      version: updated.version,
+    };
+  }
+  const previous = (row.conditions as Array<{ type: string; message: string; since?: number }>).find(
+    (c) => c.type === 'Unschedulable',
+  );
+  const condition = {
+    type: 'Unschedulable',
+    reason: 'NoFit',
+    message: result.message,
+    since: previous?.since ?? now,
+    ...(result.earliestStart !== null ? { earliestStart: result.earliestStart } : {}),
+  };
+  const update = trx
+    .updateTable('reservations')
+    .set({
+      ...options.extra,
+      state: 'pending',
+      conditions: JSON.stringify([condition]),
+      pending_since: sql<Date>`COALESCE(pending_since, compute_now())`,
+      version: sql<number>`version + 1`,
+      updated_at: sql<Date>`compute_now()`,
+    })
+    .where('id', '=', reservationId)
+    .returning('version');
+  const updated = await updateWithRecords(trx, reservationId, update, {
+    event: options.announcePending
+      ? {
+          type: 'reservation.pending',
+          subject: `reservation/${reservationId}`,
+          tenantId: row.tenant_id,
+          data: {
+            reservationId,
+            state: 'pending',
+            poolId: row.pool_id,
+            reason: 'NoFit',
+            message: result.message,
+          },
+        }
+      : undefined,
+    audit: options.audit && { ...options.audit, context: { ...options.audit.context, outcome: 'pending' } },
+  });
+  return {
+    outcome: 'pending',
+    message: result.message,
+    earliestStart: result.earliestStart,
+    version: updated.version,
+  };
+}
+
+/**
+ * Admission's second transaction, in the caller's transaction (run it through
+ * withPlacementTransaction, which retries a lost placement race): the draft locked with
+ * compute_now() and the tenant's free quota; a reservation no longer awaiting its decision changes
+ * nothing (null). The quota is checked from the free amounts read with the lock before any
+ * placement work; then the reservation is placed, or left `pending` with `Unschedulable`
+ * (announced), its admission context stored and its audit row written with the outcome; the quota
+ * is charged last, so its row locks are held only until commit. Codes: QUOTA_EXCEEDED, INTERNAL.
+ */
+export async function placeDraft(
+  trx: Trx,
+  input: {
+    reservationId: string;
+    /** The call that admitted it: its admission context is stored and is the audit row's context. */
+    audit: CallerAudit;
+    caches?: AdmissionCaches;
+  },
+): Promise<PlaceOutcome | null> {
+  const locked = await lockReservationForPlacement(trx, input.reservationId);
+  if (!locked || !isUndecided(locked.state)) return null;
+  const request = parseStoredRequest(locked.id, locked.request);
+  const share = parseStoredHostShare(locked.id, locked.host_share);
+  const booked = {
+    vcpu: request.resources?.vcpu ?? 0,
+    memoryGiB: request.resources?.memoryGiB ?? 0,
+    hugepages1Gi: request.resources?.hugepages1Gi ?? 0,
+  };
+  const needs = quotaNeeds(request, booked, share);
+  // Fails fast, before placement work; chargeQuota below is the guarded truth.
+  precheckQuotaFree(needs, locked.quota);
+  const placed = await placeLockedReservation(trx, locked, locked.now.getTime(), {
+    announcePending: true,
+    ...(input.caches ? { caches: input.caches } : {}),
+    extra: { admission_context: JSON.stringify(input.audit.context), confirmation_id: null },
+    audit: {
+      ...input.audit,
+      tenantId: locked.tenant_id,
+      context: { ...input.audit.context, poolId: locked.pool_id },
+    },
+  });
+  // Quota last: its row locks are then held only until this commit.
+  await chargeQuota(trx, {
+    reservationId: locked.id,
+    tenantId: locked.tenant_id,
+    poolId: locked.pool_id,
+    needs,
+  });
+  return placed;
+}
