@@ -4,7 +4,7 @@ import { placementRequestOf, previewPlacement } from '../db/allocations/placemen
 import { readComputeNow } from '../db/clock.ts';
 import { poolForTenant, resolveRequestForPool } from '../db/reservations/draft.ts';
 import { quotaNeeds, readTenantQuotas } from '../db/reservations/quota.ts';
-import { normalizeRequest } from '../domain/reservation-request.ts';
+import { normalizeRequest, startOutOfHorizon } from '../domain/reservation-request.ts';
 import { previewInput, tenantIdSchema } from '../domain/reservation-schema.ts';
 import { defineMethod } from './method.ts';
 import { preCheckTenant } from './reservations/access.ts';
@@ -53,6 +53,9 @@ const preview = defineMethod({
       ctx.deps.caches,
     );
     const now = await readComputeNow(db);
+    // The same horizon admission holds a requested start to.
+    const outside = request.start !== undefined ? startOutOfHorizon(request.start, now.getTime()) : null;
+    if (outside) throw outside;
     const start = Math.max(now.getTime(), request.start ?? 0);
     const window = { start, end: start + request.durationMs };
     const outcome = await previewPlacement(

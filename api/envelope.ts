@@ -1,13 +1,24 @@
 import type { Logger } from '../core/logger.ts';
 import { ComputeError, type ErrorCode, errorCodeTraits } from '../domain/errors.ts';
+import { asUnavailable } from './dependency-unavailable.ts';
 
 export interface ErrorBody {
   error: { code: ErrorCode; message: string; details?: Record<string, unknown>; requestId: string };
 }
 
-/** Any thrown value as a ComputeError; unexpected ones become INTERNAL and are logged in full. */
+/**
+ * Any thrown value as a ComputeError: PostgreSQL or Temporal out of reach is UNAVAILABLE (503 with
+ * `Retry-After`, logged as a warning); other unexpected ones become INTERNAL and are logged in full.
+ */
 export function toComputeError(error: unknown, log: Logger): ComputeError {
   if (error instanceof ComputeError) return error;
+  const unavailable = asUnavailable(error);
+  if (unavailable) {
+    // One line, no stack: during an outage every request lands here.
+    const cause = error instanceof Error ? error.message : String(error);
+    log.warn({ dependency: unavailable.details?.dependency, cause }, 'answered UNAVAILABLE');
+    return unavailable;
+  }
   log.error({ err: error }, 'unexpected error');
   return new ComputeError('INTERNAL', 'internal error: the server logged the cause under this request id');
 }

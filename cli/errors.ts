@@ -14,7 +14,10 @@ export const exitCodes = {
   usage: 2,
   /** The API refused: a code other than INVALID_INPUT, UNAUTHENTICATED or INTERNAL. */
   refused: 3,
-  /** The API could not be reached (or something else answered at that URL). */
+  /**
+   * The API could not be reached (or something else answered at that URL), or it answered
+   * UNAVAILABLE (its database or Temporal is down) after the retries: try again later.
+   */
   connection: 4,
   /** No credential, or the API did not accept it (UNAUTHENTICATED). */
   credential: 5,
@@ -50,6 +53,8 @@ const nextStep: Record<ErrorCode, string> = {
   SPEND_LIMIT_REACHED:
     'the budget is spent for this period; raise it or wait for the next window, then retry with the same --key',
   RATE_LIMITED: 'wait a moment and run it again',
+  UNAVAILABLE:
+    'the server cannot reach its database or Temporal right now; run it again in a moment (the same --key is safe)',
   INTERNAL: 'run it again; if it persists, report the request id to the operators',
 };
 
@@ -61,6 +66,8 @@ function classOf(code: ErrorCode): number {
       return exitCodes.credential;
     case 'INTERNAL':
       return exitCodes.internal;
+    case 'UNAVAILABLE':
+      return exitCodes.connection;
     case 'ACCESS_DENIED':
     case 'NOT_FOUND':
     case 'CONFLICT':

@@ -48,9 +48,19 @@ export const configSchema = z.object({
   /** Open event streams all of one tenant's tokens may hold in one API process. */
   BETTER_COMPUTE_EVENT_STREAMS_PER_TENANT: z.coerce.number().int().min(1).max(1_000_000).default(64),
   /** How many events behind the newest an event stream may resume (events.list pages further back). */
-  BETTER_COMPUTE_EVENT_STREAM_REPLAY_MAX_EVENTS: z.coerce.number().int().min(1).max(1_000_000_000).default(10_000),
+  BETTER_COMPUTE_EVENT_STREAM_REPLAY_MAX_EVENTS: z.coerce
+    .number()
+    .int()
+    .min(1)
+    .max(1_000_000_000)
+    .default(10_000),
   /** How old the events a stream resumes from, or events.list pages from, may be (both doors). */
   BETTER_COMPUTE_EVENT_REPLAY_MAX_AGE_HOURS: z.coerce.number().positive().max(87_600).default(168),
+  /**
+   * How long what a refused request leaves (a draft kept for a retry with the same key, a denial,
+   * an expired confirmation) is kept before the worker's sweeper removes it.
+   */
+  BETTER_COMPUTE_DRAFT_RETENTION_HOURS: z.coerce.number().positive().max(8_760).default(24),
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
   /** `auto`: pretty lines on a terminal, JSON when stdout is piped or redirected. */
   LOG_FORMAT: z.enum(logFormats).default('auto'),

@@ -457,3 +457,18 @@ export interface WebhookDeliveriesTable {
   duration_ms: number;
   created_at: TimestampDefault;
 }
+
+/** One extend that moved a reservation's end, by its key (migration 2026-11-29T55-admission-hardening). */
+export interface ReservationExtendsTable {
+  reservation_id: string;
+  actor_identity_id: string;
+  idempotency_key: string;
+  request_hash: string;
+  previous_end: Timestamp;
+  new_end: Timestamp;
+  created_at: TimestampDefault;
+}
+
+export interface Database {
+  reservation_extends: ReservationExtendsTable;
+}

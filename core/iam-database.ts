@@ -85,6 +85,10 @@ export interface IamConfirmationsTable {
   expires_at: Timestamp;
   decided_at: Timestamp | null;
   created_at: TimestampDefault;
+  /** The hash of the request the confirmation was asked for; an approval admits only that request. */
+  request_hash: string | null;
+  /** When an approval admitted its request: it admits nothing more. */
+  used_at: Timestamp | null;
 }
 
 export interface IamUsageRecordsTable {

@@ -37,6 +37,11 @@ export interface ResourceRef {
 
 export interface DecisionContext {
   requestId?: string;
+  /**
+   * The hash of the exact request the decision admits (a reservation's stored request hash, an
+   * extend's request hash). A delegated approval admits only the request it was asked for, once.
+   */
+  requestHash?: string;
 }
 
 export type Decision =
@@ -72,9 +77,17 @@ export interface UsageRecord {
 }
 
 export interface IamPort {
-  /** A bearer token to its principal; UNAUTHENTICATED when unknown, revoked or expired. */
+  /**
+   * A bearer token to its principal; UNAUTHENTICATED when unknown, revoked or expired, or when the
+   * delegation an agent's token acts under was revoked (never a direct session instead).
+   */
   authenticate(credential: { token: string }): Promise<Principal>;
-  /** Throws ACCESS_DENIED (or CONFIRMATION_REQUIRED for a delegated agent held for a person). */
+  /**
+   * The decision of a mutation (or a read): throws ACCESS_DENIED, whose message names the action
+   * and resource type and what to ask for, never another tenant's policies or identities; or
+   * CONFIRMATION_REQUIRED for a delegated agent held for its person (an approval admits the request
+   * of `context.requestHash` once); or UNAUTHENTICATED when the principal's delegation was revoked.
+   */
   require(
     principal: Principal,
     action: IamAction,
@@ -92,11 +105,15 @@ export interface IamPort {
     checks: ReadonlyArray<{ action: IamAction; resource: ResourceRef }>,
     context?: DecisionContext,
   ): Promise<Decision[]>;
-  /** Opens (or returns the open) confirmation for an agent's refused action; deadline ≤ 30 min. */
+  /**
+   * Opens (or returns the open) confirmation for an agent's refused action on this request
+   * (`context.requestHash`); deadline ≤ 30 min.
+   */
   requestConfirmation(
     principal: Principal,
     action: IamAction,
     resource: ResourceRef,
+    context?: DecisionContext,
   ): Promise<Confirmation | null>;
   billingCheck(tenantId: string, meter?: string): Promise<BillingCheck>;
   recordUsage(records: readonly UsageRecord[]): Promise<void>;
@@ -226,6 +243,11 @@ export interface IamAdminPort {
   listTokens(filter: { identityId?: string; tenantId?: string }): Promise<TokenInfo[]>;
   /** Revokes a token; idempotent. */
   revokeToken(tokenId: string): Promise<{ id: string; revokedAt: Date }>;
+  /**
+   * Revokes an agent's delegation from its person; idempotent. The agent's tokens stop
+   * authenticating (UNAUTHENTICATED), and no new token can be minted for it.
+   */
+  revokeDelegation(delegationId: string): Promise<{ id: string; agentIdentityId: string; revokedAt: Date }>;
   createRole(input: { tenantId: string; name: string; actions: string[] }): Promise<RoleInfo>;
   /** The built-in roles, and the tenant's own when `tenantId` is given (every role without it). */
   listRoles(tenantId?: string): Promise<RoleInfo[]>;
@@ -240,7 +262,10 @@ export interface IamAdminPort {
   }): Promise<PolicyVersion>;
   /** Every version of the tenant's policies, by name, newest version first. */
   listPolicies(tenantId: string): Promise<Array<PolicyVersion & { createdAt: Date }>>;
-  /** The person's answer to a confirmation; only the person it names may decide it. */
+  /**
+   * The person's answer to a pending confirmation; only the person it names may decide it, once
+   * (INVALID_STATE when it is already decided or expired).
+   */
   decideConfirmation(input: {
     confirmationId: string;
     personIdentityId: string;

@@ -16,6 +16,7 @@ export const errorCodes = [
   'CONFIRMATION_REQUIRED',
   'SPEND_LIMIT_REACHED',
   'RATE_LIMITED',
+  'UNAVAILABLE',
   'INTERNAL',
 ] as const;
 
@@ -59,6 +60,9 @@ export const errorCodeTraits: Record<ErrorCode, ErrorCodeTraits> = {
   CONFIRMATION_REQUIRED: { httpStatus: 403, grpcStatus: grpcStatus.PERMISSION_DENIED, retryable: false },
   SPEND_LIMIT_REACHED: { httpStatus: 402, grpcStatus: grpcStatus.RESOURCE_EXHAUSTED, retryable: false },
   RATE_LIMITED: { httpStatus: 429, grpcStatus: grpcStatus.RESOURCE_EXHAUSTED, retryable: true },
+  // A store the server depends on (PostgreSQL, Temporal) cannot be reached right now: nothing is
+  // wrong with the request, so clients retry after `details.retryAfterSeconds` (also `Retry-After`).
+  UNAVAILABLE: { httpStatus: 503, grpcStatus: grpcStatus.UNAVAILABLE, retryable: true },
   INTERNAL: { httpStatus: 500, grpcStatus: grpcStatus.INTERNAL, retryable: true },
 };
 

@@ -37,6 +37,21 @@ export type HostResource = (typeof hostResources)[number];
 export const allocationStates = ['planned', 'binding', 'bound', 'releasing', 'released', 'failed'] as const;
 export type AllocationState = (typeof allocationStates)[number];
 
+/** Allocations that are over: their bookings no longer hold anything, they count nowhere. */
+export const endedAllocationStates = ['released', 'failed'] as const satisfies readonly AllocationState[];
+
+/** Allocations that hold their devices on the node, from placement until a release starts. */
+export const holdingAllocationStates = [
+  'planned',
+  'binding',
+  'bound',
+] as const satisfies readonly AllocationState[];
+
+/** Whether an allocation in `state` still holds its devices (`holdingAllocationStates`). */
+export function isHoldingAllocation(state: AllocationState): boolean {
+  return (holdingAllocationStates as readonly AllocationState[]).includes(state);
+}
+
 export const commandLanes = ['control', 'provision', 'bulk'] as const;
 export type CommandLane = (typeof commandLanes)[number];
 
@@ -50,3 +65,6 @@ export const commandStates = [
   'cancelled',
 ] as const;
 export type CommandState = (typeof commandStates)[number];
+
+/** Commands handed to the node and not finished yet: only the node can still answer them. */
+export const inFlightCommandStates = ['delivered', 'running'] as const satisfies readonly CommandState[];

@@ -1,5 +1,6 @@
 import { z } from 'zod';
 import { boundedRecord } from './bounded-record.ts';
+import { durationPatternWithin, formatDuration } from './duration.ts';
 import { visibleReservationStates } from './reservation-states.ts';
 
 /**
@@ -12,16 +13,41 @@ export const tenantIdSchema = z
   .string()
   .regex(/^[a-z0-9][a-z0-9_-]{0,62}$/, "a tenant id: lower-case letters, digits, '-' or '_'");
 
-/** A duration as `'8h'`, `'90m'`, `'2d'`, `'28800000ms'` or whole milliseconds. */
-export const durationInputSchema = z.union([
-  z.number().int('a whole number of milliseconds').positive(),
-  z
-    .string()
-    .regex(/^\s*\d+(\.\d+)?(ms|s|m|h|d|w)\s*$/, "a duration such as '8h', '90m', '2d' or milliseconds"),
-]);
+/** The last epoch millisecond of the year 9999: the latest time any field may name. */
+export const maxEpochMs = 253_402_300_799_999;
 
 export const minDurationMs = 60_000;
 export const maxDurationMs = 90 * 86_400_000;
+
+/**
+ * A duration from `minMs` to `maxMs`, as whole milliseconds or a string such as `'8h'`, `'90m'`,
+ * `'1.5h'` or `'28800000ms'` (what `parseDuration` reads). The bounds are in the schema itself (a
+ * minimum and maximum, and a pattern that matches only strings within them), so the OpenAPI
+ * document states exactly what is accepted.
+ */
+export function durationWithin(minMs: number, maxMs: number) {
+  const range = `from ${formatDuration(minMs)} to ${formatDuration(maxMs)}`;
+  return z.union([
+    z
+      .number()
+      .int('a whole number of milliseconds')
+      .min(minMs, `at least ${minMs} ms (${formatDuration(minMs)})`)
+      .max(maxMs, `at most ${maxMs} ms (${formatDuration(maxMs)})`),
+    z
+      .string()
+      .max(100, { abort: true })
+      .regex(
+        new RegExp(durationPatternWithin(minMs, maxMs)),
+        `a duration ${range} such as '8h', '90m', '2d', or whole milliseconds`,
+      ),
+  ]);
+}
+
+/** A reservation's length: 1 minute to 90 days. */
+export const durationInputSchema = durationWithin(minDurationMs, maxDurationMs);
+
+/** How much later an extend moves the end: at most 90 days (a reservation lasts at most 90 days in all). */
+export const extendByInputSchema = durationWithin(1, maxDurationMs);
 
 const attributeValue = z.union([z.string().max(200), z.number(), z.boolean()]);
 
@@ -56,8 +82,11 @@ export const reservationRequestShape = {
   poolId: z.string().min(1).max(100),
   devices: z.array(deviceRequestSchema).min(1).max(1, 'one device request per reservation (v0.1)'),
   duration: durationInputSchema,
-  /** Epoch milliseconds; a start in the future books the window now (a calendar reservation). */
-  start: z.number().int().positive().optional(),
+  /**
+   * Epoch milliseconds; a start in the future books the window now (a calendar reservation).
+   * Admission also bounds it by its clock: at most 365 days ahead, at most 5 minutes past.
+   */
+  start: z.number().int().positive().max(maxEpochMs, 'epoch milliseconds before the year 10000').optional(),
   binding: z.enum(['hold', 'kubernetes', 'node', 'instance']).optional(),
   resources: hostResourcesSchema.optional(),
   leaseSeconds: z.number().int().min(60).max(86_400).optional(),
@@ -102,7 +131,7 @@ export const extendInput = z
     tenantId: tenantIdSchema,
     reservationId: z.string().min(1).max(100),
     until: z.number().int().positive().optional(),
-    by: durationInputSchema.optional(),
+    by: extendByInputSchema.optional(),
     idempotencyKey: idempotencyKeySchema,
   })
   .refine((v) => (v.until === undefined) !== (v.by === undefined), {

@@ -66,6 +66,13 @@ export const undecidedStates = [
   'awaiting-confirmation',
 ] as const satisfies readonly ReservationState[];
 
+/**
+ * What a refused request leaves behind, never placed: a draft admission left (QUOTA_EXCEEDED,
+ * SPEND_LIMIT_REACHED), a denial, an expired confirmation. The draft cleanup removes them after
+ * their retention.
+ */
+export const refusedStates = ['draft', 'denied', 'expired'] as const satisfies readonly ReservationState[];
+
 /** Not started yet: a cancel still applies (it becomes `cancelled`, no usage is billed). */
 export const cancellableStates = [
   'pending',

@@ -52,7 +52,8 @@ export function parseWebhookAllowHosts(text: string): WebhookAllowedHost[] {
   for (const raw of text.split(',')) {
     const entry = raw.trim();
     if (entry === '') continue;
-    const url = /[/?#@\s]/.test(entry) || !URL.canParse(`http://${entry}`) ? null : new URL(`http://${entry}`);
+    const url =
+      /[/?#@\s]/.test(entry) || !URL.canParse(`http://${entry}`) ? null : new URL(`http://${entry}`);
     if (!url || url.hostname === '') {
       throw new Error(`'${entry}' is not a host or host:port (for example localhost, 127.0.0.1:8080, [::1])`);
     }
@@ -72,9 +73,8 @@ export const webhookAllowHostsSetting = z.string().transform((text, ctx) => {
 });
 
 /** What the dev stack allows when the setting is absent: this machine, over http, on any port. */
-export const devWebhookAllowHosts: readonly WebhookAllowedHost[] = parseWebhookAllowHosts(
-  'localhost,127.0.0.1,[::1]',
-);
+export const devWebhookAllowHosts: readonly WebhookAllowedHost[] =
+  parseWebhookAllowHosts('localhost,127.0.0.1,[::1]');
 
 function effectivePort(url: URL): number {
   if (url.port !== '') return Number(url.port);
@@ -84,7 +84,9 @@ function effectivePort(url: URL): number {
 /** Whether the URL's host (and port) is on the development allowlist: then http and any address pass. */
 export function isAllowlistedTarget(url: URL, allowHosts: readonly WebhookAllowedHost[]): boolean {
   const port = effectivePort(url);
-  return allowHosts.some((entry) => entry.host === url.hostname && (entry.port === null || entry.port === port));
+  return allowHosts.some(
+    (entry) => entry.host === url.hostname && (entry.port === null || entry.port === port),
+  );
 }
 
 /** The URL's host when it is an IP address literal (without IPv6 brackets), else null. */

@@ -1,4 +1,3 @@
-import type https from 'node:https';
 import type { Config } from '../core/config.ts';
 import type { Db } from '../core/database.ts';
 import type { Logger } from '../core/logger.ts';
@@ -41,8 +40,6 @@ export interface WebhookDispatcherOptions {
   maxEventsPerTurn?: number;
   /** Now, in Unix seconds, for the signature timestamp (the receiver's clock is wall time). */
   nowSeconds?: () => number;
-  /** Extra TLS options for https targets (a test's own CA). */
-  tls?: https.RequestOptions;
 }
 
 const defaultBackoff = (failures: number) => Math.min(2 ** (failures - 1) * 1000, 600_000);
@@ -94,7 +91,10 @@ export function startWebhookDispatcher(
     if (!target.ok) {
       error = target.reason;
       // The detail is for the operator's log only; the tenant sees the closed reason.
-      log.info({ webhookId: subscription.id, reason: target.reason, detail: target.detail }, 'webhook target refused');
+      log.info(
+        { webhookId: subscription.id, reason: target.reason, detail: target.detail },
+        'webhook target refused',
+      );
     } else {
       const body = JSON.stringify(event);
       const timestamp = nowSeconds();
@@ -112,7 +112,6 @@ export function startWebhookDispatcher(
         body,
         timeoutMs,
         signal: stopping.signal,
-        ...(options.tls ? { tls: options.tls } : {}),
       });
       if (answer.answered) {
         statusCode = answer.statusCode;

@@ -6,7 +6,10 @@ import type { ResolvedAddress } from './webhook-target-resolve.ts';
 
 export type WebhookPostOutcome =
   | { answered: true; statusCode: number }
-  | { answered: false; reason: Extract<WebhookFailureReason, 'timeout' | 'connection-failed' | 'tls-failed'> };
+  | {
+      answered: false;
+      reason: Extract<WebhookFailureReason, 'timeout' | 'connection-failed' | 'tls-failed'>;
+    };
 
 export interface WebhookPost {
   url: URL;
@@ -17,8 +20,6 @@ export interface WebhookPost {
   timeoutMs: number;
   /** Cuts the request off (the dispatcher stopping). */
   signal: AbortSignal;
-  /** Extra TLS options (a test's own CA); production uses the system's trust store. */
-  tls?: https.RequestOptions;
 }
 
 /**
@@ -51,7 +52,6 @@ export function postWebhook(post: WebhookPost): Promise<WebhookPostOutcome> {
       headers: { ...post.headers, 'content-length': String(Buffer.byteLength(post.body)) },
       lookup,
       agent: false,
-      ...(secure ? post.tls : {}),
     });
     // A timer of our own covers the connection, the TLS handshake and the wait for the status line.
     const timer = setTimeout(() => {

@@ -11,6 +11,7 @@ import * as gateway from './2026-11-29T20-gateway.ts';
 import * as lifecycle from './2026-11-29T30-lifecycle.ts';
 import * as allocationLifecycle from './2026-11-29T31-allocation-lifecycle.ts';
 import * as eventsAndWebhooks from './2026-11-29T40-events-and-webhooks.ts';
+import * as admissionHardening from './2026-11-29T55-admission-hardening.ts';
 
 /** Every migration in order; names are frozen once released. */
 export const migrations: Record<string, Migration> = {
@@ -26,6 +27,7 @@ export const migrations: Record<string, Migration> = {
   '2026-11-29T30-lifecycle': lifecycle,
   '2026-11-29T31-allocation-lifecycle': allocationLifecycle,
   '2026-11-29T40-events-and-webhooks': eventsAndWebhooks,
+  '2026-11-29T55-admission-hardening': admissionHardening,
 };
 
 export const migrationProvider: MigrationProvider = {

@@ -94,10 +94,8 @@ export async function startDevStack(options: {
     }
 
     // Webhooks to this machine over http are for development: the dev stack allows them unless told.
-    const planeConfig: Config = {
-      ...config,
-      BETTER_COMPUTE_WEBHOOK_ALLOW_HOSTS: config.BETTER_COMPUTE_WEBHOOK_ALLOW_HOSTS ?? [...devWebhookAllowHosts],
-    };
+    const allowHosts = config.BETTER_COMPUTE_WEBHOOK_ALLOW_HOSTS ?? [...devWebhookAllowHosts];
+    const planeConfig: Config = { ...config, BETTER_COMPUTE_WEBHOOK_ALLOW_HOSTS: allowHosts };
     const plane = await startControlPlane({
       mode: 'all',
       config: planeConfig,

@@ -226,10 +226,10 @@ function loggerOf(options: ParsedOptions): Logger {
  * The embeddable control plane, as the specification's introduction shows it:
  *
  * ```ts
- * const compute = betterCompute({ database: process.env.DATABASE_URL, temporal: { address } });
+ * const compute = betterCompute({ database: process.env.DATABASE_URL!, temporal: { address } });
  * const { rootAdminToken } = await compute.initialize();
  * await compute.start();
- * serve({ fetch: compute.handler });
+ * serve({ fetch: compute.handler }); // @hono/node-server, Bun.serve, Deno.serve, a Next.js route…
  * await compute.api.reservations.create({ token }, { tenantId, poolId, devices, duration, idempotencyKey });
  * ```
  *

@@ -110,6 +110,7 @@ export async function startModeProcesses(
         address: input.temporal.address,
         namespace: config.TEMPORAL_NAMESPACE,
         taskQueue: config.BETTER_COMPUTE_TASK_QUEUE,
+        draftRetentionHours: config.BETTER_COMPUTE_DRAFT_RETENTION_HOURS,
         ...(input.temporal.sweeper !== undefined ? { sweeper: input.temporal.sweeper } : {}),
       });
       stops.push(worker.stop);

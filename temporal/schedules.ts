@@ -12,19 +12,30 @@ export const sweeperScheduleId = 'better-compute-orphan-sweeper';
 /**
  * Creates the orphan-sweeper Schedule when it does not exist, or brings an existing one to this
  * configuration (idempotent: a second worker with the same settings changes nothing). It runs
- * `orphanSweeper` every `everyMs` on `taskQueue`, skipping a run while the previous one still runs.
+ * `orphanSweeper` every `everyMs` on `taskQueue`, skipping a run while the previous one still runs;
+ * with `draftRetentionMs`, each run also removes refused requests older than that.
  */
 export async function ensureSweeperSchedule(
   client: Client,
-  options: { taskQueue: string; everyMs?: number; graceMs?: number; scheduleId?: string },
+  options: {
+    taskQueue: string;
+    everyMs?: number;
+    graceMs?: number;
+    scheduleId?: string;
+    draftRetentionMs?: number;
+  },
 ): Promise<void> {
   const scheduleId = options.scheduleId ?? sweeperScheduleId;
   const everyMs = options.everyMs ?? 60_000;
+  const args = {
+    graceMs: options.graceMs ?? 10_000,
+    ...(options.draftRetentionMs !== undefined ? { draftRetentionMs: options.draftRetentionMs } : {}),
+  };
   const action: ScheduleOptionsStartWorkflowAction<Workflow> = {
     type: 'startWorkflow',
     workflowType: orphanSweeperType,
     taskQueue: options.taskQueue,
-    args: [{ graceMs: options.graceMs ?? 10_000 }],
+    args: [args],
   };
   try {
     await client.schedule.create({
@@ -40,7 +51,10 @@ export async function ensureSweeperSchedule(
     const sameQueue =
       current.action.type === 'startWorkflow' && current.action.taskQueue === options.taskQueue;
     const sameEvery = current.spec.intervals?.[0]?.every === everyMs;
-    if (sameQueue && sameEvery) return;
+    const sameArgs =
+      current.action.type === 'startWorkflow' &&
+      JSON.stringify(current.action.args ?? []) === JSON.stringify([args]);
+    if (sameQueue && sameEvery && sameArgs) return;
     await handle.update((previous) => ({
       ...previous,
       spec: { intervals: [{ every: everyMs }] },

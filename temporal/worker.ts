@@ -8,6 +8,7 @@ import {
   Worker,
   type WorkflowBundleWithSourceMap,
 } from '@temporalio/worker';
+import { createDraftCleanupActivities } from '../activities/draft-cleanup.ts';
 import { createPlacementActivities } from '../activities/placement.ts';
 import { createReportActivities } from '../activities/reports.ts';
 import { createReservationActivities } from '../activities/reservation.ts';
@@ -86,6 +87,8 @@ export interface WorkerDeps {
   lifecycle?: { historyLimit?: number; activityTimeoutMs?: number };
   /** The orphan sweeper's Schedule; `false` leaves it alone (tests that drive the sweep by hand). */
   sweeper?: false | { everyMs?: number; graceMs?: number; scheduleId?: string };
+  /** How long the sweeper keeps refused requests before it removes them (default 24). */
+  draftRetentionHours?: number;
   /** Most activities run at once (each holds one PostgreSQL connection while it runs). */
   maxConcurrentActivities?: number;
 }
@@ -126,6 +129,7 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
       log,
       lifecycle: createTemporalLifecycle(temporal.client, lifecycle),
     }),
+    ...createDraftCleanupActivities({ db: deps.db, log }),
   };
   const worker = await Worker.create({
     connection,
@@ -141,6 +145,7 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
       scheduleId: deps.sweeper?.scheduleId ?? sweeperScheduleId,
       ...(deps.sweeper?.everyMs ? { everyMs: deps.sweeper.everyMs } : {}),
       ...(deps.sweeper?.graceMs ? { graceMs: deps.sweeper.graceMs } : {}),
+      draftRetentionMs: (deps.draftRetentionHours ?? 24) * 3_600_000,
     });
   }
   const running = worker.run();

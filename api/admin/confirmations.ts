@@ -37,7 +37,8 @@ function decideMethod(decision: 'approved' | 'denied') {
         personIdentityId: ctx.principal.identityId,
         decision,
       });
-      if (result.resourceId.startsWith('rsv_')) {
+      // Only a reservation's admission waits in awaiting-confirmation for its lifecycle to hear it.
+      if (result.action === 'compute:reservations:create') {
         await ctx.deps.lifecycle
           ?.signal(result.resourceId, { type: 'confirmation', decision })
           .catch((err: unknown) =>

@@ -153,6 +153,19 @@ const revokeToken = defineMethod({
   },
 });
 
+const revokeDelegation = defineMethod({
+  summary:
+    "Revoke an agent's delegation from its person (idempotent): the agent's tokens stop authenticating (UNAUTHENTICATED), and no new token can be minted for it.",
+  action: 'compute:admin:write',
+  input: z.strictObject({ delegationId: z.string().min(1).max(100) }),
+  output: z.object({ id: z.string(), agentIdentityId: z.string(), revokedAt: z.number() }),
+  handler: async (ctx, input) => {
+    await requireRootAdmin(ctx, 'compute:admin:write');
+    const r = await iamAdmin(ctx).revokeDelegation(input.delegationId);
+    return { id: r.id, agentIdentityId: r.agentIdentityId, revokedAt: r.revokedAt.getTime() };
+  },
+});
+
 const roleOut = z.object({
   id: z.string(),
   tenantId: z.string().nullable(),
@@ -256,6 +269,7 @@ export const adminDirectoryMethods = {
   createToken,
   listTokens,
   revokeToken,
+  revokeDelegation,
   createRole,
   listRoles,
   bindRole,

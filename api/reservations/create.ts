@@ -162,7 +162,11 @@ export const create = defineMethod({
         ? reservationResource({ ...row, attributes: draft.attributes })
         : ((await readAuthzResource(ctx.deps.db, 'compute-reservation', row.id)) ?? reservationResource(row));
     try {
-      await ctx.deps.iam.require(ctx.principal, action, resource, { requestId: ctx.requestId });
+      // Bound to the stored request: a delegated approval admits this very request, once.
+      await ctx.deps.iam.require(ctx.principal, action, resource, {
+        requestId: ctx.requestId,
+        requestHash: row.request_hash,
+      });
     } catch (error) {
       if (
         isComputeError(error) &&
@@ -187,6 +191,15 @@ export const create = defineMethod({
         ctx.deps.lifecycle?.start({ id: row.id, tenantId: row.tenant_id, poolId: row.pool_id, state }),
       );
     }
-    return answer((await readReservationView(ctx.deps.db, row.id))!);
+    const view = await readReservationView(ctx.deps.db, row.id);
+    if (!view) {
+      // The draft cleanup removed this refused draft (past its retention) while it was decided.
+      throw new ComputeError(
+        'CONFLICT',
+        `reservation ${row.id} was removed while it was decided; retry with the same idempotency key`,
+        { reservationId: row.id, retryAfterSeconds: 1 },
+      );
+    }
+    return answer(view);
   },
 });

@@ -1,5 +1,7 @@
 import { sql } from 'kysely';
 import type { Db } from '../../core/database.ts';
+import { endedAllocationStates } from '../../domain/fleet.ts';
+import { literalList } from '../sql-literals.ts';
 
 /** One pool's capacity as `capacity.get` answers it. */
 export interface PoolCapacity {
@@ -61,7 +63,7 @@ export async function readPoolCapacity(
       SELECT b.device_id, bool_or(b.during @> compute_now()) AS now, bool_or(lower(b.during) > compute_now()) AS later
       FROM allocations a JOIN nodes n ON n.id = a.node_id JOIN visible v ON v.id = n.pool_id
       JOIN device_bookings b ON b.allocation_id = a.id
-      WHERE a.state NOT IN ('released', 'failed') AND upper(a.during) > compute_now() AND upper(b.during) > compute_now()
+      WHERE a.state NOT IN (${literalList(endedAllocationStates)}) AND upper(a.during) > compute_now() AND upper(b.during) > compute_now()
       GROUP BY b.device_id
     )
     SELECT v.id, v.name, v.gpu_model, v.region, v.class,

@@ -1,5 +1,7 @@
 import { sql } from 'kysely';
 import type { Db } from '../../core/database.ts';
+import { endedAllocationStates } from '../../domain/fleet.ts';
+import { literalList } from '../sql-literals.ts';
 
 /** A node as `capacity.nodes` reads it, with compute_now(). */
 export interface NodeCapacityRow {
@@ -67,10 +69,10 @@ export async function readNodeCapacity(
       SELECT d.node_id, d.class, count(*) AS total,
              count(*) FILTER (WHERE d.health = 'healthy' AND NOT EXISTS (
                SELECT 1 FROM device_bookings b JOIN allocations a ON a.id = b.allocation_id
-               WHERE b.device_id = d.id AND a.state NOT IN ('released', 'failed') AND b.during @> compute_now())) AS free,
+               WHERE b.device_id = d.id AND a.state NOT IN (${literalList(endedAllocationStates)}) AND b.during @> compute_now())) AS free,
              count(*) FILTER (WHERE EXISTS (
                SELECT 1 FROM device_bookings b JOIN allocations a ON a.id = b.allocation_id
-               WHERE b.device_id = d.id AND a.state NOT IN ('released', 'failed') AND lower(b.during) > compute_now())) AS reserved
+               WHERE b.device_id = d.id AND a.state NOT IN (${literalList(endedAllocationStates)}) AND lower(b.during) > compute_now())) AS reserved
       FROM devices d
       WHERE d.node_id = ANY(${ids}::text[]) AND d.bookable AND d.removed_at IS NULL
       GROUP BY d.node_id, d.class`.execute(db),
@@ -80,7 +82,7 @@ export async function readNodeCapacity(
              COALESCE(sum(sb.amount) FILTER (WHERE lower(sb.during) > compute_now()), 0) AS later
       FROM host_resources h
       LEFT JOIN scalar_bookings sb ON sb.node_id = h.node_id AND sb.resource = h.resource
-        AND EXISTS (SELECT 1 FROM allocations a WHERE a.id = sb.allocation_id AND a.state NOT IN ('released', 'failed'))
+        AND EXISTS (SELECT 1 FROM allocations a WHERE a.id = sb.allocation_id AND a.state NOT IN (${literalList(endedAllocationStates)}))
       WHERE h.node_id = ANY(${ids}::text[]) AND h.resource IN ('vcpu', 'memoryGiB')
       GROUP BY h.node_id, h.resource, h.allocatable`.execute(db),
     db

@@ -1,9 +1,11 @@
 import { sql } from 'kysely';
 import type { AdmissionCaches } from '../../core/admission-caches.ts';
 import type { Db } from '../../core/database.ts';
+import { endedAllocationStates } from '../../domain/fleet.ts';
 import type { Interval, PlacerNode } from '../../domain/placer.ts';
 import type { DeviceClass, HostResourceAmounts } from '../../domain/reservation-request.ts';
 import { preparedMarker } from '../pool.ts';
+import { literalList } from '../sql-literals.ts';
 
 /**
  * The placer's reads, in one place: nodes of a pool with their atoms of one class, the bookings
@@ -92,7 +94,7 @@ export async function loadPlacerNodes(
     ? sql`AND n.id IN (
         SELECT unnest(${input.sample as string[]}::text[])
         UNION
-        SELECT a.node_id FROM (SELECT node_id, during FROM allocations WHERE state NOT IN ('released', 'failed')
+        SELECT a.node_id FROM (SELECT node_id, during FROM allocations WHERE state NOT IN (${literalList(endedAllocationStates)})
                                ORDER BY created_at DESC LIMIT ${input.recentAllocations ?? 0}) a
         WHERE a.during && ${range(input.horizon)})`
     : sql``;
@@ -107,7 +109,7 @@ export async function loadPlacerNodes(
              WHERE d.node_id = n.id AND d.class = ${input.deviceClass} AND d.bookable AND d.removed_at IS NULL) AS devices,
            (SELECT json_agg(json_build_object('d', b.device_id, 's', lower(b.during), 'e', upper(b.during)))
               FROM allocations a JOIN device_bookings b ON b.allocation_id = a.id
-             WHERE a.node_id = n.id AND a.state NOT IN ('released', 'failed') AND a.during && ${horizon}
+             WHERE a.node_id = n.id AND a.state NOT IN (${literalList(endedAllocationStates)}) AND a.during && ${horizon}
                AND b.during && ${horizon}) AS bookings,
            (SELECT json_object_agg(h.resource, h.allocatable) FROM host_resources h
              WHERE h.node_id = n.id AND h.resource IN ('vcpu', 'memoryGiB', 'hugepages1Gi')) AS host,

@@ -2,6 +2,7 @@ import { sql, type Transaction } from 'kysely';
 import type { Database } from '../../core/database.ts';
 import { type AttestationVerdict, verifyAttestedReport } from '../../domain/attestation.ts';
 import { ComputeError } from '../../domain/errors.ts';
+import { isHoldingAllocation } from '../../domain/fleet.ts';
 import { insertOutboxEvent } from '../events/outbox.ts';
 import { findAttestationCertificates } from '../nodes/certificates.ts';
 
@@ -74,7 +75,7 @@ export async function judgeAllocationReport(trx: Trx, allocationId: string): Pro
       ? { expectedGpuUuids: uuids.map((u) => u.stable_id) }
       : {}),
   });
-  const live = ['planned', 'binding', 'bound'].includes(allocation.state);
+  const live = isHoldingAllocation(allocation.state);
   if (verdict.ok && report.kind !== 'bound') {
     if (live) {
       await trx

@@ -152,7 +152,7 @@ export async function oldestSeqWithinAge(db: Db, maxAgeHours: number): Promise<n
     return rows[0] ? { seq: Number(rows[0].seq), tooOld: rows[0].too_old } : null;
   };
   const first = await probe(0);
-  if (!first || !first.tooOld) return first?.seq ?? null;
+  if (!first?.tooOld) return first?.seq ?? null;
   const { rows } = await sql<{ newest: string }>`SELECT max(seq) AS newest FROM outbox_events`.execute(db);
   // Invariant: the event at or after `lo` is too old; the first one within the age is after `lo`.
   let lo = first.seq;
@@ -160,7 +160,7 @@ export async function oldestSeqWithinAge(db: Db, maxAgeHours: number): Promise<n
   while (hi - lo > 1) {
     const mid = Math.floor((lo + hi) / 2);
     const at = await probe(mid);
-    if (!at || !at.tooOld) hi = mid;
+    if (!at?.tooOld) hi = mid;
     else lo = at.seq;
   }
   const found = await probe(hi);

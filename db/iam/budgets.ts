@@ -1,6 +1,7 @@
 import { sql } from 'kysely';
 import type { IamDb } from '../../core/iam-database.ts';
 import type { UsageRecord } from '../../core/iam-port.ts';
+import { notFoundOnMissingReference } from './iam-db.ts';
 
 /** The tenant's budgets that apply to `meter` (its own and the `*` one; only `*` without a meter). */
 export async function selectBudgets(
@@ -46,18 +47,23 @@ export async function insertUsageRecords(db: IamDb, records: readonly UsageRecor
     .execute();
 }
 
-/** Sets a tenant's monthly budget for a meter (`*`: all meters); replaces the previous limit. */
+/**
+ * Sets a tenant's monthly budget for a meter (`*`: all meters); replaces the previous limit.
+ * NOT_FOUND when the tenant does not exist.
+ */
 export async function upsertBudget(
   db: IamDb,
   budget: { tenantId: string; meter: string; limit: number },
 ): Promise<void> {
-  await db
+  const upsert = db
     .insertInto('iam.budgets')
     .values({ tenant_id: budget.tenantId, meter: budget.meter, limit_amount: budget.limit })
     .onConflict((oc) =>
       oc
         .columns(['tenant_id', 'meter'])
         .doUpdateSet({ limit_amount: budget.limit, updated_at: sql<Date>`compute_now()` }),
-    )
-    .execute();
+    );
+  await notFoundOnMissingReference(() => upsert.execute(), {
+    tenant_id: `tenantId: tenant ${budget.tenantId} does not exist`,
+  });
 }

@@ -17,8 +17,9 @@ function toConfirmation(row: ConfirmationRow, lapsed: boolean): Confirmation {
 }
 
 /**
- * Opens a pending confirmation that expires `ttlMs` after `compute_now()`. The caller makes sure
- * no pending one is open for the same agent, action and resource.
+ * Opens a pending confirmation that expires `ttlMs` after `compute_now()`, for the request whose
+ * hash is `requestHash` (null: the caller names no request). The caller makes sure no pending one
+ * is open for the same agent, action, resource and request.
  */
 export async function insertConfirmation(
   db: IamDb,
@@ -30,6 +31,7 @@ export async function insertConfirmation(
     personIdentityId: string;
     action: string;
     resource: { type: string; id: string };
+    requestHash: string | null;
     ttlMs: number;
   },
 ): Promise<Confirmation> {
@@ -44,6 +46,7 @@ export async function insertConfirmation(
       action: confirmation.action,
       resource_type: confirmation.resource.type,
       resource_id: confirmation.resource.id,
+      request_hash: confirmation.requestHash,
       expires_at: sql<Date>`compute_now() + make_interval(secs => ${confirmation.ttlMs / 1000})`,
     })
     .returningAll()
@@ -52,16 +55,18 @@ export async function insertConfirmation(
 }
 
 /**
- * The newest confirmation of this agent for this action on this resource, or null. `lapsed`: its
- * deadline has passed by `compute_now()` (a pending one then reads `expired`; an approved one no
- * longer allows).
+ * The newest confirmation of this agent for this action on this resource and this request (by its
+ * hash; null matches only confirmations asked without one), or null. `lapsed`: its deadline has
+ * passed by `compute_now()` (a pending one then reads `expired`; an approved one no longer
+ * allows); `used`: an approved one already admitted its request.
  */
 export async function findLatestConfirmation(
   db: IamDb,
   agentIdentityId: string,
   action: string,
   resource: { type: string; id: string },
-): Promise<{ confirmation: Confirmation; lapsed: boolean } | null> {
+  requestHash: string | null,
+): Promise<{ confirmation: Confirmation; lapsed: boolean; used: boolean } | null> {
   const row = await db
     .selectFrom('iam.confirmations')
     .selectAll()
@@ -70,12 +75,31 @@ export async function findLatestConfirmation(
     .where('action', '=', action)
     .where('resource_type', '=', resource.type)
     .where('resource_id', '=', resource.id)
+    .where(sql<boolean>`request_hash IS NOT DISTINCT FROM ${requestHash}`)
     .orderBy('created_at', 'desc')
     .limit(1)
     .executeTakeFirst();
   if (!row) return null;
   const { lapsed, ...confirmation } = row;
-  return { confirmation: toConfirmation(confirmation, lapsed), lapsed };
+  return { confirmation: toConfirmation(confirmation, lapsed), lapsed, used: row.used_at !== null };
+}
+
+/**
+ * Uses an approval: marks the approved, unexpired (by `compute_now()`) and unused confirmation
+ * used, so it admits nothing more. Answers false when it was not such a one (already used by a
+ * concurrent decision, expired, or never approved): the caller must not admit.
+ */
+export async function useApproval(db: IamDb, confirmationId: string): Promise<boolean> {
+  const row = await db
+    .updateTable('iam.confirmations')
+    .set({ used_at: sql<Date>`compute_now()` })
+    .where('id', '=', confirmationId)
+    .where('state', '=', 'approved')
+    .where('used_at', 'is', null)
+    .where(sql<boolean>`expires_at > compute_now()`)
+    .returning('id')
+    .executeTakeFirst();
+  return row !== undefined;
 }
 
 /**

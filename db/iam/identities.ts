@@ -1,7 +1,7 @@
-import type { Selectable } from 'kysely';
+import { type Selectable, sql } from 'kysely';
 import type { IamDb, IamIdentitiesTable, IamTransaction } from '../../core/iam-database.ts';
 import type { IdentityInfo, IdentityKind } from '../../core/iam-port.ts';
-import { conflictOnDuplicate } from './iam-db.ts';
+import { conflictOnDuplicate, notFoundOnMissingReference } from './iam-db.ts';
 
 export type IdentityRow = Selectable<IamIdentitiesTable>;
 
@@ -20,14 +20,15 @@ export async function findIdentity(db: IamDb, identityId: string): Promise<Ident
 
 /**
  * Inserts an identity and, for an agent acting for a person, its delegation, in the caller's
- * transaction. CONFLICT when the tenant already has an identity of that name.
+ * transaction. CONFLICT when the tenant already has an identity of that name; NOT_FOUND when the
+ * tenant or the person does not exist.
  */
 export async function insertIdentity(
   trx: IamTransaction,
   identity: { id: string; tenantId: string; kind: IdentityKind; name: string; email: string | null },
   delegation: { id: string; personIdentityId: string; confirmActions: string[] } | null,
 ): Promise<void> {
-  await conflictOnDuplicate(async () => {
+  const write = async () => {
     await trx
       .insertInto('iam.identities')
       .values({
@@ -49,7 +50,15 @@ export async function insertIdentity(
         })
         .execute();
     }
-  }, `tenant ${identity.tenantId} already has an identity named ${identity.name}`);
+  };
+  await conflictOnDuplicate(
+    () =>
+      notFoundOnMissingReference(write, {
+        tenant_id: `tenantId: tenant ${identity.tenantId} does not exist`,
+        person_identity_id: `personIdentityId: identity ${delegation?.personIdentityId} does not exist`,
+      }),
+    `tenant ${identity.tenantId} already has an identity named ${identity.name}`,
+  );
 }
 
 /** A tenant's identities, oldest first, each with its standing delegation if it is an agent. */
@@ -90,13 +99,40 @@ export async function findActiveDelegation(
     : null;
 }
 
-/** The id of an agent's standing (not revoked) delegation, or null. */
-export async function findAgentDelegationId(db: IamDb, agentIdentityId: string): Promise<string | null> {
+/**
+ * An agent's delegation from its person: the standing one, else the most recently revoked one (an
+ * agent made to act for a person never acts on its own); null for an agent that never had one.
+ */
+export async function findAgentDelegation(
+  db: IamDb,
+  agentIdentityId: string,
+): Promise<{ id: string; revoked: boolean } | null> {
   const row = await db
     .selectFrom('iam.delegations')
-    .select('id')
+    .select(['id', 'revoked_at'])
     .where('agent_identity_id', '=', agentIdentityId)
-    .where('revoked_at', 'is', null)
+    .orderBy(sql`revoked_at IS NULL`, 'desc')
+    .orderBy('revoked_at', 'desc')
+    .limit(1)
     .executeTakeFirst();
-  return row?.id ?? null;
+  return row ? { id: row.id, revoked: row.revoked_at !== null } : null;
+}
+
+/**
+ * Revokes a delegation at `compute_now()`; idempotent (keeps the first revocation). From then on
+ * the agent's tokens under it no longer authenticate. Undefined when it does not exist.
+ */
+export async function revokeDelegation(
+  db: IamDb,
+  delegationId: string,
+): Promise<{ id: string; agentIdentityId: string; revokedAt: Date } | undefined> {
+  const row = await db
+    .updateTable('iam.delegations')
+    .set({ revoked_at: sql<Date>`COALESCE(revoked_at, compute_now())` })
+    .where('id', '=', delegationId)
+    .returning(['id', 'agent_identity_id', 'revoked_at'])
+    .executeTakeFirst();
+  return row?.revoked_at
+    ? { id: row.id, agentIdentityId: row.agent_identity_id, revokedAt: row.revoked_at }
+    : undefined;
 }

@@ -2,6 +2,7 @@ import { sql } from 'kysely';
 import type { IamDb } from '../../core/iam-database.ts';
 import { type PolicyDocument, policyDocumentSchema } from '../../core/iam-policy.ts';
 import type { PolicyVersion } from '../../core/iam-port.ts';
+import { notFoundOnMissingReference } from './iam-db.ts';
 
 /** A stored policy document, parsed by its schema (it was validated when it was applied). */
 function storedDocument(document: unknown): PolicyDocument {
@@ -10,13 +11,13 @@ function storedDocument(document: unknown): PolicyDocument {
 
 /**
  * Inserts the next version of the tenant's policy `name` (1 for a new name): in force from now on.
- * The document must already be valid.
+ * The document must already be valid. NOT_FOUND when the tenant does not exist.
  */
 export async function insertPolicyVersion(
   db: IamDb,
   policy: { id: string; tenantId: string; name: string; document: PolicyDocument; createdBy: string | null },
 ): Promise<PolicyVersion> {
-  const row = await db
+  const insert = db
     .insertInto('iam.policies')
     .values({
       id: policy.id,
@@ -27,8 +28,10 @@ export async function insertPolicyVersion(
       document: JSON.stringify(policy.document),
       created_by: policy.createdBy,
     })
-    .returning(['id', 'version'])
-    .executeTakeFirstOrThrow();
+    .returning(['id', 'version']);
+  const row = await notFoundOnMissingReference(() => insert.executeTakeFirstOrThrow(), {
+    tenant_id: `tenantId: tenant ${policy.tenantId} does not exist`,
+  });
   return {
     id: row.id,
     tenantId: policy.tenantId,

@@ -1,7 +1,7 @@
 import { sql } from 'kysely';
 import type { IamDb } from '../../core/iam-database.ts';
 import type { RoleInfo } from '../../core/iam-port.ts';
-import { conflictOnDuplicate } from './iam-db.ts';
+import { conflictOnDuplicate, notFoundOnMissingReference } from './iam-db.ts';
 
 /** A role bound to an identity on a tenant, as decisions read it. */
 export interface BoundRole {
@@ -11,17 +11,24 @@ export interface BoundRole {
   actions: string[];
 }
 
-/** Inserts a tenant's role. CONFLICT when the tenant already has a role of that name. */
+/**
+ * Inserts a tenant's role. CONFLICT when the tenant already has a role of that name; NOT_FOUND when
+ * the tenant does not exist.
+ */
 export async function insertRole(
   db: IamDb,
   role: { id: string; tenantId: string; name: string; actions: string[] },
 ): Promise<void> {
   await conflictOnDuplicate(
     () =>
-      db
-        .insertInto('iam.roles')
-        .values({ id: role.id, tenant_id: role.tenantId, name: role.name, actions: role.actions })
-        .execute(),
+      notFoundOnMissingReference(
+        () =>
+          db
+            .insertInto('iam.roles')
+            .values({ id: role.id, tenant_id: role.tenantId, name: role.name, actions: role.actions })
+            .execute(),
+        { tenant_id: `tenantId: tenant ${role.tenantId} does not exist` },
+      ),
     `tenant ${role.tenantId} already has a role named ${role.name}`,
   );
 }
@@ -36,6 +43,12 @@ export async function listRoles(db: IamDb, tenantId?: string): Promise<RoleInfo[
     )
     .orderBy('created_at')
     .execute();
+  return rows.map((r) => ({ id: r.id, tenantId: r.tenant_id, name: r.name, actions: r.actions }));
+}
+
+/** The built-in roles (no tenant: every tenant can bind them), oldest first. */
+export async function listBuiltInRoles(db: IamDb): Promise<RoleInfo[]> {
+  const rows = await db.selectFrom('iam.roles').selectAll().where('tenant_id', 'is', null).orderBy('created_at').execute();
   return rows.map((r) => ({ id: r.id, tenantId: r.tenant_id, name: r.name, actions: r.actions }));
 }
 
@@ -58,16 +71,24 @@ export async function findRoleToBind(
     .executeTakeFirst();
 }
 
-/** Binds a role to an identity on a tenant; idempotent. */
+/** Binds a role to an identity on a tenant; idempotent. NOT_FOUND when any of the three does not exist. */
 export async function insertRoleBinding(
   db: IamDb,
   binding: { identityId: string; roleId: string; tenantId: string },
 ): Promise<void> {
-  await db
-    .insertInto('iam.role_bindings')
-    .values({ identity_id: binding.identityId, role_id: binding.roleId, tenant_id: binding.tenantId })
-    .onConflict((oc) => oc.doNothing())
-    .execute();
+  await notFoundOnMissingReference(
+    () =>
+      db
+        .insertInto('iam.role_bindings')
+        .values({ identity_id: binding.identityId, role_id: binding.roleId, tenant_id: binding.tenantId })
+        .onConflict((oc) => oc.doNothing())
+        .execute(),
+    {
+      identity_id: `identityId: identity ${binding.identityId} does not exist`,
+      role_id: `role: role ${binding.roleId} does not exist`,
+      tenant_id: `tenantId: tenant ${binding.tenantId} does not exist`,
+    },
+  );
 }
 
 /** Every role bound to an identity, with the tenant each binding holds on. */

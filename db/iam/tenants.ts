@@ -1,6 +1,6 @@
 import type { IamDb } from '../../core/iam-database.ts';
 import type { TenantInfo, TenantNode } from '../../core/iam-port.ts';
-import { conflictOnDuplicate } from './iam-db.ts';
+import { conflictOnDuplicate, notFoundOnMissingReference } from './iam-db.ts';
 
 /** Every tenant of the tree, for the directory cache (iam/embedded/directory.ts). */
 export async function selectTenantNodes(db: IamDb): Promise<TenantNode[]> {
@@ -8,18 +8,25 @@ export async function selectTenantNodes(db: IamDb): Promise<TenantNode[]> {
   return rows.map((r) => ({ id: r.id, name: r.name, parentId: r.parent_id }));
 }
 
-/** Inserts a tenant. CONFLICT when the id is taken (or a second root is attempted). */
+/**
+ * Inserts a tenant. CONFLICT when the id is taken (or a second root is attempted); NOT_FOUND when
+ * its parent does not exist.
+ */
 export async function insertTenant(
   db: IamDb,
   tenant: { id: string; name: string; parentId: string | null },
 ): Promise<TenantInfo> {
   const row = await conflictOnDuplicate(
     () =>
-      db
-        .insertInto('iam.tenants')
-        .values({ id: tenant.id, name: tenant.name, parent_id: tenant.parentId })
-        .returningAll()
-        .executeTakeFirstOrThrow(),
+      notFoundOnMissingReference(
+        () =>
+          db
+            .insertInto('iam.tenants')
+            .values({ id: tenant.id, name: tenant.name, parent_id: tenant.parentId })
+            .returningAll()
+            .executeTakeFirstOrThrow(),
+        { parent_id: `parentId: tenant ${tenant.parentId} does not exist` },
+      ),
     `tenant ${tenant.id} already exists`,
     { tenantId: tenant.id },
   );

@@ -1,6 +1,7 @@
 import { sql } from 'kysely';
 import type { IamDb } from '../../core/iam-database.ts';
 import type { IdentityKind, TokenInfo } from '../../core/iam-port.ts';
+import { notFoundOnMissingReference } from './iam-db.ts';
 
 /** Who a token stands for, as authentication reads it. */
 export interface TokenHolder {
@@ -14,19 +15,19 @@ export interface TokenHolder {
 
 /**
  * The holder of the token with this secret hash, when the token is neither revoked nor expired (by
- * `compute_now()`) and its identity is not disabled; undefined otherwise.
+ * `compute_now()`), its identity is not disabled and, for a token minted under a delegation, that
+ * delegation is not revoked; undefined otherwise. A delegated token never reads as a direct one.
  */
 export async function findTokenHolder(db: IamDb, secretHash: string): Promise<TokenHolder | undefined> {
   const row = await db
     .selectFrom('iam.tokens as t')
     .innerJoin('iam.identities as i', 'i.id', 't.identity_id')
-    .leftJoin('iam.delegations as d', (j) =>
-      j.onRef('d.id', '=', 't.delegation_id').on('d.revoked_at', 'is', null),
-    )
+    .leftJoin('iam.delegations as d', 'd.id', 't.delegation_id')
     .where('t.secret_hash', '=', secretHash)
     .where('t.revoked_at', 'is', null)
     .where('i.disabled_at', 'is', null)
     .where(sql<boolean>`(t.expires_at IS NULL OR t.expires_at > compute_now())`)
+    .where(sql<boolean>`(t.delegation_id IS NULL OR (d.id IS NOT NULL AND d.revoked_at IS NULL))`)
     .select([
       't.id as token_id',
       'i.id as identity_id',
@@ -59,7 +60,10 @@ export async function touchTokenLastUsed(db: IamDb, tokenId: string): Promise<vo
     .execute();
 }
 
-/** Inserts a token (its secret only as a hash); it expires `expiresInSeconds` after `compute_now()`. */
+/**
+ * Inserts a token (its secret only as a hash); it expires `expiresInSeconds` after `compute_now()`.
+ * NOT_FOUND when the identity (or the delegation) does not exist.
+ */
 export async function insertToken(
   db: IamDb,
   token: {
@@ -71,7 +75,7 @@ export async function insertToken(
     expiresInSeconds?: number | undefined;
   },
 ): Promise<TokenInfo> {
-  const row = await db
+  const insert = db
     .insertInto('iam.tokens')
     .values({
       id: token.id,
@@ -83,8 +87,10 @@ export async function insertToken(
         ? sql<Date>`compute_now() + make_interval(secs => ${token.expiresInSeconds})`
         : null,
     })
-    .returningAll()
-    .executeTakeFirstOrThrow();
+    .returningAll();
+  const row = await notFoundOnMissingReference(() => insert.executeTakeFirstOrThrow(), {
+    identity_id: `identityId: identity ${token.identityId} does not exist`,
+  });
   return {
     id: row.id,
     identityId: row.identity_id,

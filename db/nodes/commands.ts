@@ -2,8 +2,9 @@ import { type Selectable, sql, type Transaction } from 'kysely';
 import type { Database, Db, NodeCommandsTable } from '../../core/database.ts';
 import { commandKinds, isCommandKind } from '../../domain/command-kinds.ts';
 import { ComputeError } from '../../domain/errors.ts';
-import type { CommandLane, CommandState } from '../../domain/fleet.ts';
+import { type CommandLane, type CommandState, inFlightCommandStates } from '../../domain/fleet.ts';
 import { newId } from '../../domain/ids.ts';
+import { literalList } from '../sql-literals.ts';
 
 type Trx = Transaction<Database>;
 
@@ -131,7 +132,7 @@ export async function failInFlightCommands(trx: Trx, nodeId: string, reason: str
     .updateTable('node_commands')
     .set({ state: 'failed', error: reason, completed_at: sql<Date>`compute_now()` })
     .where('node_id', '=', nodeId)
-    .where('state', 'in', ['delivered', 'running'])
+    .where('state', 'in', inFlightCommandStates)
     .executeTakeFirst();
   return Number(result.numUpdatedRows);
 }
@@ -161,7 +162,7 @@ export async function failTimedOutCommands(db: Db): Promise<number> {
     UPDATE node_commands c SET state = 'failed', error = 'timed out: no result within the kind''s timeout',
       completed_at = compute_now()
     FROM unnest(${kinds.map((k) => k.kind)}::text[], ${kinds.map((k) => k.seconds)}::float8[]) AS t(kind, seconds)
-    WHERE c.kind = t.kind AND c.state IN ('delivered', 'running')
+    WHERE c.kind = t.kind AND c.state IN (${literalList(inFlightCommandStates)})
       AND c.delivered_at < compute_now() - make_interval(secs => t.seconds)
     RETURNING c.id`.execute(db);
   return result.rows.length;
@@ -217,7 +218,7 @@ export async function findCommandsToRedeliver(
   const rows = await db
     .selectFrom('node_commands')
     .where('node_id', '=', nodeId)
-    .where('state', 'in', ['delivered', 'running'])
+    .where('state', 'in', inFlightCommandStates)
     .where('journal_id', '=', journalId)
     .select(queuedColumns)
     .orderBy('seq')
@@ -287,7 +288,7 @@ export async function completeDeliveredCommand(
       error = ${input.error}, completed_at = compute_now()
     FROM nodes n
     WHERE c.id = ${input.commandId} AND c.node_id = ${input.nodeId} AND c.seq = ${input.seq}
-      AND c.state IN ('delivered', 'running') AND n.id = c.node_id AND n.epoch = ${input.epoch}
+      AND c.state IN (${literalList(inFlightCommandStates)}) AND n.id = c.node_id AND n.epoch = ${input.epoch}
     RETURNING c.id`.execute(db);
   return rows.length > 0;
 }

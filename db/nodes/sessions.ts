@@ -178,7 +178,8 @@ export async function findSpecsToSend(
  * still at the heard epoch gets `last_heartbeat_at` and is connected on this gateway. A node the
  * database wrongly thought silent (another gateway's sweep during a pause, a moved clock) is
  * connected again and loses `NodeUnreachable`; those are answered. Rows are locked in id order
- * (the liveness sweep skips locked rows), so the two never deadlock.
+ * (the liveness sweep skips locked rows), so the two never deadlock. Whether a node was lost is
+ * read from the row as locked: a sweep that committed while this waited for the lock counts.
  */
 export async function recordHeartbeats(
   trx: Trx,
@@ -188,7 +189,8 @@ export async function recordHeartbeats(
   if (heard.length === 0) return [];
   const { rows } = await sql<{ id: string; was_lost: boolean }>`
     WITH locked AS (
-      SELECT n.id FROM nodes n
+      SELECT n.id, (n.connectivity <> 'connected' OR n.session_gateway IS DISTINCT FROM ${gatewayId}) AS was_lost
+      FROM nodes n
       JOIN unnest(${heard.map((h) => h.nodeId)}::text[], ${heard.map((h) => h.epoch)}::bigint[]) AS t(id, epoch)
         ON n.id = t.id AND n.epoch = t.epoch
       ORDER BY n.id FOR UPDATE OF n
@@ -196,8 +198,7 @@ export async function recordHeartbeats(
     UPDATE nodes n SET last_heartbeat_at = compute_now(), connectivity = 'connected',
       session_gateway = ${gatewayId}
     FROM locked WHERE n.id = locked.id
-    RETURNING n.id, (SELECT o.connectivity <> 'connected' OR o.session_gateway IS DISTINCT FROM ${gatewayId}
-                     FROM nodes o WHERE o.id = n.id) AS was_lost`.execute(trx);
+    RETURNING n.id, locked.was_lost`.execute(trx);
   const lost = rows.filter((r) => r.was_lost).map((r) => r.id);
   if (lost.length > 0) {
     await trx

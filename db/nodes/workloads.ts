@@ -1,4 +1,5 @@
 import type { Db } from '../../core/database.ts';
+import { endedAllocationStates, holdingAllocationStates } from '../../domain/fleet.ts';
 import { holdingStates } from '../../domain/reservation-states.ts';
 
 /** What runs on nodes: their allocations and the reservations that hold them. */
@@ -9,7 +10,7 @@ export async function countLiveAllocations(db: Db, nodeId: string): Promise<numb
     .selectFrom('allocations')
     .select((eb) => eb.fn.countAll<string>().as('n'))
     .where('node_id', '=', nodeId)
-    .where('state', 'not in', ['released', 'failed'])
+    .where('state', 'not in', endedAllocationStates)
     .executeTakeFirstOrThrow();
   return Number(live.n);
 }
@@ -26,7 +27,7 @@ export async function findLiveReservationsOnNodes(db: Db, nodeIds: readonly stri
     .select('r.id')
     .distinct()
     .where('a.node_id', 'in', nodeIds)
-    .where('a.state', 'in', ['planned', 'binding', 'bound'])
+    .where('a.state', 'in', holdingAllocationStates)
     .where('r.state', 'in', holdingStates)
     .execute();
   return rows.map((r) => r.id);

@@ -7,7 +7,10 @@ import { reservationDraftId } from '../../domain/ids.ts';
 import {
   authzAttributes,
   type HostResourceAmounts,
+  maxStartAheadMs,
   type NormalizedRequest,
+  startGraceMs,
+  startOutOfHorizon,
 } from '../../domain/reservation-request.ts';
 import { preparedMarker } from '../pool.ts';
 
@@ -157,10 +160,13 @@ export type DraftResult =
 
 /**
  * Transaction 1, as one statement (atomic on its own, so no BEGIN/COMMIT round trips): the pool's
- * offer re-checked, the draft inserted with its deterministic id and its authz projection row
- * (the seed's attributes), parented to the pool and owned by the caller. A key already taken
+ * offer and the requested start's horizon (at most 365 days ahead, at most 5 minutes past, by
+ * compute_now()) re-checked, the draft inserted with its deterministic id and its authz projection
+ * row (the seed's attributes), parented to the pool and owned by the caller. A key already taken
  * inserts nothing (a concurrent first call waits for the other to commit) and answers the stored
- * row; a different request under that key is CONFLICT with details.reservationId.
+ * row, touching a draft's `updated_at` (its retention starts over with each retry); a different
+ * request under that key is CONFLICT with details.reservationId. INVALID_INPUT naming `start` (and
+ * the bound) for a new request outside the horizon; NOT_FOUND for a pool not offered.
  */
 export async function writeDraft(
   db: Db,
@@ -175,7 +181,16 @@ export async function writeDraft(
 ): Promise<DraftResult> {
   const id = reservationDraftId(input.tenantId, input.principal.identityId, input.idempotencyKey);
   const repeated = async (): Promise<DraftResult | null> => {
-    const existing = await db.selectFrom('reservations').selectAll().where('id', '=', id).executeTakeFirst();
+    const { rows } = await sql<Reservation>`
+      WITH touched AS (
+        UPDATE reservations SET updated_at = compute_now()
+        WHERE id = ${id} AND state = 'draft' AND request_hash = ${input.hash}
+        RETURNING *
+      )
+      SELECT * FROM touched
+      UNION ALL
+      SELECT * FROM reservations WHERE id = ${id} AND NOT EXISTS (SELECT 1 FROM touched)`.execute(db);
+    const existing = rows[0];
     if (!existing) return null;
     if (existing.request_hash !== input.hash) {
       throw new ComputeError(
@@ -208,8 +223,16 @@ export async function writeDraft(
     region: pool.region,
     resources: booked,
   });
-  const { rows } = await sql<Reservation & { offered: boolean }>`${sql.raw(preparedMarker)}
-    WITH offered AS (
+  const start = request.start !== undefined ? new Date(request.start).toISOString() : null;
+  // In whole milliseconds on both sides, so startOutOfHorizon below judges exactly as this did.
+  const { rows } = await sql<Reservation & { offered: boolean; in_horizon: boolean; checked_at: string }>`${sql.raw(preparedMarker)}
+    WITH clock AS (SELECT floor(extract(epoch FROM compute_now()) * 1000)::bigint AS now_ms),
+    horizon AS (
+      SELECT ${request.start ?? null}::bigint IS NULL
+             OR ${request.start ?? null}::bigint BETWEEN now_ms - ${startGraceMs}::bigint
+                                             AND now_ms + ${maxStartAheadMs}::bigint AS ok
+      FROM clock
+    ), offered AS (
       SELECT 1 FROM pools p
       WHERE p.id = ${pool.id} AND p.archived_at IS NULL
         AND (p.owner_tenant_id = ${input.tenantId}
@@ -219,11 +242,10 @@ export async function writeDraft(
                                 state, requested_start, duration_ms, binding_kind, spot, lease_seconds, project_id,
                                 host_share)
       SELECT ${id}, ${input.tenantId}, ${pool.id}, ${input.principal.identityId}, ${input.idempotencyKey},
-             ${JSON.stringify(request)}::jsonb, ${input.hash}, 'draft',
-             ${request.start !== undefined ? new Date(request.start).toISOString() : null}::timestamptz,
+             ${JSON.stringify(request)}::jsonb, ${input.hash}, 'draft', ${start}::timestamptz,
              ${request.durationMs}::bigint, ${request.binding}, ${request.spot ?? false}::boolean,
              ${request.leaseSeconds ?? null}::integer, ${request.projectId ?? null}::text, ${JSON.stringify(share)}::jsonb
-      WHERE EXISTS (SELECT 1 FROM offered)
+      WHERE EXISTS (SELECT 1 FROM offered) AND (SELECT ok FROM horizon)
       ON CONFLICT DO NOTHING
       RETURNING *
     ), authz AS (
@@ -235,12 +257,12 @@ export async function writeDraft(
       ON CONFLICT (resource_type, resource_id) DO UPDATE
         SET attributes = EXCLUDED.attributes, updated_at = compute_now()
     )
-    SELECT r.*, EXISTS (SELECT 1 FROM offered) AS offered FROM (SELECT 1) AS one LEFT JOIN r ON true`.execute(
-    db,
-  );
+    SELECT r.*, EXISTS (SELECT 1 FROM offered) AS offered, (SELECT ok FROM horizon) AS in_horizon,
+           (SELECT now_ms FROM clock)::text AS checked_at
+    FROM (SELECT 1) AS one LEFT JOIN r ON true`.execute(db);
   const result = rows[0]!;
   if (result.id) {
-    const { offered: _offered, ...row } = result;
+    const { offered: _offered, in_horizon: _inHorizon, checked_at: _checkedAt, ...row } = result;
     return { kind: 'created', row, attributes, pool };
   }
   const found = await repeated();
@@ -249,5 +271,7 @@ export async function writeDraft(
     caches?.pools.clear();
     throw new ComputeError('NOT_FOUND', `poolId: pool ${pool.id} is not offered to tenant ${input.tenantId}`);
   }
+  const outside = request.start !== undefined && startOutOfHorizon(request.start, Number(result.checked_at));
+  if (!result.in_horizon && outside) throw outside;
   throw new ComputeError('INTERNAL', `reservation ${id} could be neither inserted nor found`);
 }

@@ -1,5 +1,6 @@
 import { sql, type Transaction } from 'kysely';
 import type { Database } from '../../core/database.ts';
+import { holdingAllocationStates } from '../../domain/fleet.ts';
 import type { DeviceAssignment } from '../../domain/node-spec.ts';
 import { setNodeDevicesAssignment } from '../nodes/nodes.ts';
 
@@ -50,7 +51,7 @@ export async function assignReservationDevices(
     .leftJoin('devices as d', 'd.id', 'b.device_id')
     .where('a.reservation_id', '=', reservationId)
     .where('a.superseded_at', 'is', null)
-    .where('a.state', 'in', ['planned', 'binding', 'bound'])
+    .where('a.state', 'in', holdingAllocationStates)
     .select(['a.id', 'a.node_id', 'd.id as device_id', 'd.stable_id', sql<Date>`upper(a.during)`.as('until')])
     .orderBy('a.id')
     .orderBy('d.stable_id')

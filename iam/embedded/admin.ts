@@ -1,7 +1,12 @@
 import { createHash, randomBytes } from 'node:crypto';
 import type { IamDb } from '../../core/iam-database.ts';
 import { type IamAdminPort, tenantIdPattern } from '../../core/iam-port.ts';
-import { findAgentDelegationId, insertIdentity, listIdentities } from '../../db/iam/identities.ts';
+import {
+  findAgentDelegation,
+  insertIdentity,
+  listIdentities,
+  revokeDelegation,
+} from '../../db/iam/identities.ts';
 import { insertTenant, listTenants } from '../../db/iam/tenants.ts';
 import { insertToken, listTokens, revokeToken } from '../../db/iam/tokens.ts';
 import { ComputeError } from '../../domain/errors.ts';
@@ -106,11 +111,19 @@ export function createIamAdmin(db: IamDb, directory: Directory): IamAdminPort {
 
     /**
      * Mints an API token. The secret is returned here once and stored only as its SHA-256; an
-     * agent's token acts under its delegation (a delegated session).
+     * agent's token acts under its delegation (a delegated session). INVALID_STATE for an agent
+     * whose delegation was revoked: it never gets a direct session instead.
      */
     async createToken(input) {
       const identity = await requireIdentity(input.identityId);
-      const delegationId = identity.kind === 'agent' ? await findAgentDelegationId(db, identity.id) : null;
+      const delegation = identity.kind === 'agent' ? await findAgentDelegation(db, identity.id) : null;
+      if (delegation?.revoked) {
+        throw new ComputeError(
+          'INVALID_STATE',
+          `identityId: the delegation agent ${identity.id} acted under (${delegation.id}) was revoked; create a new agent for the person instead`,
+        );
+      }
+      const delegationId = delegation?.id ?? null;
       const token = `bct_${randomBytes(32).toString('base64url')}`;
       const info = await insertToken(db, {
         id: newId('tok'),
@@ -129,6 +142,14 @@ export function createIamAdmin(db: IamDb, directory: Directory): IamAdminPort {
     async revokeToken(tokenId) {
       const revoked = await revokeToken(db, tokenId);
       if (!revoked) throw new ComputeError('NOT_FOUND', `token ${tokenId} does not exist`);
+      return revoked;
+    },
+
+    /** Revokes a delegation; idempotent. The agent's tokens stop authenticating at once in this process. */
+    async revokeDelegation(delegationId) {
+      const revoked = await revokeDelegation(db, delegationId);
+      if (!revoked) throw new ComputeError('NOT_FOUND', `delegation ${delegationId} does not exist`);
+      directory.invalidate();
       return revoked;
     },
 

@@ -12,16 +12,16 @@ import type {
 } from '../../core/iam-port.ts';
 import type { Logger } from '../../core/logger.ts';
 import { insertUsageRecords, selectBudgets, usageThisMonth } from '../../db/iam/budgets.ts';
-import { findLatestConfirmation, insertConfirmation } from '../../db/iam/confirmations.ts';
+import { findLatestConfirmation, insertConfirmation, useApproval } from '../../db/iam/confirmations.ts';
 import { findFeatureFlag } from '../../db/iam/features.ts';
 import { iamDatabase } from '../../db/iam/iam-db.ts';
-import { type ActiveDelegation, findActiveDelegation } from '../../db/iam/identities.ts';
+import type { ActiveDelegation } from '../../db/iam/identities.ts';
 import { findTokenHolder, touchTokenLastUsed } from '../../db/iam/tokens.ts';
 import { ComputeError } from '../../domain/errors.ts';
 import type { IamAction } from '../../domain/iam-actions.ts';
 import { newId } from '../../domain/ids.ts';
 import { createIamAdmin, hashToken } from './admin.ts';
-import { decide, maxConfirmationMs } from './decide.ts';
+import { decide, type EmbeddedDecision, maxConfirmationMs } from './decide.ts';
 import { createDirectory } from './directory.ts';
 import { actionMatches } from './policy.ts';
 
@@ -43,15 +43,20 @@ export function createEmbeddedIam(deps: { db: Db; log: Logger; confirmationTtlMs
   const directory = createDirectory(db);
   const admin = createIamAdmin(db, directory);
   const confirmationTtlMs = Math.min(deps.confirmationTtlMs ?? maxConfirmationMs, maxConfirmationMs);
-  const delegations = new Map<string, { at: number; row: ActiveDelegation | null }>();
 
+  /**
+   * The standing delegation of a delegated session (null for a direct one). A session whose
+   * delegation was revoked is UNAUTHENTICATED: it never falls back to the agent acting on its own.
+   */
   async function delegationOf(principal: Principal): Promise<ActiveDelegation | null> {
-    if (principal.sessionKind !== 'delegated' || !principal.delegation) return null;
-    const id = principal.delegation.delegationId;
-    const hit = delegations.get(id);
-    if (hit && Date.now() - hit.at < 2_000) return hit.row; // wall time: the cache's TTL
-    const row = await findActiveDelegation(db, id);
-    delegations.set(id, { at: Date.now(), row }); // wall time: the cache's TTL
+    if (principal.sessionKind !== 'delegated') return null;
+    const row = principal.delegation ? await directory.delegation(principal.delegation.delegationId) : null;
+    if (!row) {
+      throw new ComputeError(
+        'UNAUTHENTICATED',
+        'the delegation this agent acts under was revoked: its tokens no longer authenticate; ask the person it acted for for a new agent',
+      );
+    }
     return row;
   }
 
@@ -59,18 +64,23 @@ export function createEmbeddedIam(deps: { db: Db; log: Logger; confirmationTtlMs
     principal: Principal,
     action: IamAction,
     resource: ResourceRef,
-  ): Promise<Decision & { held?: boolean }> {
-    return decide(db, directory, principal, action, resource, await delegationOf(principal));
+    context?: DecisionContext,
+  ): Promise<EmbeddedDecision> {
+    const delegation = await delegationOf(principal);
+    return decide(db, directory, principal, action, resource, delegation, context?.requestHash ?? null);
   }
 
   async function requestConfirmation(
     principal: Principal,
     action: IamAction,
     resource: ResourceRef,
+    context?: DecisionContext,
   ): Promise<Confirmation | null> {
     const delegation = await delegationOf(principal);
     if (!delegation?.confirmActions.some((a) => actionMatches(a, action))) return null;
-    const open = (await findLatestConfirmation(db, principal.identityId, action, resource))?.confirmation;
+    const requestHash = context?.requestHash ?? null;
+    const open = (await findLatestConfirmation(db, principal.identityId, action, resource, requestHash))
+      ?.confirmation;
     if (open && open.state === 'pending') return open;
     const confirmation = await insertConfirmation(db, {
       id: newId('cnf'),
@@ -80,6 +90,7 @@ export function createEmbeddedIam(deps: { db: Db; log: Logger; confirmationTtlMs
       personIdentityId: delegation.personIdentityId,
       action,
       resource,
+      requestHash,
       ttlMs: confirmationTtlMs,
     });
     log.info({ confirmationId: confirmation.id, action, resourceId: resource.id }, 'confirmation requested');
@@ -88,10 +99,7 @@ export function createEmbeddedIam(deps: { db: Db; log: Logger; confirmationTtlMs
 
   const iam: EmbeddedIam = {
     admin,
-    invalidate: () => {
-      directory.invalidate();
-      delegations.clear();
-    },
+    invalidate: () => directory.invalidate(),
 
     async authenticate({ token }) {
       const holder = await findTokenHolder(db, hashToken(token));
@@ -118,23 +126,46 @@ export function createEmbeddedIam(deps: { db: Db; log: Logger; confirmationTtlMs
       };
     },
 
-    async authorize(principal, action, resource, _context?: DecisionContext) {
-      const { held: _held, ...decision } = await authorize(principal, action, resource);
+    /** The decision alone: an approval that allows it is not used up (require does that). */
+    async authorize(principal, action, resource, context) {
+      const { held: _held, approvalId: _approval, visiblePolicyIds: _visible, ...decision } = await authorize(
+        principal,
+        action,
+        resource,
+        context,
+      );
       return decision;
     },
 
     async authorizeMany(principal, checks) {
-      return Promise.all(checks.map((c) => authorize(principal, c.action, c.resource)));
+      return Promise.all(checks.map((c) => iam.authorize(principal, c.action, c.resource)));
     },
 
     async require(principal, action, resource, context) {
-      const decision = await authorize(principal, action, resource);
-      if (decision.allowed) return;
+      let decision = await authorize(principal, action, resource, context);
+      // An approval admits one decision: a concurrent one that used it first leaves this one held.
+      if (decision.allowed && decision.approvalId && !(await useApproval(db, decision.approvalId))) {
+        decision = await authorize(principal, action, resource, context);
+        if (decision.allowed && decision.approvalId) {
+          decision = {
+            allowed: false,
+            reason: 'its approval was used by another request at the same time',
+            policyIds: decision.policyIds,
+            held: true,
+          };
+        }
+      }
+      if (decision.allowed) {
+        if (decision.approvalId) {
+          log.info({ confirmationId: decision.approvalId, action, resourceId: resource.id }, 'approval used');
+        }
+        return;
+      }
       const confirmation = !decision.held
         ? null
         : decision.confirmation?.state === 'pending'
           ? decision.confirmation
-          : await requestConfirmation(principal, action, resource);
+          : await requestConfirmation(principal, action, resource, context);
       if (confirmation && confirmation.state === 'pending') {
         throw new ComputeError(
           'CONFIRMATION_REQUIRED',
@@ -151,7 +182,8 @@ export function createEmbeddedIam(deps: { db: Db; log: Logger; confirmationTtlMs
         `${action} on ${resource.type} ${resource.id} is denied: ${decision.reason}`,
         {
           action,
-          ...(decision.policyIds.length ? { policyIds: decision.policyIds } : {}),
+          resourceType: resource.type,
+          ...(decision.visiblePolicyIds?.length ? { policyIds: decision.visiblePolicyIds } : {}),
         },
       );
     },

@@ -2,8 +2,8 @@ import { describe, expect, test } from 'vitest';
 import { ComputeClientError, type ComputeEvent, createComputeClient, parseSse } from '../../client/index.ts';
 import { newId } from '../../domain/ids.ts';
 import { useTestApi } from '../support/api.ts';
-import { tenantMember } from '../support/iam.ts';
 import { insertOutboxEvent } from '../support/events.ts';
+import { tenantMember } from '../support/iam.ts';
 
 const api = useTestApi();
 

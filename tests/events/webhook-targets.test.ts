@@ -331,7 +331,8 @@ describe('delivery', () => {
     });
     try {
       const hooks = [];
-      for (let i = 0; i < 8; i++) hooks.push(await client.webhooks.create({ tenantId, url: `${slow.url}/h${i}` }));
+      for (let i = 0; i < 8; i++)
+        hooks.push(await client.webhooks.create({ tenantId, url: `${slow.url}/h${i}` }));
       dispatch({ allowHosts: '127.0.0.1', maxConcurrent: 2 });
       await emit(tenantId);
       await emit(tenantId);

@@ -5,8 +5,8 @@ import { type ComputeClient, type ComputeClientError, createComputeClient } from
 import { newId } from '../../domain/ids.ts';
 import { startWebhookDispatcher, type WebhookDispatcher } from '../../events/webhook-dispatcher.ts';
 import { signWebhook, verifyWebhook } from '../../events/webhook-signature.ts';
-import { useConfiguredApi } from './configured-api.ts';
 import { insertOutboxEvent } from '../support/events.ts';
+import { useConfiguredApi } from './configured-api.ts';
 
 interface Received {
   path: string;

@@ -9,7 +9,6 @@
  * number per method), so a run is repeatable and a failure prints its shrunk counterexample.
  */
 import fc from 'fast-check';
-import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { z } from 'zod';
 import { methods } from '../../api/registry.ts';
@@ -19,6 +18,7 @@ import { type Compute, createCompute } from '../../server/compute.ts';
 import { type ApiFixture, createApiFixture } from '../support/api.ts';
 import { seedPool } from '../support/fleet.ts';
 import { type TenantMember, tenantMember } from '../support/iam.ts';
+import { tableSnapshot } from '../support/table-snapshot.ts';
 
 type Json = null | boolean | number | string | Json[] | { [key: string]: Json };
 // biome-ignore lint/suspicious/noExplicitAny: a generated JSON Schema, read by keyword.
@@ -142,28 +142,7 @@ function judge(answer: Answer): string | null {
 // ---------------------------------------------------------------------------------------------
 // Every table, as row counts and checksums
 
-let tableList: string[] | undefined;
-
-async function snapshot(): Promise<Record<string, string>> {
-  tableList ??= (
-    await sql<{ name: string }>`
-      SELECT quote_ident(table_schema) || '.' || quote_ident(table_name) AS name
-      FROM information_schema.tables
-      WHERE table_schema IN ('public', 'iam') AND table_type = 'BASE TABLE'
-      ORDER BY 1`.execute(h.database.db)
-  ).rows.map((r) => r.name);
-  // last_used_at records that a token authenticated, which happens before any refusal.
-  const parts = tableList.map(
-    (
-      name,
-    ) => `SELECT '${name}' AS name, count(*) || ':' || md5(coalesce(string_agg(r, E'\\n' ORDER BY r), '')) AS sum
-       FROM (SELECT (to_jsonb(t) - 'last_used_at')::text AS r FROM ${name} t) q`,
-  );
-  const { rows } = await sql<{ name: string; sum: string }>`${sql.raw(parts.join('\nUNION ALL\n'))}`.execute(
-    h.database.db,
-  );
-  return Object.fromEntries(rows.map((r) => [r.name, r.sum]));
-}
+const snapshot = () => tableSnapshot(h.database.db);
 
 // ---------------------------------------------------------------------------------------------
 // Inputs from a method's schema

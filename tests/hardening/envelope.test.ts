@@ -150,10 +150,11 @@ describe('wrong HTTP methods', () => {
 });
 
 describe('the error table', () => {
-  it('answers UNSUPPORTED with 422, and only INTERNAL and CAPACITY_UNAVAILABLE with a 5xx', async () => {
+  it('answers UNSUPPORTED with 422, and only INTERNAL, CAPACITY_UNAVAILABLE and UNAVAILABLE with a 5xx', async () => {
     expect(errorCodeTraits.UNSUPPORTED.httpStatus).toBe(422);
     expect(errorCodes.filter((code) => errorCodeTraits[code].httpStatus >= 500)).toEqual([
       'CAPACITY_UNAVAILABLE',
+      'UNAVAILABLE',
       'INTERNAL',
     ]);
     const res = await h.call(

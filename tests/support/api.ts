@@ -3,7 +3,7 @@ import type { Deps } from '../../core/deps.ts';
 import { bootstrapPlatform } from '../../iam/bootstrap.ts';
 import { createEmbeddedIam, type EmbeddedIam } from '../../iam/embedded/index.ts';
 import { type Compute, createCompute } from '../../server/compute.ts';
-import { listen } from '../../server/http.ts';
+import { type HttpServer, listen } from '../../server/http.ts';
 import { createTestDatabase, type TestDatabase } from './database.ts';
 import { useFixture } from './hooks.ts';
 import { type TenantMember, tenantMember } from './iam.ts';
@@ -85,7 +85,10 @@ export async function createApiFixture(options: ApiFixtureOptions = {}): Promise
     ...options.deps,
   };
   const compute = createCompute(deps);
-  const platform = await bootstrapPlatform(iam);
+  const platform = await bootstrapPlatform(iam).catch(async (error: unknown) => {
+    await database.drop();
+    throw error;
+  });
   return {
     database,
     iam,
@@ -116,9 +119,17 @@ export interface TestApi extends ApiFixture {
  */
 export async function startTestApi(options: Pick<ApiFixtureOptions, 'env'> = {}): Promise<TestApi> {
   const fixture = await createApiFixture({ max: 10, ...options });
-  const acme = await tenantMember(fixture.iam, 'acme');
-  const globex = await tenantMember(fixture.iam, 'globex');
-  const server = await listen(fixture.compute.app, '127.0.0.1', 0);
+  let acme: TenantMember;
+  let globex: TenantMember;
+  let server: HttpServer;
+  try {
+    acme = await tenantMember(fixture.iam, 'acme');
+    globex = await tenantMember(fixture.iam, 'globex');
+    server = await listen(fixture.compute.app, '127.0.0.1', 0);
+  } catch (error) {
+    await fixture.stop();
+    throw error;
+  }
   return {
     ...fixture,
     url: server.url,

@@ -1,5 +1,7 @@
 import { proxyActivities } from '@temporalio/workflow';
 // biome-ignore lint/style/noRestrictedImports: a type-only import, erased before bundling
+import type { DraftCleanupActivities } from '../../activities/draft-cleanup.ts';
+// biome-ignore lint/style/noRestrictedImports: a type-only import, erased before bundling
 import type { SweeperActivities } from '../../activities/sweeper.ts';
 
 const { sweepOrphanReservations } = proxyActivities<SweeperActivities>({
@@ -7,10 +9,31 @@ const { sweepOrphanReservations } = proxyActivities<SweeperActivities>({
   retry: { maximumAttempts: 3 },
 });
 
+const { removeRefusedDrafts } = proxyActivities<DraftCleanupActivities>({
+  startToCloseTimeout: '1 minute',
+  retry: { maximumAttempts: 3 },
+});
+
+/** Batches of refused drafts one sweep removes at most (each one transaction of `draftBatch` rows). */
+const maxDraftBatches = 20;
+
 /**
  * Run by the sweeper Schedule: starts (or wakes) the lifecycle of every non-terminal reservation
- * that has no running workflow, such as one whose API process died between commit and start.
+ * that has no running workflow, such as one whose API process died between commit and start; then,
+ * given `draftRetentionMs`, removes refused requests older than it, a bounded batch per activity
+ * while batches come back full (at most 20 a run; the next run goes on).
  */
-export async function orphanSweeper(input: { graceMs?: number; limit?: number } = {}) {
-  return sweepOrphanReservations({ graceMs: input.graceMs ?? 10_000, limit: input.limit ?? 1_000 });
+export async function orphanSweeper(
+  input: { graceMs?: number; limit?: number; draftRetentionMs?: number; draftBatch?: number } = {},
+) {
+  const swept = await sweepOrphanReservations({ graceMs: input.graceMs ?? 10_000, limit: input.limit ?? 1_000 });
+  if (input.draftRetentionMs === undefined) return swept;
+  const batch = input.draftBatch ?? 500;
+  let removedDrafts = 0;
+  for (let i = 0; i < maxDraftBatches; i++) {
+    const { removed } = await removeRefusedDrafts({ retentionMs: input.draftRetentionMs, limit: batch });
+    removedDrafts += removed;
+    if (removed < batch) break;
+  }
+  return { ...swept, removedDrafts };
 }
