@@ -1,5 +1,9 @@
 import { status as grpcStatus } from '@grpc/grpc-js';
-import { isGrpcServiceError, ServiceError, WorkflowUpdateRPCTimeoutOrCancelledError } from '@temporalio/client';
+import {
+  isGrpcServiceError,
+  ServiceError,
+  WorkflowUpdateRPCTimeoutOrCancelledError,
+} from '@temporalio/client';
 import { ComputeError } from '../domain/errors.ts';
 
 /** Which store the server could not reach. */

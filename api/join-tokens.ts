@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import { ensureCertificateAuthority } from '../db/nodes/certificates.ts';
+import { ensureCaCertificate } from '../db/nodes/certificate-authority.ts';
 import { listPoolIdsOwnedBy } from '../db/nodes/fleet.ts';
 import {
   createJoinToken,
@@ -11,6 +11,7 @@ import {
 import { ComputeError } from '../domain/errors.ts';
 import { defineMethod } from './method.ts';
 import { requirePool, requireTenantRead } from './nodes-access.ts';
+import { apiSealer } from './sealer.ts';
 
 const tokenView = z.object({
   id: z.string(),
@@ -64,17 +65,22 @@ const create = defineMethod({
   handler: async (ctx, input) => {
     const pool = await requirePool(ctx, input.poolId, 'compute:nodes:join');
     if (pool.archived) throw new ComputeError('INVALID_STATE', `pool ${input.poolId} is archived`);
+    const { config } = ctx.deps;
+    // The certificate only: the CA's private key is the gateway's (created sealed if need be).
+    // First, so a server that cannot create the CA refuses before a token exists.
+    const caCertificatePem = await ensureCaCertificate(ctx.deps.db, {
+      trustDomain: config.BETTER_COMPUTE_TRUST_DOMAIN,
+      sealer: () => apiSealer(config, "the control plane CA's private key"),
+    });
     const created = await createJoinToken(ctx.deps.db, { ...input, createdBy: ctx.principal.identityId });
     const stored = await findJoinToken(ctx.deps.db, created.id);
-    const { config } = ctx.deps;
-    const ca = await ensureCertificateAuthority(ctx.deps.db, config.BETTER_COMPUTE_TRUST_DOMAIN);
     const host = config.BETTER_COMPUTE_GATEWAY_HOST;
     const gateway = `${host.includes(':') ? `[${host}]` : host}:${config.BETTER_COMPUTE_GATEWAY_PORT}`;
     return {
       ...view(stored!),
       token: created.token,
       gateway,
-      caCertificatePem: ca.certificatePem,
+      caCertificatePem,
       command: `bcd join --token ${created.token} --gateway ${gateway} --ca-file ca.pem`,
     };
   },

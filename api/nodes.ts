@@ -7,6 +7,7 @@ import { ComputeError } from '../domain/errors.ts';
 import { defineMethod, type MethodContext } from './method.ts';
 import { requireNode, requirePool, requireTenantRead } from './nodes-access.ts';
 import { nodeCommandMethods } from './nodes-commands.ts';
+import { nodeTrustMethods } from './nodes-trust.ts';
 import { loadNodeViews, nodeView } from './nodes-view.ts';
 
 const nodeId = z.string().regex(/^node_[0-9a-z]{26}$/, 'a node id (node_…)');
@@ -120,4 +121,4 @@ const drain = defineMethod({
   handler: (ctx, input) => setCordon(ctx, input, 'compute:nodes:drain'),
 });
 
-export const nodeMethods = { list, get, cordon, uncordon, drain, ...nodeCommandMethods };
+export const nodeMethods = { list, get, cordon, uncordon, drain, ...nodeCommandMethods, ...nodeTrustMethods };

@@ -18,6 +18,7 @@ import { webhookFailureReasons } from '../domain/webhook-target.ts';
 import { newWebhookSecret } from '../events/webhook-signature.ts';
 import { assertWebhookTargetAccepted, systemResolver } from '../events/webhook-target-resolve.ts';
 import { defineMethod } from './method.ts';
+import { apiSealer } from './sealer.ts';
 
 const manageAction = 'compute:webhooks:manage';
 const readAction = 'compute:webhooks:read';
@@ -71,6 +72,7 @@ const create = defineMethod({
   output: webhookSchema.extend({ secret: z.string() }),
   handler: async ({ deps, principal, requestId }, input) => {
     await decide(deps, principal, manageAction, input.tenantId, requestId);
+    const sealer = apiSealer(deps.config, "a webhook's signing secret");
     await assertWebhookTargetAccepted(
       input.url,
       deps.config.BETTER_COMPUTE_WEBHOOK_ALLOW_HOSTS ?? [],
@@ -86,7 +88,8 @@ const create = defineMethod({
           id: newId('hook'),
           tenantId: input.tenantId,
           url: input.url,
-          secret,
+          // Stored sealed; the caller sees it once, in this answer.
+          secret: sealer.seal('webhook-secret', secret),
           eventTypes: input.eventTypes,
           description: input.description,
           createdBy: principal.identityId,

@@ -19,6 +19,7 @@
  *        [--connect-seconds 600]
  */
 import { spawn } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { loadavg, tmpdir } from 'node:os';
 import path from 'node:path';
@@ -29,13 +30,15 @@ import { createLogger } from '../core/logger.ts';
 import { defaultSimShape, SimHardware } from '../daemon/hardware.ts';
 import { saveIdentity } from '../daemon/identity.ts';
 import { simulatedNodeLayout } from '../daemon/sim.ts';
-import { ensureCertificateAuthority, issueStoredNodeCertificate } from '../db/nodes/certificates.ts';
+import { loadSigningCertificateAuthority } from '../db/nodes/certificate-authority.ts';
+import { issueStoredNodeCertificate } from '../db/nodes/certificates.ts';
 import { enqueueNodeCommand } from '../db/nodes/commands.ts';
 import { insertPool, insertSite } from '../db/nodes/fleet.ts';
 import { createJoinToken } from '../db/nodes/join-tokens.ts';
 import { insertJoinedNode } from '../db/nodes/nodes.ts';
 import { computeHardwareKey } from '../domain/hardware-key.ts';
 import { generateKeyPairPem, keyIdOfPublicKey, nodeSpiffeId } from '../domain/pki.ts';
+import { createSealer } from '../domain/sealing.ts';
 import { defaultGatewayOptions } from '../gateway/options.ts';
 import { startGateway } from '../gateway/server.ts';
 import { benchDatabase, percentile } from './support.ts';
@@ -100,7 +103,8 @@ function childUsage(pid: number | undefined): { cpuSeconds: number; rssMiB: numb
 }
 
 const bench = await benchDatabase('gateway', { max: 20 });
-const config = parseConfig({});
+// A deployment secret of this run only: the benchmark's database is its own and dropped after.
+const config = parseConfig({ BETTER_COMPUTE_SECRET: randomBytes(32).toString('base64') });
 const dir = mkdtempSync(path.join(tmpdir(), 'bc-bench-gw-'));
 const log = createLogger({ level: 'warn', name: 'bench-gateway' });
 const completedAt = new Map<string, number>();
@@ -132,7 +136,11 @@ const fleetDir = path.join(dir, 'fleet');
  * (`issueStoredNodeCertificate`), written where `bcd sim` loads identities from.
  */
 async function provisionDirect(): Promise<void> {
-  const ca = await ensureCertificateAuthority(bench.db, config.BETTER_COMPUTE_TRUST_DOMAIN);
+  // The benchmark signs as the gateway does, so it opens the CA key the gateway's way.
+  const ca = await loadSigningCertificateAuthority(bench.db, {
+    trustDomain: config.BETTER_COMPUTE_TRUST_DOMAIN,
+    sealer: createSealer(config.BETTER_COMPUTE_SECRET!),
+  });
   const batch = 100;
   let next = 0;
   const worker = async () => {

@@ -70,10 +70,23 @@ export function resolveConnection(
   return { url, token, source: { url: urlFrom, token: tokenFrom } };
 }
 
-/** The typed client for a command's options. */
+/**
+ * The typed client for a command's options. It retries what is safe to retry (RATE_LIMITED and
+ * UNAVAILABLE answers, an API that is restarting) with back-off, saying so on stderr.
+ */
 export function clientFor(options: ConnectionOptions, env: NodeJS.ProcessEnv = process.env): ComputeClient {
   const connection = resolveConnection(options, env);
-  return createComputeClient({ baseURL: connection.url, token: connection.token, retryOnRateLimit: true });
+  return createComputeClient({
+    baseURL: connection.url,
+    token: connection.token,
+    retry: {
+      attempts: 6,
+      onRetry: (r) =>
+        process.stderr.write(
+          `better-compute: ${r.method} ${r.reason === 'CONNECTION' ? 'could not reach the API' : `answered ${r.reason}`}; retrying in ${(r.delayMs / 1000).toFixed(1)} s (${r.attempt}/${r.attempts - 1})\n`,
+        ),
+    },
+  });
 }
 
 /**

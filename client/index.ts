@@ -15,7 +15,7 @@ export type { EventType } from '../domain/event-types.ts';
 export { ComputeClientError, ComputeConnectionError, isComputeClientError } from './errors.ts';
 export type { ComputeEvent, StreamOptions } from './events.ts';
 export { parseSse, type SseFrame } from './sse.ts';
-export type { TokenSource, TransportOptions } from './transport.ts';
+export type { RetryNotice, RetryPolicy, TokenSource, TransportOptions } from './transport.ts';
 export type { CallOptions, ClientMethods, MethodInput, MethodOutput, RegistryOf } from './types.ts';
 
 export type ComputeClientOptions = TransportOptions;

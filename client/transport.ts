@@ -1,4 +1,4 @@
-import { isErrorCode } from '../domain/errors.ts';
+import { assertNever, isErrorCode } from '../domain/errors.ts';
 import { requiredHeader } from '../domain/http-protocol.ts';
 import { ComputeClientError, ComputeConnectionError } from './errors.ts';
 import type { CallOptions } from './types.ts';
@@ -13,12 +13,44 @@ export interface TransportOptions {
   /** Defaults to the global fetch. */
   fetch?: typeof fetch;
   /**
-   * Retry once after RATE_LIMITED, waiting what the server asks (`Retry-After` or
-   * `details.retryAfterSeconds`, 1 s when it says nothing) up to `maxDelayMs` (default 30 s).
+   * Retry calls that failed for a passing reason, with capped exponential back-off and jitter,
+   * never waiting less than the server asks (`Retry-After` or `details.retryAfterSeconds`):
+   * - RATE_LIMITED and UNAVAILABLE answers, and a connection that could not be opened, for every
+   *   call: the server did not do the call (the limiter refuses before the handler runs; a failed
+   *   transaction changes nothing);
+   * - a connection dropped after the request was sent (the answer is lost, the call may have been
+   *   done), only for idempotent calls: their input carries an `idempotencyKey` (every create and
+   *   extend), or the caller says so with `CallOptions.idempotent`.
+   * `true` is `{ attempts: 5, baseDelayMs: 250, maxDelayMs: 30_000 }`. Off by default.
    */
+  retry?: boolean | RetryPolicy;
+  /** @deprecated Use `retry`; `true` is `retry: { attempts: 2 }` (one retry), as it always was. */
   retryOnRateLimit?: boolean | { maxDelayMs?: number };
   /** Extra headers sent with every call. */
   headers?: Record<string, string>;
+}
+
+/** How the client retries (see `TransportOptions.retry`). */
+export interface RetryPolicy {
+  /** Tries in all, the first one included (default 5). */
+  attempts?: number;
+  /** The first back-off, doubled on each retry (default 250 ms). */
+  baseDelayMs?: number;
+  /** The longest single wait, also capping what the server asks (default 30 s). */
+  maxDelayMs?: number;
+  /** Told before each wait (to say so in a CLI or a log). */
+  onRetry?: (retry: RetryNotice) => void;
+}
+
+/** What `RetryPolicy.onRetry` is told: the call, why it failed, and how long until the next try. */
+export interface RetryNotice {
+  method: string;
+  /** The try that failed (1 for the first). */
+  attempt: number;
+  attempts: number;
+  delayMs: number;
+  /** The error code of the answer, or `CONNECTION` when no answer came. */
+  reason: string;
 }
 
 /** `baseURL` joined with an API path, tolerating a trailing slash. */
@@ -45,12 +77,81 @@ function sleep(ms: number, signal: AbortSignal | undefined): Promise<void> {
   });
 }
 
-function retryDelayMs(error: ComputeClientError, header: string | null): number {
+/** What the server asked to wait, in milliseconds (`details.retryAfterSeconds`, then `Retry-After`). */
+function serverAskedMs(error: ComputeClientError, header: string | null): number | null {
   const fromDetails = error.details?.retryAfterSeconds;
   if (typeof fromDetails === 'number' && fromDetails >= 0) return fromDetails * 1000;
   const seconds = Number(header);
   if (header && Number.isFinite(seconds) && seconds >= 0) return seconds * 1000;
-  return 1000;
+  return null;
+}
+
+/** Connection errors raised before the request left this process: the server never saw it. */
+const notSentCodes = new Set([
+  'ECONNREFUSED',
+  'ENOTFOUND',
+  'EAI_AGAIN',
+  'EHOSTUNREACH',
+  'ENETUNREACH',
+  'UND_ERR_CONNECT_TIMEOUT',
+]);
+
+function causeCode(error: unknown): string | undefined {
+  for (let cause = error, depth = 0; cause && depth < 4; depth++) {
+    const code = (cause as { code?: unknown }).code;
+    if (typeof code === 'string') return code;
+    cause = (cause as { cause?: unknown }).cause;
+  }
+  return undefined;
+}
+
+/** Why a try failed, as far as retrying goes. */
+type Failure =
+  | { kind: 'answer'; error: ComputeClientError; retryAfter: string | null }
+  | { kind: 'not-sent' | 'in-doubt'; error: ComputeConnectionError };
+
+type Policy = Required<Omit<RetryPolicy, 'onRetry'>> & Pick<RetryPolicy, 'onRetry'>;
+
+function retryPolicy(options: TransportOptions): Policy | null {
+  const defaults = { attempts: 5, baseDelayMs: 250, maxDelayMs: 30_000 };
+  if (options.retry) return { ...defaults, ...(options.retry === true ? {} : options.retry) };
+  const legacy = options.retryOnRateLimit;
+  if (legacy) return { ...defaults, attempts: 2, ...(legacy === true ? {} : legacy) };
+  return null;
+}
+
+/**
+ * The wait before try `attempt + 1`: exponential from `baseDelayMs`, capped, with jitter (half to
+ * all of it), and never less than the server asked (plus up to a fifth, so clients told the same
+ * time do not all come back at once).
+ */
+function backoffMs(policy: Policy, attempt: number, askedMs: number | null): number {
+  const exponential = Math.min(policy.maxDelayMs, policy.baseDelayMs * 2 ** (attempt - 1));
+  const jittered = exponential * (0.5 + Math.random() * 0.5);
+  const asked = askedMs === null ? 0 : askedMs * (1 + Math.random() * 0.2);
+  return Math.min(policy.maxDelayMs, Math.max(jittered, asked));
+}
+
+function hasIdempotencyKey(input: unknown): boolean {
+  return (
+    typeof input === 'object' &&
+    input !== null &&
+    typeof (input as { idempotencyKey?: unknown }).idempotencyKey === 'string'
+  );
+}
+
+/** Whether a failed try may be made again (see `TransportOptions.retry`). */
+function retryable(failure: Failure, idempotent: boolean): boolean {
+  switch (failure.kind) {
+    case 'answer':
+      return failure.error.code === 'RATE_LIMITED' || failure.error.code === 'UNAVAILABLE';
+    case 'not-sent':
+      return true;
+    case 'in-doubt':
+      return idempotent;
+    default:
+      return assertNever(failure);
+  }
 }
 
 /**
@@ -97,17 +198,14 @@ export async function readEnvelope(
 /** Builds the one function every client method goes through: `POST {baseURL}/api/compute/{group}/{method}`. */
 export function createTransport(options: TransportOptions) {
   const doFetch = options.fetch ?? globalThis.fetch;
-  const retry = options.retryOnRateLimit;
-  const maxDelayMs = typeof retry === 'object' ? (retry.maxDelayMs ?? 30_000) : 30_000;
+  const policy = retryPolicy(options);
 
   async function once(
     group: string,
     method: string,
     input: unknown,
     call: CallOptions,
-  ): Promise<
-    { ok: true; data: unknown } | { ok: false; error: ComputeClientError; retryAfter: string | null }
-  > {
+  ): Promise<{ ok: true; data: unknown } | ({ ok: false } & Failure)> {
     const url = apiUrl(options.baseURL, `/api/compute/${group}/${method}`);
     const headers: Record<string, string> = {
       ...options.headers,
@@ -130,13 +228,14 @@ export function createTransport(options: TransportOptions) {
       if (call.signal?.aborted) throw call.signal.reason;
       const reason =
         cause instanceof Error ? ((cause.cause as Error | undefined)?.message ?? cause.message) : '';
-      throw new ComputeConnectionError(
+      const error = new ComputeConnectionError(
         `cannot reach the API at ${options.baseURL}${reason ? ` (${reason})` : ''}`,
         {
           url,
           cause,
         },
       );
+      return { ok: false, kind: notSentCodes.has(causeCode(cause) ?? '') ? 'not-sent' : 'in-doubt', error };
     }
     const outcome = await readEnvelope(response, {
       baseURL: options.baseURL,
@@ -145,19 +244,35 @@ export function createTransport(options: TransportOptions) {
     });
     if ('data' in outcome) return { ok: true, data: outcome.data };
     if (outcome.error instanceof ComputeClientError) {
-      return { ok: false, error: outcome.error, retryAfter: response.headers.get('retry-after') };
+      return {
+        ok: false,
+        kind: 'answer',
+        error: outcome.error,
+        retryAfter: response.headers.get('retry-after'),
+      };
     }
-    throw outcome.error;
+    // Something else answered (a proxy whose upstream is down, a wrong port): the call may or may
+    // not have reached the API.
+    return { ok: false, kind: 'in-doubt', error: outcome.error };
   }
 
   return async function call(group: string, method: string, input: unknown, callOptions: CallOptions = {}) {
-    let result = await once(group, method, input, callOptions);
-    if (!result.ok && retry && result.error.code === 'RATE_LIMITED') {
-      await sleep(Math.min(retryDelayMs(result.error, result.retryAfter), maxDelayMs), callOptions.signal);
-      result = await once(group, method, input, callOptions);
+    const idempotent = callOptions.idempotent ?? hasIdempotencyKey(input);
+    for (let attempt = 1; ; attempt++) {
+      const result = await once(group, method, input, callOptions);
+      if (result.ok) return result.data;
+      if (!policy || attempt >= policy.attempts || !retryable(result, idempotent)) throw result.error;
+      const asked = result.kind === 'answer' ? serverAskedMs(result.error, result.retryAfter) : null;
+      const delayMs = backoffMs(policy, attempt, asked);
+      policy.onRetry?.({
+        method: `${group}.${method}`,
+        attempt,
+        attempts: policy.attempts,
+        delayMs,
+        reason: result.kind === 'answer' ? result.error.code : 'CONNECTION',
+      });
+      await sleep(delayMs, callOptions.signal);
     }
-    if (!result.ok) throw result.error;
-    return result.data;
   };
 }
 

@@ -7,6 +7,11 @@ export interface CallOptions {
   signal?: AbortSignal;
   /** Sent as `x-request-id`, so the server's logs and the error's `requestId` match it. */
   requestId?: string;
+  /**
+   * Doing this call twice does what doing it once does, so a retry after a dropped connection is
+   * safe (default: whether the input carries an `idempotencyKey`). See `TransportOptions.retry`.
+   */
+  idempotent?: boolean;
 }
 
 /** The registry behind a server type: `typeof compute` (from `createCompute`) or the registry itself. */

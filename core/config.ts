@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { deploymentSecretHint, minDeploymentSecretLength } from '../domain/sealing.ts';
 import { webhookAllowHostsSetting } from '../domain/webhook-target.ts';
 import { logFormats } from './logger.ts';
 
@@ -25,7 +26,25 @@ export const configSchema = z.object({
   BETTER_COMPUTE_GATEWAY_LEASE_SECONDS: z.coerce.number().int().min(2).max(3600).default(40),
   /** Sessions one gateway holds at most; beyond it, RESOURCE_EXHAUSTED with a retry pushback. */
   BETTER_COMPUTE_GATEWAY_MAX_SESSIONS: z.coerce.number().int().min(1).max(1_000_000).default(20_000),
+  /** A bcd connection that sends no Hello this long is closed; until then it holds no session slot. */
+  BETTER_COMPUTE_GATEWAY_HELLO_TIMEOUT_SECONDS: z.coerce.number().positive().max(600).default(10),
+  /** Join calls per second one peer address may make (bursts of five times as many); then RESOURCE_EXHAUSTED. */
+  BETTER_COMPUTE_GATEWAY_JOINS_PER_SECOND_PER_PEER: z.coerce.number().positive().max(100_000).default(10),
+  /** Join calls per second the gateway takes from all peers together (bursts of twice as many). */
+  BETTER_COMPUTE_GATEWAY_JOINS_PER_SECOND: z.coerce.number().positive().max(1_000_000).default(100),
   BETTER_COMPUTE_TRUST_DOMAIN: z.string().min(1).default('better-compute.local'),
+  /**
+   * The deployment secret: the CA private key and webhook signing secrets are sealed at rest with
+   * keys derived from it (domain/sealing.ts). Every process of a deployment needs the same one;
+   * the modes in `modesNeedingSecret` refuse to start without it.
+   */
+  BETTER_COMPUTE_SECRET: z
+    .string()
+    .min(
+      minDeploymentSecretLength,
+      `at least ${minDeploymentSecretLength} characters (${deploymentSecretHint})`,
+    )
+    .optional(),
   BETTER_COMPUTE_DATA_DIR: z.string().min(1).default('.data'),
   BETTER_COMPUTE_TOOLS_DIR: z.string().optional(),
   BETTER_COMPUTE_DB_POOL_MAX: z.coerce.number().int().min(1).max(500).default(20),
@@ -67,6 +86,32 @@ export const configSchema = z.object({
 });
 
 export type Config = z.infer<typeof configSchema>;
+
+/**
+ * The modes that read or write sealed data, so need BETTER_COMPUTE_SECRET: the API (it seals a
+ * webhook's signing secret at creation, and its webhook dispatcher opens them to sign deliveries)
+ * and the gateway (it opens the CA private key to sign node certificates). The worker does not.
+ */
+export const modesNeedingSecret: readonly ProcessMode[] = ['api', 'gateway', 'all'];
+
+/**
+ * The deployment secret, or an Error saying how to make one; `needs` names what needs it
+ * (e.g. `mode api`). Call it before anything starts, so a process refuses to start without it.
+ */
+export function requireDeploymentSecret(
+  config: Pick<Config, 'BETTER_COMPUTE_SECRET'>,
+  needs: string,
+): string {
+  if (config.BETTER_COMPUTE_SECRET) return config.BETTER_COMPUTE_SECRET;
+  throw new Error(
+    `BETTER_COMPUTE_SECRET (the \`secret\` option) is not set, and ${needs} seals secrets at rest with it: ${deploymentSecretHint} and give every process of this deployment the same value`,
+  );
+}
+
+/** Refuses to start `mode` without the deployment secret when it reads or writes sealed data. */
+export function assertSecretForMode(config: Pick<Config, 'BETTER_COMPUTE_SECRET'>, mode: ProcessMode): void {
+  if (modesNeedingSecret.includes(mode)) requireDeploymentSecret(config, `mode ${mode}`);
+}
 
 export function parseConfig(env: Record<string, string | undefined> = process.env): Config {
   const result = configSchema.safeParse(env);

@@ -12,6 +12,7 @@ import type {
   ProvisionState,
 } from '../domain/fleet.ts';
 import type { ReservationState } from '../domain/reservation-states.ts';
+import type { Sealed } from '../domain/sealing.ts';
 
 /** Timestamps read as Date, written as Date or an SQL expression. */
 type Timestamp = ColumnType<Date, Date | string, Date | string>;
@@ -109,6 +110,8 @@ export interface NodesTable {
   next_command_seq: ColumnType<string, number | string | undefined, number | string>;
   hardware_key: string | null;
   installed_release_id: string | null;
+  /** An operator's nodes.approveReclaim: until then a join may reclaim the node without proof. */
+  reclaim_approved_until: ColumnType<Date | null, Date | string | null | undefined, Date | string | null>;
   created_at: TimestampDefault;
   updated_at: TimestampDefault;
 }
@@ -343,7 +346,8 @@ export interface CertificateAuthoritiesTable {
   name: string;
   trust_domain: string;
   certificate_pem: string;
-  private_key_pem: string;
+  /** Sealed (domain/sealing.ts) and written only sealed; a key stored before sealing reads as PEM until the gateway seals it. */
+  private_key_pem: ColumnType<string, Sealed<'ca-key'>, Sealed<'ca-key'>>;
   created_at: TimestampDefault;
 }
 
@@ -358,8 +362,21 @@ export interface NodeCertificatesTable {
   not_before: Timestamp;
   not_after: Timestamp;
   revoked_at: Timestamp | null;
+  /** Why it was revoked; null on a revoked row: for cause. */
+  revoke_reason: ColumnType<
+    CertificateRevokeReason | null,
+    CertificateRevokeReason | null | undefined,
+    CertificateRevokeReason | null
+  >;
   created_at: TimestampDefault;
 }
+
+/**
+ * `superseded`: a renewal or a proved reclaim replaced it (the same machine holds the successor);
+ * `reclaimed`: an operator-approved reclaim; `retired`: nodes.retire; `revoked`: an operator's
+ * nodes.revokeCertificates.
+ */
+export type CertificateRevokeReason = 'superseded' | 'reclaimed' | 'retired' | 'revoked';
 
 /** A handle on the compute database (a pool or a transaction's connection). */
 export type Db = Kysely<Database>;
@@ -427,7 +444,8 @@ export interface WebhookSubscriptionsTable {
   id: string;
   tenant_id: string;
   url: string;
-  secret: string;
+  /** The signing secret, sealed and written only sealed; one stored before sealing reads as plaintext until sealed. */
+  secret: ColumnType<string, Sealed<'webhook-secret'>, Sealed<'webhook-secret'>>;
   event_types: ColumnType<string[], string[] | undefined, string[]>;
   description: Generated<string>;
   created_by: string | null;

@@ -232,6 +232,8 @@ export interface IamAdminPort {
     email?: string;
     personIdentityId?: string;
     confirmActions?: string[];
+    /** Roles (by id or name, as bindRole takes them) bound on its tenant with it, all or nothing. */
+    roles?: string[];
   }): Promise<IdentityInfo>;
   listIdentities(tenantId: string): Promise<IdentityInfo[]>;
   /** Mints an API token; its secret is in this answer only. */

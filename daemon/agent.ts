@@ -178,6 +178,9 @@ export class NodeAgent {
     try {
       this.status.certificateNotAfter = await renewCertificate(identity, this.options.stateDir);
       this.options.log.info({ notAfter: this.status.certificateNotAfter }, 'certificate renewed');
+      // Renewal revokes the old certificate (superseded): the gateway would end a session opened
+      // with it at its next certificate check, so move to the new one now.
+      if (this.stream && !this.stopped) this.closeStream();
     } catch (err) {
       this.options.log.warn({ err }, 'certificate renewal failed');
     } finally {

@@ -1,7 +1,15 @@
-import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
+import { type Metadata, status } from '@grpc/grpc-js';
 import { certificateNotAfter, createCsr, generateKeyPairPem } from '../domain/pki.ts';
-import { type HardwareEvidence, type JoinResponse, JoinServiceClient } from '../proto/gen/agent/v1/agent.ts';
+import { signReclaimProof } from '../domain/reclaim-proof.ts';
+import {
+  type HardwareEvidence,
+  type JoinRequest,
+  type JoinResponse,
+  JoinServiceClient,
+  type ReclaimProof,
+} from '../proto/gen/agent/v1/agent.ts';
 import { gatewayChannel } from './gateway-tls.ts';
 
 /**
@@ -46,8 +54,36 @@ function unary<T>(fn: (cb: (err: Error | null, res: T) => void) => void): Promis
 }
 
 /**
+ * The reclaim proof for a join from `dir`: when `dir` holds the identity of the node this machine
+ * was, its key signs the new CSR (`signReclaimProof`), so JoinService may hand the node back;
+ * without one (or with an unreadable one) the join asks for nothing more than a new node.
+ */
+export function reclaimProofFrom(dir: string, csrPem: string): ReclaimProof | undefined {
+  if (!identityExists(dir)) return undefined;
+  try {
+    const previous = loadIdentity(dir);
+    return signReclaimProof({ nodeId: previous.nodeId, csrPem, previousPrivateKeyPem: previous.privateKeyPem });
+  } catch {
+    return undefined;
+  }
+}
+
+/** How many times a throttled Join is tried again, honouring the gateway's retry pushback. */
+const joinAttempts = 8;
+
+function pushbackMs(error: unknown): number | null {
+  const e = error as { code?: number; metadata?: Metadata };
+  if (e.code !== status.RESOURCE_EXHAUSTED) return null;
+  const value = e.metadata?.get('grpc-retry-pushback-ms')[0];
+  const ms = value === undefined ? Number.NaN : Number(value);
+  return Number.isFinite(ms) && ms >= 0 ? Math.min(ms, 60_000) : null;
+}
+
+/**
  * Joins with a token: makes a key, sends a CSR and the hardware evidence to JoinService over TLS
- * (trusting only `caCertificatePem`), and writes the identity to `dir`.
+ * (trusting only `caCertificatePem`), with a reclaim proof when `dir` holds a previous identity,
+ * and writes the identity to `dir`. A throttled join (RESOURCE_EXHAUSTED with a retry pushback)
+ * waits exactly the pushback and tries again, a few times.
  */
 export async function joinWithToken(input: {
   gateway: string;
@@ -61,24 +97,37 @@ export async function joinWithToken(input: {
   mkdirSync(input.dir, { recursive: true, mode: 0o700 });
   const keys = await generateKeyPairPem();
   const csrPem = await createCsr(keys, input.requestedName);
+  const request: JoinRequest = {
+    token: input.token,
+    csrPem,
+    evidence: input.evidence,
+    requestedName: input.requestedName,
+    agentVersion: input.agentVersion,
+    reclaimProof: reclaimProofFrom(input.dir, csrPem),
+  };
   const tls = gatewayChannel(input.gateway, { caCertificatePem: input.caCertificatePem });
   const client = new JoinServiceClient(input.gateway, tls.credentials, tls.options);
   let response: JoinResponse;
   try {
-    response = await unary<JoinResponse>((cb) =>
-      client.join(
-        {
-          token: input.token,
-          csrPem,
-          evidence: input.evidence,
-          requestedName: input.requestedName,
-          agentVersion: input.agentVersion,
-        },
-        cb,
-      ),
-    );
+    for (let attempt = 1; ; attempt++) {
+      try {
+        response = await unary<JoinResponse>((cb) => client.join(request, cb));
+        break;
+      } catch (error) {
+        const wait = pushbackMs(error);
+        if (wait === null || attempt >= joinAttempts) throw error;
+        await new Promise((r) => setTimeout(r, wait));
+      }
+    }
   } finally {
     client.close();
+  }
+  const previousNodeId = request.reclaimProof?.nodeId;
+  if (previousNodeId && previousNodeId !== response.nodeId) {
+    // The machine became another node: the old node's journal (commands, converged generation)
+    // must not speak for the new one. Kept aside, not deleted.
+    const journal = path.join(input.dir, 'journal.json');
+    if (existsSync(journal)) renameSync(journal, path.join(input.dir, `journal.${previousNodeId}.json`));
   }
   saveIdentity(input.dir, {
     nodeId: response.nodeId,

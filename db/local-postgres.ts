@@ -1,9 +1,10 @@
 import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import {
-  createWriteStream,
+  closeSync,
   existsSync,
   mkdirSync,
+  openSync,
   readdirSync,
   readFileSync,
   statSync,
@@ -16,11 +17,22 @@ import path from 'node:path';
 import pg from 'pg';
 import type { Logger } from '../core/logger.ts';
 
+/** How a child server ended: its exit code, or the signal that ended it. */
+export interface ChildExit {
+  code: number | null;
+  signal: NodeJS.Signals | null;
+}
+
 /** A private PostgreSQL server this process started (and stops) on a loopback port. */
 export interface LocalPostgres {
   url: string;
   port: number;
   dataDir: string;
+  /** The postmaster's process id (with `detached`, also its process group's). */
+  pid: number;
+  /** Settles when the server exits, whoever stopped it. */
+  exited: Promise<ChildExit>;
+  /** A fast shutdown (SIGINT: sessions are ended, nothing is lost), SIGKILL after 20 s. */
   stop(): Promise<void>;
 }
 
@@ -31,6 +43,15 @@ export interface LocalPostgresOptions {
   /** Durability off (fsync, full-page writes): for tests and benchmarks, never for data you keep. */
   ephemeral?: boolean;
   port?: number;
+  /** Fail when `port` is taken instead of choosing another (a restart must keep its URL). */
+  strictPort?: boolean;
+  /**
+   * Run the server in a process group of its own, so a Ctrl-C of this process's terminal does not
+   * reach it (the caller stops it in order) and it can be signalled as a group.
+   */
+  detached?: boolean;
+  /** Told the server's pid as soon as it is spawned (a watchdog registers it). */
+  onSpawn?: (pid: number) => void;
 }
 
 const unprivilegedUser = 'postgres';
@@ -191,6 +212,9 @@ export async function startLocalPostgres(options: LocalPostgresOptions): Promise
 
   const portFile = path.join(dataDir, 'better-compute.port');
   let port = options.port ?? (existsSync(portFile) ? Number(readFileSync(portFile, 'utf8')) : 0);
+  if (port && options.strictPort && !(await isPortFree(port))) {
+    throw new Error(`port ${port} of 127.0.0.1 is taken: PostgreSQL cannot start on it again yet`);
+  }
   if (!port || !(await isPortFree(port))) port = await freePort();
   writeFileSync(portFile, String(port));
   if (runAs) chownRecursive(portFile, runAs);
@@ -211,15 +235,23 @@ export async function startLocalPostgres(options: LocalPostgresOptions): Promise
       : []),
   ];
   const logFile = path.join(dataDir, 'server.log');
+  // The server writes its log itself, so it never depends on a pipe through this process.
+  const logFd = openSync(logFile, 'a');
   const child = spawn(
     path.join(binDir, 'postgres'),
     ['-D', dataDir, ...settings.flatMap(([k, v]) => ['-c', `${k}=${v}`])],
-    { stdio: ['ignore', 'ignore', 'pipe'], ...spawnAs },
+    { stdio: ['ignore', 'ignore', logFd], detached: options.detached === true, ...spawnAs },
   );
-  const logStream = createWriteStream(logFile, { flags: 'a' });
-  child.stderr?.pipe(logStream);
+  closeSync(logFd);
+  const exited = childExited(child);
+  if (child.pid !== undefined) options.onSpawn?.(child.pid);
   const adminUrl = `postgres://postgres@127.0.0.1:${port}/postgres`;
-  await waitUntilAccepting(adminUrl, child, logFile);
+  try {
+    await waitUntilAccepting(adminUrl, child, logFile);
+  } catch (error) {
+    await stopChild(child, 'SIGKILL', 1_000, options.detached);
+    throw error;
+  }
 
   const admin = new pg.Client({ connectionString: adminUrl });
   await admin.connect();
@@ -232,8 +264,18 @@ export async function startLocalPostgres(options: LocalPostgresOptions): Promise
     url: `postgres://postgres@127.0.0.1:${port}/${options.database}`,
     port,
     dataDir,
-    stop: () => stopChild(child, 'SIGINT', 20_000),
+    pid: child.pid!,
+    exited,
+    stop: () => stopChild(child, 'SIGINT', 20_000, options.detached),
   };
+}
+
+/** Settles once `child` has exited, with how it ended. */
+export function childExited(child: ChildProcess): Promise<ChildExit> {
+  if (child.exitCode !== null || child.signalCode !== null) {
+    return Promise.resolve({ code: child.exitCode, signal: child.signalCode });
+  }
+  return new Promise((resolve) => child.once('exit', (code, signal) => resolve({ code, signal })));
 }
 
 /** Whether `port` on 127.0.0.1 can be listened on right now. */
@@ -245,11 +287,27 @@ export async function isPortFree(port: number): Promise<boolean> {
   });
 }
 
-/** Signals a child and waits for it to exit, escalating to SIGKILL after `timeoutMs`. */
-export function stopChild(child: ChildProcess, signal: NodeJS.Signals, timeoutMs: number): Promise<void> {
+/**
+ * Signals a child and waits for it to exit, escalating to SIGKILL after `timeoutMs`; with `group`
+ * (a child spawned `detached`, leading a process group of its own) the SIGKILL goes to the whole
+ * group, so no process the server forked is left behind.
+ */
+export function stopChild(
+  child: ChildProcess,
+  signal: NodeJS.Signals,
+  timeoutMs: number,
+  group = false,
+): Promise<void> {
   if (child.exitCode !== null || child.signalCode !== null) return Promise.resolve();
   return new Promise((resolve) => {
-    const timer = setTimeout(() => child.kill('SIGKILL'), timeoutMs);
+    const timer = setTimeout(() => {
+      if (!group || child.pid === undefined) return child.kill('SIGKILL');
+      try {
+        process.kill(-child.pid, 'SIGKILL');
+      } catch {
+        child.kill('SIGKILL');
+      }
+    }, timeoutMs);
     child.once('exit', () => {
       clearTimeout(timer);
       resolve();

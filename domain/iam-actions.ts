@@ -8,7 +8,7 @@ export const iamActionTable = {
   reservations: ['create', 'read', 'extend', 'release'],
   capacity: ['read'],
   pools: ['read'],
-  nodes: ['read', 'join', 'command', 'cordon', 'uncordon', 'drain'],
+  nodes: ['read', 'join', 'command', 'cordon', 'uncordon', 'drain', 'retire', 'revoke-certificates', 'approve-reclaim'],
   events: ['read'],
   webhooks: ['read', 'manage'],
   admin: ['read', 'write'],

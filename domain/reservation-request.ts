@@ -145,7 +145,9 @@ export function extendRequestHash(input: {
     reservationId: input.reservationId,
     ...(input.until !== undefined ? { until: input.until } : { byMs: input.byMs }),
   };
-  return createHash('sha256').update(canonical({ tenantId: input.tenantId, request })).digest('hex');
+  return createHash('sha256')
+    .update(canonical({ tenantId: input.tenantId, request }))
+    .digest('hex');
 }
 
 /** The attributes IAM decides on (the seed's table), for one reservation. */

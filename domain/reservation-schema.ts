@@ -100,14 +100,33 @@ export const reservationRequestShape = {
     .optional(),
 };
 
-export const createReservationInput = z.strictObject({
-  ...reservationRequestShape,
-  idempotencyKey: idempotencyKeySchema,
-  wait: z.strictObject({ timeoutMs: z.number().int().min(0).max(600_000) }).optional(),
-});
+/**
+ * `node` (what to deploy on the reserved machine) only with `binding: 'node'`: refused by the
+ * schema, and stated in its JSON Schema (`dependentSchemas`), so the OpenAPI document says so too.
+ */
+function nodeOnlyWithNodeBinding<T extends z.ZodType<{ node?: unknown; binding?: string | undefined }>>(
+  schema: T,
+): T {
+  return schema
+    .refine((v) => v.node === undefined || v.binding === 'node', {
+      message: "only a binding: 'node' reservation takes node",
+      path: ['node'],
+    })
+    .meta({
+      dependentSchemas: { node: { required: ['binding'], properties: { binding: { const: 'node' } } } },
+    });
+}
+
+export const createReservationInput = nodeOnlyWithNodeBinding(
+  z.strictObject({
+    ...reservationRequestShape,
+    idempotencyKey: idempotencyKeySchema,
+    wait: z.strictObject({ timeoutMs: z.number().int().min(0).max(600_000) }).optional(),
+  }),
+);
 export type CreateReservationInput = z.infer<typeof createReservationInput>;
 
-export const previewInput = z.strictObject(reservationRequestShape);
+export const previewInput = nodeOnlyWithNodeBinding(z.strictObject(reservationRequestShape));
 export type PreviewInput = z.infer<typeof previewInput>;
 
 export const reservationRefInput = z.strictObject({
@@ -137,4 +156,6 @@ export const extendInput = z
   .refine((v) => (v.until === undefined) !== (v.by === undefined), {
     message: 'give exactly one of until (epoch milliseconds) or by (a duration)',
     path: ['until'],
-  });
+  })
+  // The same rule in the JSON Schema: exactly one of the two is present.
+  .meta({ oneOf: [{ required: ['until'] }, { required: ['by'] }] });

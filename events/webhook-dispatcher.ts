@@ -1,4 +1,4 @@
-import type { Config } from '../core/config.ts';
+import { type Config, requireDeploymentSecret } from '../core/config.ts';
 import type { Db } from '../core/database.ts';
 import type { Logger } from '../core/logger.ts';
 import { type OutboxCursor, type OutboxEvent, outboxHead, readOutbox } from '../db/events/outbox-read.ts';
@@ -7,12 +7,15 @@ import {
   type ClaimedWebhookSubscription,
   claimDueWebhookSubscriptions,
   insertWebhookDelivery,
+  openWebhookSecret,
   releaseWebhookLeases,
   renewWebhookLeases,
   scheduleWebhookRetry,
+  sealPlaintextWebhookSecrets,
   skipWebhookCursorTo,
 } from '../db/events/webhooks.ts';
 import { newId } from '../domain/ids.ts';
+import { createSealer } from '../domain/sealing.ts';
 import type { WebhookFailureReason } from '../domain/webhook-target.ts';
 import { compareCursors } from './outbox.ts';
 import { postWebhook } from './webhook-post.ts';
@@ -58,12 +61,21 @@ const defaultBackoff = (failures: number) => Math.min(2 ** (failures - 1) * 1000
  * the head, SKIP LOCKED), and at most `maxConcurrent` subscriptions are worked at once, each one
  * statement at a time. An endpoint that fails or hangs delays only itself (and holds one slot for at
  * most its deadline). No transaction is held open across a request.
+ *
+ * Signing secrets are stored sealed with the deployment secret (BETTER_COMPUTE_SECRET, required:
+ * without it this throws before anything starts); the dispatcher opens each one as it claims the
+ * subscription, and on start seals any left in plaintext by an older version.
  */
 export function startWebhookDispatcher(
-  deps: { db: Db; log: Logger; config: Pick<Config, 'BETTER_COMPUTE_WEBHOOK_ALLOW_HOSTS'> },
+  deps: {
+    db: Db;
+    log: Logger;
+    config: Pick<Config, 'BETTER_COMPUTE_WEBHOOK_ALLOW_HOSTS' | 'BETTER_COMPUTE_SECRET'>;
+  },
   options: WebhookDispatcherOptions = {},
 ) {
   const { db } = deps;
+  const sealer = createSealer(requireDeploymentSecret(deps.config, 'the webhook dispatcher'));
   const log = deps.log.child({ component: 'webhooks' });
   const allowHosts = deps.config.BETTER_COMPUTE_WEBHOOK_ALLOW_HOSTS ?? [];
   const owner = options.owner ?? newId('wf');
@@ -83,7 +95,12 @@ export function startWebhookDispatcher(
   let wakeEarly: (() => void) | null = null;
 
   /** One attempt: decide the target, post, record. Answers the outcome recorded. */
-  async function attempt(subscription: ClaimedWebhookSubscription, event: OutboxEvent, attemptNo: number) {
+  async function attempt(
+    subscription: ClaimedWebhookSubscription,
+    secret: string,
+    event: OutboxEvent,
+    attemptNo: number,
+  ) {
     const started = performance.now();
     let statusCode: number | null = null;
     let error: WebhookFailureReason | null = null;
@@ -106,7 +123,7 @@ export function startWebhookDispatcher(
           'user-agent': 'better-compute-webhooks/1',
           [signatureHeaders.id]: event.id,
           [signatureHeaders.timestamp]: String(timestamp),
-          [signatureHeaders.signature]: signWebhook(subscription.secret, event.id, timestamp, body),
+          [signatureHeaders.signature]: signWebhook(secret, event.id, timestamp, body),
           'x-better-compute-event': event.type,
         },
         body,
@@ -159,6 +176,7 @@ export function startWebhookDispatcher(
     let attempts = subscription.attempts;
     let delivered = 0;
     const filter = { tenantId: subscription.tenant_id, types: subscription.event_types };
+    let secret: string | null = null;
     while (!stopping.signal.aborted) {
       const page = await readOutbox(db, cursor, filter, 20, head);
       if (page.events.length === 0) {
@@ -166,9 +184,12 @@ export function startWebhookDispatcher(
         if (compareCursors(head, cursor) > 0) await skipWebhookCursorTo(db, subscription.id, owner, head);
         return;
       }
+      // Opened only when there is something to sign; a secret that does not open (another
+      // deployment secret) fails this turn with the reason logged, and nothing is recorded.
+      secret ??= await openWebhookSecret(db, sealer, subscription);
       for (const event of page.events) {
         if (stopping.signal.aborted) return;
-        const outcome = await attempt(subscription, event, attempts + 1);
+        const outcome = await attempt(subscription, secret, event, attempts + 1);
         if (outcome === 'retrying') return;
         attempts = 0;
         const next = await advanceWebhookCursor(db, subscription.id, owner, event.seq);
@@ -207,6 +228,13 @@ export function startWebhookDispatcher(
   }
 
   const loop = (async () => {
+    try {
+      const sealed = await sealPlaintextWebhookSecrets(db, sealer);
+      if (sealed > 0) log.info({ sealed }, 'webhook secrets stored in plaintext were sealed');
+    } catch (err) {
+      // Not fatal: a claimed subscription's secret is sealed when it is opened (openWebhookSecret).
+      log.error({ err }, 'sealing webhook secrets stored in plaintext failed');
+    }
     while (!stopping.signal.aborted) {
       await tick().catch((err: unknown) => log.error({ err }, 'webhook dispatcher tick failed'));
       await new Promise<void>((resolve) => {

@@ -1,6 +1,7 @@
 import type { Db } from '../core/database.ts';
 import type { ReservationLifecycle } from '../core/deps.ts';
 import type { Logger } from '../core/logger.ts';
+import type { NodeRateLimits } from './node-rate-limits.ts';
 import type { GatewayOptions } from './options.ts';
 import type { SessionRegistry } from './registry.ts';
 
@@ -11,6 +12,8 @@ export interface GatewayContext {
   lifecycle?: ReservationLifecycle;
   options: GatewayOptions;
   registry: SessionRegistry;
+  /** Per-node budgets for allocation reports and inventory. */
+  rates: NodeRateLimits;
   /** Called after a command's result is stored (benchmarks measure latency with it). */
   onCommandCompleted?: (commandId: string) => void;
 }

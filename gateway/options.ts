@@ -19,7 +19,25 @@ export interface GatewayOptions {
   messagesPerSecond: number;
   messageBurst: number;
   maxRefusals: number;
+  /** A connection without a Hello this long is closed; until its Hello it holds no session slot. */
   helloTimeoutMs: number;
+  /** Connections one node certificate may hold open before their Hello; more are refused. */
+  maxPendingHellosPerNode: number;
+  /** The unauthenticated Join: calls per second (and burst) per peer address, and for all peers. */
+  joinsPerSecondPerPeer: number;
+  joinBurstPerPeer: number;
+  joinsPerSecond: number;
+  joinBurst: number;
+  /**
+   * Per node, kept across its sessions on this gateway: allocation reports per second (and burst)
+   * and inventory reports per minute (and burst). Beyond them a message is refused (a `Refusal`
+   * with RATE_LIMITED, a `ReportAck` not accepted) and changes nothing; `stats().rateLimited`
+   * counts them.
+   */
+  reportsPerSecond: number;
+  reportBurst: number;
+  inventoryPerMinute: number;
+  inventoryBurst: number;
   /** How often live sessions' certificates are checked again (a revoked one ends its session). */
   certificateCheckMs: number;
   maxMessageBytes: number;
@@ -36,6 +54,15 @@ export const defaultGatewayOptions: Omit<GatewayOptions, 'gatewayId' | 'trustDom
   messageBurst: 200,
   maxRefusals: 500,
   helloTimeoutMs: 10_000,
+  maxPendingHellosPerNode: 4,
+  joinsPerSecondPerPeer: 10,
+  joinBurstPerPeer: 50,
+  joinsPerSecond: 100,
+  joinBurst: 200,
+  reportsPerSecond: 20,
+  reportBurst: 256,
+  inventoryPerMinute: 12,
+  inventoryBurst: 12,
   certificateCheckMs: 15_000,
   maxMessageBytes: 1024 * 1024,
 };

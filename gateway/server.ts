@@ -1,8 +1,11 @@
 import { Server, type ServerDuplexStream, status } from '@grpc/grpc-js';
 import { ulid } from 'ulid';
+import { requireDeploymentSecret } from '../core/config.ts';
 import type { Deps } from '../core/deps.ts';
-import { ensureCertificateAuthority, findPeerCertificate } from '../db/nodes/certificates.ts';
+import { loadSigningCertificateAuthority } from '../db/nodes/certificate-authority.ts';
+import { findPeerCertificate } from '../db/nodes/certificates.ts';
 import { issueServerCertificate } from '../domain/pki.ts';
+import { createSealer } from '../domain/sealing.ts';
 import {
   type AgentMessage,
   AgentServiceService,
@@ -11,7 +14,8 @@ import {
 } from '../proto/gen/agent/v1/agent.ts';
 import type { GatewayContext } from './context.ts';
 import { Dispatcher } from './dispatch.ts';
-import { createJoinService } from './join-service.ts';
+import { createJoinService, JoinThrottle } from './join-service.ts';
+import { NodeRateLimits } from './node-rate-limits.ts';
 import { defaultGatewayOptions, type GatewayOptions } from './options.ts';
 import { SessionRegistry } from './registry.ts';
 import { NodeSession } from './session.ts';
@@ -24,7 +28,18 @@ export interface StartedGateway {
   gatewayId: string;
   /** The sessions held now (tests and benchmarks read it). */
   sessionCount(): number;
-  stats(): { sessions: number; opening: number; refused: number };
+  /**
+   * Sessions held and being opened, connections waiting for their Hello, refusals at the session
+   * limit, messages refused by the per-node report and inventory budgets, joins throttled.
+   */
+  stats(): {
+    sessions: number;
+    opening: number;
+    awaitingHello: number;
+    refused: number;
+    rateLimited: number;
+    joinsThrottled: number;
+  };
   stop(): Promise<void>;
 }
 
@@ -33,7 +48,9 @@ const sessionRoles = new Set(['node', 'node-tenant']);
 /**
  * Starts the gateway: JoinService and the session service on one TLS port served with the
  * control plane's own CA (created on first use). Sessions need a client certificate from that CA
- * that the node table knows, unrevoked, unexpired and of a role that runs workloads.
+ * that the node table knows, unrevoked, unexpired and of a role that runs workloads. The CA's
+ * private key is stored sealed: without BETTER_COMPUTE_SECRET (the one it was sealed with) the
+ * gateway refuses to start.
  */
 export async function startGateway(
   deps: Pick<Deps, 'config' | 'db' | 'log' | 'lifecycle'> & {
@@ -44,17 +61,24 @@ export async function startGateway(
   },
 ): Promise<StartedGateway> {
   const trustDomain = deps.config.BETTER_COMPUTE_TRUST_DOMAIN;
+  // The gateway signs node certificates, so it is the one mode that opens the CA's private key.
+  const sealer = createSealer(requireDeploymentSecret(deps.config, 'the gateway'));
   const options: GatewayOptions = {
     ...defaultGatewayOptions,
     gatewayId: `gw_${ulid().toLowerCase()}`,
     leaseMs: deps.config.BETTER_COMPUTE_GATEWAY_LEASE_SECONDS * 1000,
     maxSessions: deps.config.BETTER_COMPUTE_GATEWAY_MAX_SESSIONS,
+    helloTimeoutMs: deps.config.BETTER_COMPUTE_GATEWAY_HELLO_TIMEOUT_SECONDS * 1000,
+    joinsPerSecondPerPeer: deps.config.BETTER_COMPUTE_GATEWAY_JOINS_PER_SECOND_PER_PEER,
+    joinBurstPerPeer: Math.ceil(deps.config.BETTER_COMPUTE_GATEWAY_JOINS_PER_SECOND_PER_PEER * 5),
+    joinsPerSecond: deps.config.BETTER_COMPUTE_GATEWAY_JOINS_PER_SECOND,
+    joinBurst: Math.ceil(deps.config.BETTER_COMPUTE_GATEWAY_JOINS_PER_SECOND * 2),
     ...deps.options,
     trustDomain,
   };
   const host = deps.host ?? deps.config.BETTER_COMPUTE_GATEWAY_HOST;
   const log = deps.log.child({ component: 'gateway', gatewayId: options.gatewayId });
-  const ca = await ensureCertificateAuthority(deps.db, trustDomain);
+  const ca = await loadSigningCertificateAuthority(deps.db, { trustDomain, sealer });
   const serverCert = await issueServerCertificate({
     ca,
     trustDomain,
@@ -66,6 +90,7 @@ export async function startGateway(
     log,
     options,
     registry,
+    rates: new NodeRateLimits(options),
     ...(deps.lifecycle ? { lifecycle: deps.lifecycle } : {}),
     ...(deps.onCommandCompleted ? { onCommandCompleted: deps.onCommandCompleted } : {}),
   };
@@ -78,9 +103,17 @@ export async function startGateway(
     'grpc.keepalive_permit_without_calls': 1,
     'grpc.http2.min_ping_interval_without_data_ms': 5_000,
   });
+  const joinThrottle = new JoinThrottle(options);
   server.addService(
     JoinServiceService,
-    createJoinService({ db: deps.db, log, ca, trustDomain, certificateTtlMs: options.certificateTtlMs }),
+    createJoinService({
+      db: deps.db,
+      log,
+      ca,
+      trustDomain,
+      certificateTtlMs: options.certificateTtlMs,
+      throttle: joinThrottle,
+    }),
   );
   server.addService(AgentServiceService, {
     session: (call: ServerDuplexStream<AgentMessage, ControlMessage>) => {
@@ -109,7 +142,11 @@ export async function startGateway(
     caCertificatePem: ca.certificatePem,
     gatewayId: options.gatewayId,
     sessionCount: () => registry.size,
-    stats: () => registry.stats(),
+    stats: () => ({
+      ...registry.stats(),
+      rateLimited: ctx.rates.refused,
+      joinsThrottled: joinThrottle.refused,
+    }),
     stop: async () => {
       dispatcher.stop();
       for (const session of registry.sessions.values())
@@ -129,7 +166,7 @@ export async function startGateway(
   };
 }
 
-/** Checks the peer certificate against the node table and the session limit, then runs the session. */
+/** Checks the peer certificate against the node table, then runs the session (its Hello meets the limit). */
 async function acceptSession(ctx: GatewayContext, call: ServerDuplexStream<AgentMessage, ControlMessage>) {
   const refuse = (code: number, details: string, extra: Record<string, unknown> = {}) => {
     ctx.log.warn({ peer: call.getPeer(), code, ...extra }, `session refused: ${details}`);
@@ -147,9 +184,11 @@ async function acceptSession(ctx: GatewayContext, call: ServerDuplexStream<Agent
   if (!sessionRoles.has(cert.role))
     return refuse(status.PERMISSION_DENIED, `role ${cert.role} holds no session`, who);
   if (cert.provisionState === 'retired') return refuse(status.PERMISSION_DENIED, 'node retired', who);
-  const refusal = ctx.registry.admit();
+  // Until its Hello a connection holds no session slot (the limit is decided at Hello), but one
+  // node certificate may keep only a few connections waiting.
+  const refusal = ctx.registry.awaitHello(cert.nodeId);
   if (refusal) {
-    ctx.log.debug({ nodeId: cert.nodeId }, 'session refused at the limit');
+    ctx.log.debug({ nodeId: cert.nodeId }, 'session refused: too many connections waiting for Hello');
     call.emit('error', refusal);
     return;
   }

@@ -58,25 +58,3 @@ export function welcomeFor(options: GatewayOptions, opened: OpenedSession): Welc
     gatewayId: options.gatewayId,
   };
 }
-
-/** A session's message budget: `perSecond` on average, bursts up to `burst`. */
-export class TokenBucket {
-  private tokens: number;
-  private last = Date.now(); // wall time: a message rate, never stored
-
-  constructor(
-    private readonly perSecond: number,
-    private readonly burst: number,
-  ) {
-    this.tokens = burst;
-  }
-
-  take(): boolean {
-    const now = Date.now(); // wall time: a message rate, never stored
-    this.tokens = Math.min(this.burst, this.tokens + ((now - this.last) / 1000) * this.perSecond);
-    this.last = now;
-    if (this.tokens < 1) return false;
-    this.tokens -= 1;
-    return true;
-  }
-}

@@ -1,4 +1,4 @@
-import { type ServerDuplexStream, status } from '@grpc/grpc-js';
+import { type Metadata, type ServerDuplexStream, status } from '@grpc/grpc-js';
 import type { Logger } from '../core/logger.ts';
 import type { PeerCertificateRow } from '../db/nodes/certificates.ts';
 import type { QueuedCommandRow } from '../db/nodes/commands.ts';
@@ -15,12 +15,14 @@ import type {
 import type { GatewayContext } from './context.ts';
 import { isSessionFenced } from './fence.ts';
 import { applyInventory, parseInventory } from './inventory.ts';
+import { checkAgentMessage } from './message-bounds.ts';
 import { laneToProto } from './options.ts';
 import type { RegisteredSession } from './registry.ts';
 import { acceptAllocationReport } from './reports.ts';
-import { openSession, TokenBucket, welcomeFor } from './session-open.ts';
+import { openSession, welcomeFor } from './session-open.ts';
 import { recordCommandResult, recordObservedGeneration } from './session-records.ts';
 import { SpecSender } from './spec-sender.ts';
+import { TokenBucket } from './token-bucket.ts';
 import { wakeReservationsOnNodes } from './wake.ts';
 
 type Stream = ServerDuplexStream<AgentMessage, ControlMessage>;
@@ -28,7 +30,10 @@ type Stream = ServerDuplexStream<AgentMessage, ControlMessage>;
 /**
  * One node's session on this gateway: Hello and Welcome, then heartbeats, inventory, spec status,
  * command results and reports, each handled one at a time (a flooding node holds at most one
- * database connection) under a per-session token bucket. Every write carries the session's epoch.
+ * database connection) under a per-session token bucket, every field within its bound
+ * (`checkAgentMessage`), reports and inventory within the node's own budgets. Every write carries
+ * the session's epoch. Until its Hello the connection holds no session slot (the registry counts
+ * it per node) and it is closed when no Hello came within `helloTimeoutMs`.
  */
 export class NodeSession implements RegisteredSession {
   nodeId: string;
@@ -45,6 +50,10 @@ export class NodeSession implements RegisteredSession {
   private chain: Promise<void> = Promise.resolve();
   private pending = 0;
   private opened = false;
+  /** Counted by the registry as waiting for its Hello (until the Hello or the end). */
+  private awaitingHello = true;
+  /** Holds one of the registry's session slots while it opens. */
+  private admitted = false;
   closed = false;
   readonly log: Logger;
 
@@ -61,8 +70,12 @@ export class NodeSession implements RegisteredSession {
   /** Runs the session until the stream ends. */
   run(): void {
     const helloTimer = setTimeout(() => {
-      if (!this.opened) this.end(status.DEADLINE_EXCEEDED, 'no Hello in time');
+      if (this.awaitingHello) {
+        this.log.info({ helloTimeoutMs: this.ctx.options.helloTimeoutMs }, 'session closed: no Hello in time');
+        this.end(status.DEADLINE_EXCEEDED, 'no Hello in time');
+      }
     }, this.ctx.options.helloTimeoutMs);
+    helloTimer.unref();
     this.call.on('data', (message: AgentMessage) => {
       this.lastSeenMs = Date.now(); // wall time: the in-process liveness lease of this stream
       if (!this.bucket.take()) {
@@ -130,11 +143,17 @@ export class NodeSession implements RegisteredSession {
   }
 
   /** Ends the stream with a status (the node reconnects and gets a new epoch). */
-  end(code: number, details: string): void {
+  end(code: number, details: string, metadata?: Metadata): void {
     if (this.closed) return;
     this.closed = true;
-    this.call.emit('error', { code, details });
+    this.call.emit('error', { code, details, ...(metadata ? { metadata } : {}) });
     this.finish();
+  }
+
+  private helloDone(): void {
+    if (!this.awaitingHello) return;
+    this.awaitingHello = false;
+    this.ctx.registry.helloDone(this.nodeId);
   }
 
   fence(reason: string): void {
@@ -146,7 +165,11 @@ export class NodeSession implements RegisteredSession {
   private finish(): void {
     if (this.finished) return;
     this.finished = true;
-    if (!this.opened) this.ctx.registry.released();
+    this.helloDone();
+    if (this.admitted && !this.opened) {
+      this.admitted = false;
+      this.ctx.registry.released();
+    }
     if (this.opened && this.ctx.registry.isCurrent(this)) {
       this.ctx.registry.detach(this);
       void releaseSessionGateway(this.ctx.db, {
@@ -160,12 +183,19 @@ export class NodeSession implements RegisteredSession {
   private async handle(message: AgentMessage): Promise<void> {
     if (this.closed) return;
     const body = message.body;
-    if (!body) throw new ComputeError('INVALID_INPUT', 'empty message');
     if (!this.opened) {
       // A session that cannot open ends at once with the refusal's status.
       try {
-        if (body.$case !== 'hello')
-          throw new ComputeError('INVALID_INPUT', 'the first message must be Hello');
+        if (body?.$case !== 'hello') throw new ComputeError('INVALID_INPUT', 'the first message must be Hello');
+        checkAgentMessage(message);
+        this.helloDone();
+        const refusal = this.ctx.registry.admit(this.nodeId);
+        if (refusal) {
+          this.log.debug({ code: refusal.code }, 'session refused at the limit');
+          this.end(refusal.code, refusal.details, refusal.metadata);
+          return;
+        }
+        this.admitted = true;
         await this.open(body.value);
       } catch (error) {
         const code = isComputeError(error) ? errorCodeTraits[error.code].grpcStatus : status.INTERNAL;
@@ -176,6 +206,8 @@ export class NodeSession implements RegisteredSession {
       }
       return;
     }
+    if (!body) throw new ComputeError('INVALID_INPUT', 'empty message');
+    checkAgentMessage(message);
     switch (body.$case) {
       case 'hello':
         throw new ComputeError('INVALID_INPUT', 'Hello was already received');
@@ -196,6 +228,9 @@ export class NodeSession implements RegisteredSession {
         }
         return;
       case 'inventory': {
+        if (!this.ctx.rates.take('inventory', this.nodeId)) {
+          throw new ComputeError('RATE_LIMITED', 'inventory reports beyond the node’s rate; nothing was stored');
+        }
         const sections = parseInventory(body.value.sections);
         await applyInventory(this.ctx.db, { nodeId: this.nodeId, epoch: this.epoch, sections });
         if (sections.gpus) void wakeReservationsOnNodes(this.ctx, [this.nodeId], 'node-inventory-changed');
@@ -210,6 +245,9 @@ export class NodeSession implements RegisteredSession {
         return;
       case 'report': {
         try {
+          if (!this.ctx.rates.take('report', this.nodeId)) {
+            throw new ComputeError('RATE_LIMITED', 'allocation reports beyond the node’s rate; nothing was stored');
+          }
           const accepted = await acceptAllocationReport(this.ctx, {
             nodeId: this.nodeId,
             epoch: this.epoch,
@@ -248,6 +286,7 @@ export class NodeSession implements RegisteredSession {
     this.journalId = hello.journalId;
     this.observedGeneration = Number(hello.observedGeneration);
     this.opened = true;
+    this.admitted = false;
     this.ctx.registry.released();
     this.ctx.registry.attach(this);
     this.log.info(
@@ -320,7 +359,7 @@ export class NodeSession implements RegisteredSession {
   }
 
   private async completeCommand(result: CommandResult): Promise<void> {
-    const id = result.commandId.slice(0, 100);
+    const id = result.commandId;
     const known = this.inFlight.get(id);
     if (known && known.seq !== Number(result.seq)) {
       throw new ComputeError('INVALID_INPUT', `command ${id} has seq ${known.seq}, not ${result.seq}`);

@@ -12,6 +12,7 @@ import * as lifecycle from './2026-11-29T30-lifecycle.ts';
 import * as allocationLifecycle from './2026-11-29T31-allocation-lifecycle.ts';
 import * as eventsAndWebhooks from './2026-11-29T40-events-and-webhooks.ts';
 import * as admissionHardening from './2026-11-29T55-admission-hardening.ts';
+import * as nodeTrust from './2026-11-29T60-node-trust.ts';
 
 /** Every migration in order; names are frozen once released. */
 export const migrations: Record<string, Migration> = {
@@ -28,6 +29,7 @@ export const migrations: Record<string, Migration> = {
   '2026-11-29T31-allocation-lifecycle': allocationLifecycle,
   '2026-11-29T40-events-and-webhooks': eventsAndWebhooks,
   '2026-11-29T55-admission-hardening': admissionHardening,
+  '2026-11-29T60-node-trust': nodeTrust,
 };
 
 export const migrationProvider: MigrationProvider = {

@@ -8,8 +8,10 @@ import { migrateToLatest } from '../db/migrate.ts';
 import { createDb } from '../db/pool.ts';
 import { devWebhookAllowHosts } from '../domain/webhook-target.ts';
 import { defaultToolsDir, startTemporalDevServer, waitForTemporal } from '../temporal/dev-server.ts';
+import { devDeploymentSecret } from './dev-secret.ts';
 import { seedDevStack } from './dev-seed.ts';
 import { startControlPlane } from './serve.ts';
+import { startWatchdog, supervise } from './supervise.ts';
 
 /** What `.data/dev.json` holds, for scripts and the CLI. */
 export interface DevStackInfo {
@@ -44,7 +46,11 @@ async function checkDatabaseReachable(url: string) {
  * The whole system on one machine: a private PostgreSQL (or DATABASE_URL), the Temporal dev
  * server with its Web UI (or TEMPORAL_ADDRESS), the control plane in mode `all`, the demo tenants
  * and pool, and `sim` simulated GPU servers running real bcd agents. Everything it started stops
- * again if a step fails, and on `stop()`.
+ * again if a step fails, and on `stop()`: the control plane first, then Temporal, then PostgreSQL.
+ *
+ * PostgreSQL and the Temporal dev server run in process groups of their own (a Ctrl-C reaches only
+ * this process, which stops them in that order), are restarted at the same address when they die,
+ * and are stopped by a watchdog should this process end without stopping them (even by SIGKILL).
  */
 export async function startDevStack(options: {
   config: Config;
@@ -59,17 +65,38 @@ export async function startDevStack(options: {
     for (const stop of stops.reverse())
       await stop().catch((err) => log.warn({ err }, 'error while stopping'));
   };
+  const watchdog = startWatchdog();
+  stops.push(watchdog.stop);
+  /** Registers a server with the watchdog as soon as it is spawned, and unregisters it once gone. */
+  const watched = (signal: NodeJS.Signals) => (pid: number) => watchdog.watch(pid, signal);
+  const unwatchOnExit = <T extends { pid: number; exited: Promise<unknown> }>(server: T): T => {
+    void server.exited.then(() => watchdog.unwatch(server.pid));
+    return server;
+  };
+  // Restarts say one line themselves; the servers' own start-up lines are for the first start.
+  const quietLog = log.child({}, { level: 'warn' });
   try {
     let databaseUrl = config.DATABASE_URL;
     if (databaseUrl) await checkDatabaseReachable(databaseUrl);
     else {
-      const postgres = await startLocalPostgres({
-        dataDir: path.join(dataDir, 'postgres'),
-        database: 'better_compute',
+      const startPostgres = (port: number | undefined, logger: Logger) =>
+        startLocalPostgres({
+          dataDir: path.join(dataDir, 'postgres'),
+          database: 'better_compute',
+          log: logger,
+          detached: true,
+          onSpawn: watched('SIGINT'),
+          ...(port ? { port, strictPort: true } : {}),
+        }).then(unwatchOnExit);
+      const first = await startPostgres(undefined, log);
+      const postgres = supervise({
+        name: 'PostgreSQL',
         log,
+        first,
+        restart: () => startPostgres(first.port, quietLog),
       });
       stops.push(postgres.stop);
-      databaseUrl = postgres.url;
+      databaseUrl = first.url;
     }
     const migrator = createDb(databaseUrl, { max: 1 });
     try {
@@ -83,19 +110,35 @@ export async function startDevStack(options: {
     let temporalUiUrl: string | null = null;
     if (temporalAddress) await waitForTemporal(temporalAddress, 10_000);
     else {
-      const temporal = await startTemporalDevServer({
-        dataDir: path.join(dataDir, 'temporal'),
-        toolsDir: config.BETTER_COMPUTE_TOOLS_DIR ?? defaultToolsDir(),
+      const startTemporal = (ports: { port: number; uiPort: number | null } | undefined, logger: Logger) =>
+        startTemporalDevServer({
+          dataDir: path.join(dataDir, 'temporal'),
+          toolsDir: config.BETTER_COMPUTE_TOOLS_DIR ?? defaultToolsDir(),
+          log: logger,
+          detached: true,
+          onSpawn: watched('SIGTERM'),
+          ...(ports ? { port: ports.port, ...(ports.uiPort ? { uiPort: ports.uiPort } : {}) } : {}),
+        }).then(unwatchOnExit);
+      const first = await startTemporal(undefined, log);
+      const temporal = supervise({
+        name: 'the Temporal dev server',
         log,
+        first,
+        restart: () => startTemporal(first, quietLog),
       });
       stops.push(temporal.stop);
-      temporalAddress = temporal.address;
-      temporalUiUrl = temporal.uiUrl;
+      temporalAddress = first.address;
+      temporalUiUrl = first.uiUrl;
     }
 
     // Webhooks to this machine over http are for development: the dev stack allows them unless told.
     const allowHosts = config.BETTER_COMPUTE_WEBHOOK_ALLOW_HOSTS ?? [...devWebhookAllowHosts];
-    const planeConfig: Config = { ...config, BETTER_COMPUTE_WEBHOOK_ALLOW_HOSTS: allowHosts };
+    const planeConfig: Config = {
+      ...config,
+      BETTER_COMPUTE_WEBHOOK_ALLOW_HOSTS: allowHosts,
+      // BETTER_COMPUTE_SECRET if set, else the one generated into the data directory on first run.
+      BETTER_COMPUTE_SECRET: config.BETTER_COMPUTE_SECRET ?? devDeploymentSecret(dataDir, log),
+    };
     const plane = await startControlPlane({
       mode: 'all',
       config: planeConfig,

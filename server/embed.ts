@@ -46,9 +46,11 @@ export interface BetterComputeOptions {
   /** The gRPC gateway bcd daemons dial (mutual TLS); `start()` runs it only when this is given. */
   gateway?: { host?: string; port?: number; trustDomain?: string };
   /**
-   * A server secret of at least 32 characters, as the specification's `betterCompute()` takes it.
-   * It is validated but not used yet: tokens are stored hashed and webhook subscriptions carry
-   * their own signing secrets.
+   * The deployment secret, at least 32 characters (`BETTER_COMPUTE_SECRET` of `better-compute
+   * serve`; e.g. `openssl rand -base64 48`), the same in every process of a deployment. Webhook
+   * signing secrets and the CA's private key are sealed at rest with it. Without it `start()`
+   * refuses a mode that uses them (`api`, `gateway`, `all`), and `webhooks.create` and a first
+   * `joinTokens.create` answer UNSUPPORTED.
    */
   secret?: string;
   /** The URL the API is reached at (e.g. `https://compute.example.com`); validated, not used yet. */
@@ -206,6 +208,7 @@ function configOf(options: ParsedOptions): Config {
     BETTER_COMPUTE_GATEWAY_PORT: options.gateway?.port,
     BETTER_COMPUTE_TRUST_DOMAIN: options.gateway?.trustDomain,
     LOG_LEVEL: options.logLevel,
+    BETTER_COMPUTE_SECRET: options.secret,
   });
 }
 

@@ -1,5 +1,5 @@
 import type { Client } from '@temporalio/client';
-import type { Config, ProcessMode } from '../core/config.ts';
+import { assertSecretForMode, type Config, type ProcessMode } from '../core/config.ts';
 import type { Deps } from '../core/deps.ts';
 import type { Logger } from '../core/logger.ts';
 import { createDb } from '../db/pool.ts';
@@ -34,6 +34,8 @@ export async function startControlPlane(options: {
   temporalAddress: string;
 }): Promise<ControlPlane> {
   const { mode, config, log } = options;
+  // Before anything opens: a mode that seals or opens secrets refuses to start without the secret.
+  assertSecretForMode(config, mode);
   const stops: Array<() => Promise<void>> = [];
   const stopAll = async () => {
     for (const stop of stops.reverse())
@@ -84,6 +86,7 @@ export async function startModeProcesses(
 ): Promise<{ apiUrl: string | null; gateway: ControlPlane['gateway'] }> {
   const { mode, deps } = input;
   const { config, db, log } = deps;
+  assertSecretForMode(config, mode);
   let apiUrl: string | null = null;
   if (mode === 'api' || mode === 'all') {
     if (input.listenApp) {

@@ -1,10 +1,10 @@
 import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
-import { createWriteStream, existsSync, mkdirSync } from 'node:fs';
+import { closeSync, existsSync, mkdirSync, openSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { Connection } from '@temporalio/client';
 import type { Logger } from '../core/logger.ts';
-import { freePort, isPortFree, stopChild } from '../db/local-postgres.ts';
+import { type ChildExit, childExited, freePort, isPortFree, stopChild } from '../db/local-postgres.ts';
 import { searchAttributeFlags } from '../workflows/search-attributes.ts';
 
 /** The newest Temporal CLI release whose module `go install` accepts (later ones use `replace`). */
@@ -13,6 +13,12 @@ export const temporalCliModule = 'github.com/temporalio/cli/cmd/temporal@v1.5.1'
 export interface TemporalDevServer {
   address: string;
   uiUrl: string | null;
+  /** The frontend's port, and the Web UI's (null when headless): a restart takes them again. */
+  port: number;
+  uiPort: number | null;
+  pid: number;
+  /** Settles when the server exits, whoever stopped it. */
+  exited: Promise<ChildExit>;
   stop(): Promise<void>;
 }
 
@@ -127,6 +133,13 @@ export async function startTemporalDevServer(options: {
   persist?: boolean;
   port?: number;
   uiPort?: number;
+  /**
+   * Run the server in a process group of its own, so a Ctrl-C of this process's terminal does not
+   * reach it (the caller stops it in order).
+   */
+  detached?: boolean;
+  /** Told the server's pid as soon as it is spawned (a watchdog registers it). */
+  onSpawn?: (pid: number) => void;
 }): Promise<TemporalDevServer> {
   const cli = await ensureTemporalCli(options.toolsDir, options.log);
   mkdirSync(options.dataDir, { recursive: true });
@@ -147,15 +160,18 @@ export async function startTemporalDevServer(options: {
     ...(uiPort ? ['--ui-port', String(uiPort), '--ui-ip', '127.0.0.1'] : ['--headless']),
   ];
   const logFile = path.join(options.dataDir, 'temporal.log');
-  const child = spawn(cli, args, { stdio: ['ignore', 'pipe', 'pipe'], detached: false });
-  const out = createWriteStream(logFile, { flags: 'a' });
-  child.stdout?.pipe(out);
-  child.stderr?.pipe(out);
+  // The server writes its log itself, so it never depends on a pipe through this process.
+  const logFd = openSync(logFile, 'a');
+  const detached = options.detached === true;
+  const child = spawn(cli, args, { stdio: ['ignore', logFd, logFd], detached });
+  closeSync(logFd);
+  const exited = childExited(child);
+  if (child.pid !== undefined) options.onSpawn?.(child.pid);
   const address = `127.0.0.1:${port}`;
   try {
     await waitForTemporal(address, 90_000, child);
   } catch (error) {
-    await stopChild(child, 'SIGKILL', 1_000);
+    await stopChild(child, 'SIGKILL', 1_000, detached);
     throw new Error(`${(error as Error).message}; see ${logFile}`);
   }
   options.log.info(
@@ -165,7 +181,11 @@ export async function startTemporalDevServer(options: {
   return {
     address,
     uiUrl: uiPort ? `http://127.0.0.1:${uiPort}` : null,
-    stop: () => stopChild(child, 'SIGTERM', 10_000),
+    port,
+    uiPort: uiPort ?? null,
+    pid: child.pid!,
+    exited,
+    stop: () => stopChild(child, 'SIGTERM', 10_000, detached),
   };
 }
 

@@ -7,6 +7,7 @@ import { startLocalPostgres } from '../db/local-postgres.ts';
 import { migrateToLatest } from '../db/migrate.ts';
 import { createDb } from '../db/pool.ts';
 import { defaultToolsDir, startTemporalDevServer, waitForTemporal } from '../temporal/dev-server.ts';
+import { testDeploymentSecret } from './support/secret.ts';
 
 declare module 'vitest' {
   export interface ProvidedContext {
@@ -27,6 +28,8 @@ export default async function setup(project: TestProject) {
   const log = createLogger({ level: process.env.LOG_LEVEL ?? 'warn', name: 'test-setup' });
   const stops: Array<() => Promise<void>> = [];
   const dataRoot = path.resolve(process.env.BETTER_COMPUTE_DATA_DIR ?? '.data');
+  // Child processes the tests start inherit it (fixtures in process set it themselves).
+  process.env.BETTER_COMPUTE_SECRET ??= testDeploymentSecret;
 
   let adminUrl = process.env.DATABASE_URL;
   if (!adminUrl) {

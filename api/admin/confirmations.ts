@@ -26,10 +26,10 @@ function decideMethod(decision: 'approved' | 'denied') {
   return defineMethod({
     summary:
       decision === 'approved'
-        ? 'Approve what your agent asked for; it then retries with the same idempotency key.'
+        ? 'Approve the very request your agent asked for, once (a second approve is INVALID_STATE); it then retries with the same idempotency key, and the approval admits that request only.'
         : 'Deny what your agent asked for; its retry stays ACCESS_DENIED.',
     action: null,
-    input: z.strictObject({ confirmationId: z.string().min(1) }),
+    input: z.strictObject({ confirmationId: z.string().min(1).max(100) }),
     output: z.object({ id: z.string(), state: z.string(), resourceId: z.string(), action: z.string() }),
     handler: async (ctx, input) => {
       const result = await iamAdmin(ctx).decideConfirmation({

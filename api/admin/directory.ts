@@ -70,19 +70,16 @@ const createIdentity = defineMethod({
     tenantId,
     kind: identityKind,
     name: z.string().min(1).max(200),
-    email: z.string().email().optional(),
-    personIdentityId: z.string().min(1).optional(),
+    email: z.string().max(320).email().optional(),
+    personIdentityId: z.string().min(1).max(100).optional(),
     confirmActions: z.array(action).max(50).optional(),
-    roles: z.array(z.string().min(1)).max(20).optional(),
+    roles: z.array(z.string().min(1).max(100)).max(20).optional(),
   }),
   output: identityOut,
   handler: async (ctx, input) => {
     await requireRootAdmin(ctx, 'compute:admin:write');
-    const { roles, ...rest } = input;
-    const admin = iamAdmin(ctx);
-    const identity = await admin.createIdentity(rest);
-    for (const role of roles ?? [])
-      await admin.bindRole({ identityId: identity.id, role, tenantId: input.tenantId });
+    // The roles are bound with the identity, all or nothing: an unknown role creates nothing.
+    const identity = await iamAdmin(ctx).createIdentity(input);
     return { ...identity, createdAt: identity.createdAt.getTime() };
   },
 });
@@ -103,7 +100,7 @@ const createToken = defineMethod({
   summary: 'Mint an API token for an identity. The secret is in this answer only; it is stored hashed.',
   action: 'compute:admin:write',
   input: z.strictObject({
-    identityId: z.string().min(1),
+    identityId: z.string().min(1).max(100),
     name: z.string().max(200).optional(),
     expiresInSeconds: z.number().int().min(60).max(31_536_000).optional(),
   }),
@@ -124,7 +121,7 @@ const createToken = defineMethod({
 const listTokens = defineMethod({
   summary: 'Tokens of an identity or a tenant, without their secrets, with their last use.',
   action: 'compute:admin:read',
-  input: z.strictObject({ identityId: z.string().min(1).optional(), tenantId: tenantId.optional() }),
+  input: z.strictObject({ identityId: z.string().min(1).max(100).optional(), tenantId: tenantId.optional() }),
   output: z.object({ tokens: z.array(tokenOut) }),
   handler: async (ctx, input) => {
     await requireRootAdmin(ctx, 'compute:admin:read');
@@ -144,7 +141,7 @@ const listTokens = defineMethod({
 const revokeToken = defineMethod({
   summary: 'Revoke a token (idempotent); cached authentications lapse within 30 seconds.',
   action: 'compute:admin:write',
-  input: z.strictObject({ tokenId: z.string().min(1) }),
+  input: z.strictObject({ tokenId: z.string().min(1).max(100) }),
   output: z.object({ id: z.string(), revokedAt: z.number() }),
   handler: async (ctx, input) => {
     await requireRootAdmin(ctx, 'compute:admin:write');
@@ -203,8 +200,8 @@ const bindRole = defineMethod({
   summary: "Grant a role (by id or name) to an identity on a tenant (default: the identity's own).",
   action: 'compute:admin:write',
   input: z.strictObject({
-    identityId: z.string().min(1),
-    role: z.string().min(1),
+    identityId: z.string().min(1).max(100),
+    role: z.string().min(1).max(100),
     tenantId: tenantId.optional(),
   }),
   output: z.object({

@@ -1,15 +1,16 @@
 import { z } from 'zod';
 import { readAuthzResource } from '../../db/iam/authz.ts';
 import {
-  abandonExtend,
   commitExtend,
-  type ExtendOutcome,
+  findCommittedExtend,
+  planExtend,
   renewLeaseNow,
-  stageExtendWindow,
+  replayCommittedExtend,
 } from '../../db/reservations/extend.ts';
 import { readReservationView } from '../../db/reservations/view.ts';
 import { parseDuration } from '../../domain/duration.ts';
 import { ComputeError } from '../../domain/errors.ts';
+import { extendRequestHash } from '../../domain/reservation-request.ts';
 import { extendInput, reservationRefInput } from '../../domain/reservation-schema.ts';
 import { isRenewable } from '../../domain/reservation-states.ts';
 import { reservationViewSchema } from '../../domain/reservation-view.ts';
@@ -22,58 +23,72 @@ import {
   reservationResource,
 } from './access.ts';
 
+const action = 'compute:reservations:extend';
+
 export const extend = defineMethod({
   summary:
-    "Move a reservation's end later, all or nothing: exactly one of until (epoch ms) or by (a duration). Answers extended: false with availableUntil when another booking starts first.",
-  action: 'compute:reservations:extend',
+    "Move a reservation's end later, all or nothing: exactly one of until (epoch ms) or by (a duration). Answers extended: false with availableUntil when another booking starts first. Idempotent by key: a retry answers the extend it already made.",
+  action,
   input: extendInput,
   output: z.object({
     reservation: reservationViewSchema,
     extended: z.boolean(),
     availableUntil: z.number().optional(),
   }),
+  /**
+   * A repeated key answers its committed extend (no decision, nothing changes twice; another
+   * request under it is CONFLICT). Otherwise: the plan (read only), exactly one IAM decision on the
+   * new duration, then one transaction that takes the extend slot, moves every booking's end and
+   * stores the key. A caller IAM refuses never takes the slot, so it cannot hold up the owner's
+   * extends.
+   */
   handler: async (ctx, input) => {
     await preCheckTenant(ctx, input.tenantId);
     const row = await findVisibleReservation(ctx, input.tenantId, input.reservationId);
-    const by = input.by !== undefined ? parseDuration(input.by, 'by') : undefined;
-    // Transaction 1: the slot and the pending change the decision reads.
-    const staged = await ctx.deps.db
-      .transaction()
-      .execute((trx) => stageExtendWindow(trx, { reservationId: row.id, until: input.until, byMs: by }));
-    if (staged.noop) {
-      return {
-        reservation: (await readReservationView(ctx.deps.db, row.id))!,
-        extended: false,
-        availableUntil: staged.window.end,
-      };
+    const target = {
+      until: input.until,
+      byMs: input.by !== undefined ? parseDuration(input.by, 'by') : undefined,
+    };
+    const requestHash = extendRequestHash({ tenantId: row.tenant_id, reservationId: row.id, ...target });
+    const view = async () => (await readReservationView(ctx.deps.db, row.id))!;
+    const key = { reservationId: row.id, idempotencyKey: input.idempotencyKey, requestHash };
+    const committed = await findCommittedExtend(ctx.deps.db, {
+      ...key,
+      actorIdentityId: ctx.principal.identityId,
+    });
+    if (committed) {
+      replayCommittedExtend(committed, key);
+      return { reservation: await view(), extended: true };
     }
-    let outcome: ExtendOutcome;
-    try {
-      const resource =
-        (await readAuthzResource(ctx.deps.db, 'compute-reservation', row.id)) ?? reservationResource(row);
-      await ctx.deps.iam.require(ctx.principal, 'compute:reservations:extend', resource, {
-        requestId: ctx.requestId,
-      });
-      const audit = callerAudit(ctx, 'compute:reservations:extend');
-      outcome = await ctx.deps.db.transaction().execute((trx) =>
-        commitExtend(trx, {
-          reservationId: row.id,
-          tenantId: row.tenant_id,
-          staged,
-          idempotencyKey: input.idempotencyKey,
-          audit,
-        }),
-      );
-    } finally {
-      // A refusal, a throw after the allow, or no room: the pending change never outlives this call.
-      await abandonExtend(ctx.deps.db, row.id, staged.hold);
-    }
-    if (outcome.extended) {
+    const planned = await planExtend(ctx.deps.db, { reservationId: row.id, state: row.state, ...target });
+    if (planned.noop)
+      return { reservation: await view(), extended: false, availableUntil: planned.window.end };
+    const stored =
+      (await readAuthzResource(ctx.deps.db, 'compute-reservation', row.id)) ?? reservationResource(row);
+    await ctx.deps.iam.require(
+      ctx.principal,
+      action,
+      { ...stored, attributes: planned.attributes },
+      { requestId: ctx.requestId, requestHash },
+    );
+    const audit = callerAudit(ctx, action);
+    const outcome = await ctx.deps.db.transaction().execute((trx) =>
+      commitExtend(trx, {
+        reservationId: row.id,
+        tenantId: row.tenant_id,
+        target,
+        planned,
+        idempotencyKey: input.idempotencyKey,
+        requestHash,
+        audit,
+      }),
+    );
+    if (outcome.extended && !('replayed' in outcome)) {
       await afterCommit(ctx, 'signal', () =>
         ctx.deps.lifecycle?.signal(row.id, { type: 'extended', end: outcome.end }),
       );
     }
-    const reservation = (await readReservationView(ctx.deps.db, row.id))!;
+    const reservation = await view();
     return outcome.extended
       ? { reservation, extended: true }
       : { reservation, extended: false, availableUntil: outcome.availableUntil };
@@ -83,7 +98,7 @@ export const extend = defineMethod({
 export const renew = defineMethod({
   summary:
     'Move the lease of a reservation made with leaseSeconds to now + leaseSeconds (placed, binding or active).',
-  action: 'compute:reservations:extend',
+  action,
   input: reservationRefInput,
   output: reservationViewSchema,
   handler: async (ctx, input) => {
@@ -104,7 +119,7 @@ export const renew = defineMethod({
         },
       );
     }
-    await ctx.deps.iam.require(ctx.principal, 'compute:reservations:extend', reservationResource(row), {
+    await ctx.deps.iam.require(ctx.principal, action, reservationResource(row), {
       requestId: ctx.requestId,
     });
     if (ctx.deps.lifecycle?.renew) {

@@ -61,7 +61,10 @@ function renderNode(n: NodeView): string {
   return lines.join('\n');
 }
 
-/** `nodes list|get|cordon|uncordon|drain`, `join-tokens create|list|revoke`. */
+/**
+ * `nodes list|get|cordon|uncordon|drain|retire|revoke-certificates|approve-reclaim`,
+ * `join-tokens create|list|revoke`.
+ */
 export function registerNodeCommands(program: Command) {
   const nodes = program.command('nodes').description('The servers of the fleet.');
   withConnection(
@@ -132,6 +135,69 @@ export function registerNodeCommands(program: Command) {
       }),
     );
   }
+
+  withConnection(
+    nodes
+      .command('retire')
+      .description(
+        'Retire a node: certificates revoked, session ended, hardware key freed; refused while live allocations hold it unless --force.',
+      )
+      .argument('<node-id>')
+      .option('--force', 'retire it even though live allocations hold it (they are not released)')
+      .option('--reason <text>', 'why, for the audit trail and `nodes get`'),
+  ).action(
+    apiAction<{ force?: boolean; reason?: string }>(async ({ options, client, out }, id) => {
+      const result = await client.nodes.retire({
+        nodeId: id!,
+        ...(options.force ? { force: true } : {}),
+        ...(options.reason ? { reason: options.reason } : {}),
+      });
+      out.result(
+        result,
+        (r) =>
+          `${r.node.name} (${r.node.id}): ${r.changed ? 'retired' : 'already retired'}; ${r.revokedCertificates} certificate(s) revoked; ${r.liveAllocations} live allocation(s)`,
+      );
+    }),
+  );
+  withConnection(
+    nodes
+      .command('revoke-certificates')
+      .description('Revoke every certificate of a node; its session ends within 15 s and it must join again.')
+      .argument('<node-id>')
+      .option('--reason <text>', 'why, for the audit trail'),
+  ).action(
+    apiAction<{ reason?: string }>(async ({ options, client, out }, id) => {
+      const result = await client.nodes.revokeCertificates({
+        nodeId: id!,
+        ...(options.reason ? { reason: options.reason } : {}),
+      });
+      out.result(
+        result,
+        (r) => `${r.node.name} (${r.node.id}): ${r.revokedCertificates} certificate(s) revoked`,
+      );
+    }),
+  );
+  withConnection(
+    nodes
+      .command('approve-reclaim')
+      .description(
+        "Let the machine with this node's hardware key take the node back at its next join, without its old key.",
+      )
+      .argument('<node-id>')
+      .option('--ttl <duration>', 'how long the approval holds (default 1h, at most 7d)', parse.duration),
+  ).action(
+    apiAction<{ ttl?: number }>(async ({ options, client, out }, id) => {
+      const result = await client.nodes.approveReclaim({
+        nodeId: id!,
+        ...(options.ttl !== undefined ? { ttlSeconds: Math.round(options.ttl / 1000) } : {}),
+      });
+      out.result(
+        result,
+        (r) =>
+          `${r.node.name} (${r.node.id}): may be reclaimed until ${formatTime(r.reclaimApprovedUntil)}`,
+      );
+    }),
+  );
 
   const joinTokens = program.command('join-tokens').description('Tokens that let a new server join a pool.');
   withConnection(

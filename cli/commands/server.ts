@@ -5,7 +5,10 @@ import { createLogger, type Logger } from '../../core/logger.ts';
 // The control plane's modules (Temporal worker, gateway, database) load only when a server command
 // runs, so every other command starts fast.
 
-/** Stops `stop` once on SIGINT/SIGTERM, then exits. */
+/**
+ * Stops `stop` once on SIGINT, SIGTERM or SIGHUP (a closed terminal), then exits. A second signal
+ * while stopping ends the process at once (the dev stack's watchdog still stops its servers).
+ */
 function stopOnSignal(log: Logger, stop: () => Promise<void>) {
   let stopping = false;
   const handler = (signal: NodeJS.Signals) => {
@@ -22,6 +25,7 @@ function stopOnSignal(log: Logger, stop: () => Promise<void>) {
   };
   process.once('SIGINT', handler);
   process.once('SIGTERM', handler);
+  process.once('SIGHUP', handler);
 }
 
 /** Exit status 1: the stack could not start; 2: the command line itself is wrong. */

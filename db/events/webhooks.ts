@@ -1,5 +1,6 @@
 import { sql, type Transaction } from 'kysely';
 import type { Database, Db } from '../../core/database.ts';
+import { isSealed, type Sealed, type Sealer } from '../../domain/sealing.ts';
 import { storedFailureReason, type WebhookFailureReason } from '../../domain/webhook-target.ts';
 import type { OutboxCursor } from './outbox-read.ts';
 
@@ -20,7 +21,8 @@ export interface ClaimedWebhookSubscription {
   id: string;
   tenant_id: string;
   url: string;
-  secret: string;
+  /** The signing secret as stored: sealed (or plaintext from before sealing); see openWebhookSecret. */
+  stored_secret: string;
   event_types: string[];
   cursor_xid: string;
   cursor_seq: string;
@@ -56,7 +58,8 @@ export async function insertWebhookSubscriptionWithinCap(
     id: string;
     tenantId: string;
     url: string;
-    secret: string;
+    /** The signing secret, sealed: the table never holds it in plaintext. */
+    secret: Sealed<'webhook-secret'>;
     eventTypes: string[];
     description: string;
     createdBy: string;
@@ -219,9 +222,61 @@ export async function claimDueWebhookSubscriptions(
       FOR UPDATE SKIP LOCKED
     ) AS due
     WHERE s.id = due.id
-    RETURNING s.id, s.tenant_id, s.url, s.secret, s.event_types, s.cursor_xid::text AS cursor_xid,
+    RETURNING s.id, s.tenant_id, s.url, s.secret AS stored_secret, s.event_types, s.cursor_xid::text AS cursor_xid,
       s.cursor_seq, s.attempts`.execute(db);
   return rows;
+}
+
+/**
+ * Opens a claimed subscription's signing secret. One stored in plaintext (written before secrets
+ * were sealed, or by an older process during an upgrade) is sealed in place first, once: the write
+ * is conditional on the stored value, so two dispatchers racing leave one sealed value.
+ *
+ * Throws SealedValueError (domain/sealing.ts) when the secret does not open with this deployment
+ * secret (BETTER_COMPUTE_SECRET changed).
+ */
+export async function openWebhookSecret(
+  db: Db,
+  sealer: Sealer,
+  subscription: Pick<ClaimedWebhookSubscription, 'id' | 'stored_secret'>,
+): Promise<string> {
+  const stored = subscription.stored_secret;
+  if (isSealed(stored)) return sealer.open('webhook-secret', stored);
+  await db
+    .updateTable('webhook_subscriptions')
+    .set({ secret: sealer.seal('webhook-secret', stored) })
+    .where('id', '=', subscription.id)
+    .where('secret', '=', stored)
+    .execute();
+  return stored;
+}
+
+/**
+ * Seals every signing secret still stored in plaintext (subscriptions created before secrets were
+ * sealed, deleted ones included), `batchSize` rows per transaction; answers how many it sealed.
+ * Idempotent, and safe beside other dispatchers doing the same (rows another one holds are skipped
+ * and sealed by it). Rows whose stored value is sealed are never touched.
+ */
+export async function sealPlaintextWebhookSecrets(db: Db, sealer: Sealer, batchSize = 500): Promise<number> {
+  let sealed = 0;
+  for (;;) {
+    const count = await db.transaction().execute(async (trx) => {
+      const { rows } = await sql<{ id: string; secret: string }>`
+        SELECT id, secret FROM webhook_subscriptions
+        WHERE secret NOT LIKE 'sealed:%'
+        LIMIT ${batchSize}
+        FOR UPDATE SKIP LOCKED`.execute(trx);
+      if (rows.length === 0) return 0;
+      const secrets: Sealed<'webhook-secret'>[] = rows.map((r) => sealer.seal('webhook-secret', r.secret));
+      await sql`
+        UPDATE webhook_subscriptions AS s SET secret = v.secret
+        FROM unnest(${rows.map((r) => r.id)}::text[], ${secrets}::text[]) AS v(id, secret)
+        WHERE s.id = v.id`.execute(trx);
+      return rows.length;
+    });
+    sealed += count;
+    if (count < batchSize) return sealed;
+  }
 }
 
 /** Extends, to `leaseMs` from `compute_now()`, the leases `owner` still holds on these subscriptions. */

@@ -56,7 +56,8 @@ export async function notFoundOnMissingReference<T>(
     const what = referencedThing[table] ?? table;
     throw new ComputeError(
       'NOT_FOUND',
-      missing[column] ?? (match ? `${what} ${value} does not exist` : 'a record this refers to does not exist'),
+      missing[column] ??
+        (match ? `${what} ${value} does not exist` : 'a record this refers to does not exist'),
     );
   }
 }

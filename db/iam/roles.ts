@@ -48,7 +48,12 @@ export async function listRoles(db: IamDb, tenantId?: string): Promise<RoleInfo[
 
 /** The built-in roles (no tenant: every tenant can bind them), oldest first. */
 export async function listBuiltInRoles(db: IamDb): Promise<RoleInfo[]> {
-  const rows = await db.selectFrom('iam.roles').selectAll().where('tenant_id', 'is', null).orderBy('created_at').execute();
+  const rows = await db
+    .selectFrom('iam.roles')
+    .selectAll()
+    .where('tenant_id', 'is', null)
+    .orderBy('created_at')
+    .execute();
   return rows.map((r) => ({ id: r.id, tenantId: r.tenant_id, name: r.name, actions: r.actions }));
 }
 

@@ -1,12 +1,10 @@
 import { sql, type Transaction } from 'kysely';
-import type { Database, Db } from '../../core/database.ts';
+import type { CertificateRevokeReason, Database, Db } from '../../core/database.ts';
 import type { AttestationCertificate } from '../../domain/attestation.ts';
-import { ComputeError } from '../../domain/errors.ts';
 import type { NodeRole } from '../../domain/fleet.ts';
 import {
   type CaMaterial,
   type CsrContents,
-  createCertificateAuthority,
   type IssuedCertificate,
   issueNodeCertificate,
   maxNodeCertificateMs,
@@ -15,34 +13,7 @@ import { readComputeNow } from '../clock.ts';
 
 type Trx = Transaction<Database>;
 
-const caName = 'machine';
-
-/** The control plane's CA, created on first use (two racing creators keep the first). */
-export async function ensureCertificateAuthority(db: Db, trustDomain: string): Promise<CaMaterial> {
-  const read = () =>
-    db
-      .selectFrom('certificate_authorities')
-      .select(['certificate_pem', 'private_key_pem', 'trust_domain'])
-      .where('name', '=', caName)
-      .executeTakeFirst();
-  let row = await read();
-  if (!row) {
-    const ca = await createCertificateAuthority(trustDomain);
-    await db
-      .insertInto('certificate_authorities')
-      .values({
-        name: caName,
-        trust_domain: trustDomain,
-        certificate_pem: ca.certificatePem,
-        private_key_pem: ca.privateKeyPem,
-      })
-      .onConflict((oc) => oc.column('name').doNothing())
-      .execute();
-    row = await read();
-  }
-  if (!row) throw new ComputeError('INTERNAL', 'the machine CA could not be stored');
-  return { certificatePem: row.certificate_pem, privateKeyPem: row.private_key_pem };
-}
+// The CA itself (its certificate, and its sealed private key) is stored by certificate-authority.ts.
 
 /**
  * Signs a node certificate for `publicKeyPem` (valid from the database's clock for `certificateTtlMs`,
@@ -134,20 +105,62 @@ export async function findInvalidCertificateSerials(db: Db, serials: readonly st
   return rows.map((r) => r.serial);
 }
 
-/** Revokes every certificate of a node (a reclaimed or retired machine). */
-export async function revokeNodeCertificates(trx: Trx | Db, nodeId: string): Promise<number> {
-  const result = await trx
+/**
+ * Revokes every unrevoked certificate of a node, but `exceptSerial`, with `reason` (null: for
+ * cause). Idempotent: revoked ones keep their time and reason. Answers how many it revoked.
+ */
+export async function revokeNodeCertificates(
+  trx: Trx | Db,
+  nodeId: string,
+  options: { reason?: CertificateRevokeReason | null; exceptSerial?: string } = {},
+): Promise<number> {
+  let query = trx
     .updateTable('node_certificates')
-    .set({ revoked_at: sql<Date>`compute_now()` })
+    .set({ revoked_at: sql<Date>`compute_now()`, revoke_reason: options.reason ?? null })
     .where('node_id', '=', nodeId)
-    .where('revoked_at', 'is', null)
-    .executeTakeFirst();
+    .where('revoked_at', 'is', null);
+  if (options.exceptSerial) query = query.where('serial', '!=', options.exceptSerial);
+  const result = await query.executeTakeFirst();
   return Number(result.numUpdatedRows);
 }
 
 /**
+ * Locks a certificate's row for a renewal, in the caller's transaction: answers whether it is
+ * still unrevoked (two renewals with one certificate: the second finds it superseded).
+ */
+export async function lockUnrevokedCertificate(trx: Trx, serial: string): Promise<boolean> {
+  const row = await trx
+    .selectFrom('node_certificates')
+    .select('serial')
+    .where('serial', '=', serial)
+    .where('revoked_at', 'is', null)
+    .forUpdate()
+    .executeTakeFirst();
+  return row !== undefined;
+}
+
+/**
+ * The public keys that may sign a reclaim proof for `nodeId` with key id `keyId`: those of its
+ * unrevoked certificates, expired ones included (a machine may have been off for days). Read-only.
+ */
+export async function findReclaimPublicKeys(db: Db | Trx, nodeId: string, keyId: string): Promise<string[]> {
+  const rows = await db
+    .selectFrom('node_certificates')
+    .select('public_key_pem')
+    .distinct()
+    .where('node_id', '=', nodeId)
+    .where('key_id', '=', keyId)
+    .where('revoked_at', 'is', null)
+    .limit(4)
+    .execute();
+  return rows.map((r) => r.public_key_pem);
+}
+
+/**
  * The certificates whose key id is `keyId`, for verifying an attested report
- * (`verifyAttestedReport` in domain/attestation.ts).
+ * (`verifyAttestedReport` in domain/attestation.ts). A superseded certificate (renewed, or
+ * replaced by a proved reclaim) is not revoked for cause: it counts as expiring when it was
+ * superseded, so what its key signed before stays valid within the offline grace.
  */
 export async function findAttestationCertificates(
   db: Db | Trx,
@@ -155,17 +168,20 @@ export async function findAttestationCertificates(
 ): Promise<AttestationCertificate[]> {
   const rows = await db
     .selectFrom('node_certificates')
-    .select(['node_id', 'role', 'key_id', 'public_key_pem', 'not_after', 'revoked_at'])
+    .select(['node_id', 'role', 'key_id', 'public_key_pem', 'not_after', 'revoked_at', 'revoke_reason'])
     .where('key_id', '=', keyId)
     .execute();
-  return rows.map((r) => ({
-    nodeId: r.node_id,
-    role: r.role,
-    keyId: r.key_id,
-    publicKeyPem: r.public_key_pem,
-    notAfter: r.not_after,
-    revokedAt: r.revoked_at,
-  }));
+  return rows.map((r) => {
+    const superseded = r.revoke_reason === 'superseded' && r.revoked_at !== null;
+    return {
+      nodeId: r.node_id,
+      role: r.role,
+      keyId: r.key_id,
+      publicKeyPem: r.public_key_pem,
+      notAfter: superseded && r.revoked_at! < r.not_after ? r.revoked_at! : r.not_after,
+      revokedAt: superseded ? null : r.revoked_at,
+    };
+  });
 }
 
 /** The latest expiry of each node's unrevoked certificates, by node id. */

@@ -1,7 +1,7 @@
 import { sql, type Transaction } from 'kysely';
 import type { Database, Db } from '../../core/database.ts';
 import { ComputeError } from '../../domain/errors.ts';
-import type { Connectivity, NodeRole } from '../../domain/fleet.ts';
+import { type Connectivity, endedAllocationStates, type NodeRole, type ProvisionState } from '../../domain/fleet.ts';
 import { newId } from '../../domain/ids.ts';
 import { canonicalJson, type DeviceAssignment, normalizeAssignments } from '../../domain/node-spec.ts';
 import { revokeNodeCertificates } from './certificates.ts';
@@ -181,31 +181,195 @@ export async function setNodeSchedulingFlags(
   return { changed };
 }
 
+/** A node found by its hardware key or a reclaim proof, as the join decides on it. */
+export interface JoinClaimedNode {
+  id: string;
+  name: string;
+  siteId: string;
+  poolId: string | null;
+  provisionState: ProvisionState;
+  hardwareKey: string | null;
+  /** An operator's nodes.approveReclaim is in force (by compute_now()). */
+  reclaimApproved: boolean;
+}
+
 /**
- * The join-time reclaim of a machine the hardware key names, in the caller's transaction under
- * the node's row lock: a node that is not retired is reclaimed (its certificates revoked) and
- * answered; a retired one gives up the key (the machine joins as a new node) and null is answered.
+ * The node holding `hardwareKey` (`by: 'hardwareKey'`) or with id `nodeId` (`by: 'id'`), under its
+ * row lock in the caller's transaction, or null. Read and lock only.
  */
-export async function reclaimNodeByHardwareKey(
+export async function lockJoinClaimedNode(
   trx: Trx,
-  hardwareKey: string,
-): Promise<{ id: string; name: string; siteId: string; poolId: string | null } | null> {
-  const existing = await trx
+  lookup: { by: 'hardwareKey'; hardwareKey: string } | { by: 'id'; nodeId: string },
+): Promise<JoinClaimedNode | null> {
+  const query = trx
     .selectFrom('nodes')
-    .where('hardware_key', '=', hardwareKey)
-    .select(['id', 'name', 'site_id', 'pool_id', 'provision_state'])
+    .select([
+      'id',
+      'name',
+      'site_id',
+      'pool_id',
+      'provision_state',
+      'hardware_key',
+      sql<boolean>`coalesce(reclaim_approved_until > compute_now(), false)`.as('reclaim_approved'),
+    ]);
+  const row = await (
+    lookup.by === 'id'
+      ? query.where('id', '=', lookup.nodeId)
+      : query.where('hardware_key', '=', lookup.hardwareKey)
+  )
     .forUpdate()
     .executeTakeFirst();
-  if (!existing) return null;
-  if (existing.provision_state === 'retired') {
-    await trx.updateTable('nodes').set({ hardware_key: null }).where('id', '=', existing.id).execute();
-    return null;
-  }
-  await revokeNodeCertificates(trx, existing.id);
+  if (!row) return null;
+  return {
+    id: row.id,
+    name: row.name,
+    siteId: row.site_id,
+    poolId: row.pool_id,
+    provisionState: row.provision_state,
+    hardwareKey: row.hardware_key,
+    reclaimApproved: row.reclaim_approved,
+  };
+}
+
+/** A retired node gives up its hardware key, so the machine may join again as a new node. */
+export async function releaseHardwareKey(trx: Trx, nodeId: string): Promise<void> {
+  await trx.updateTable('nodes').set({ hardware_key: null }).where('id', '=', nodeId).execute();
+}
+
+/**
+ * Hands a node to the machine that joined as it, in the caller's transaction (the node locked by
+ * `lockJoinClaimedNode`): revokes its certificates with `reason` (`superseded` after a proof of
+ * its key, `reclaimed` after an operator's approval), uses up the approval, and records
+ * `hardwareKey` when given (the caller checked no other node holds it). Idempotent.
+ */
+export async function reclaimJoinedNode(
+  trx: Trx,
+  input: { nodeId: string; reason: 'superseded' | 'reclaimed'; hardwareKey?: string },
+): Promise<void> {
+  await revokeNodeCertificates(trx, input.nodeId, { reason: input.reason });
   await trx
     .updateTable('nodes')
-    .set({ updated_at: sql<Date>`compute_now()` })
-    .where('id', '=', existing.id)
+    .set({
+      reclaim_approved_until: null,
+      ...(input.hardwareKey ? { hardware_key: input.hardwareKey } : {}),
+      updated_at: sql<Date>`compute_now()`,
+    })
+    .where('id', '=', input.nodeId)
     .execute();
-  return { id: existing.id, name: existing.name, siteId: existing.site_id, poolId: existing.pool_id };
+}
+
+export const hardwareKeyConflictType = 'HardwareKeyConflict';
+
+/**
+ * Marks a node that joined with the hardware key `other` holds and could not reclaim it: the
+ * `HardwareKeyConflict` NoSchedule condition naming the other node (the same GPUs may be booked
+ * there), for an operator to resolve with nodes.retire or nodes.approveReclaim. Idempotent.
+ */
+export async function markHardwareKeyConflict(
+  trx: Trx,
+  nodeId: string,
+  other: { id: string; name: string },
+): Promise<void> {
+  await setNodeCondition(trx, nodeId, {
+    type: hardwareKeyConflictType,
+    reason: 'HardwareKeyInUse',
+    message: `${conflictPrefix(other.id)}(${other.name}): retire one of them, or approve a reclaim (nodes.approveReclaim) and join again`,
+    effect: 'NoSchedule',
+  });
+}
+
+const conflictPrefix = (nodeId: string) => `the machine's hardware identifiers match node ${nodeId} `;
+
+/**
+ * Retires a node in the caller's transaction, under its row lock: provision state `retired`,
+ * cordoned with `reason`, its hardware key released (the machine may join again as a new node),
+ * any reclaim approval cleared, every certificate revoked (`retired`), its epoch incremented (its
+ * session's writes are fenced; the gateway ends the session at its next certificate check) and
+ * the `HardwareKeyConflict` conditions naming it cleared from other nodes. Refuses with
+ * INVALID_STATE while live allocations hold it, unless `force` (they are not released: their
+ * lifecycles find the node gone). Idempotent: a retired node answers `changed: false`. NOT_FOUND
+ * for an unknown node.
+ */
+export async function retireNode(
+  trx: Trx,
+  input: { nodeId: string; force: boolean; reason: string | null },
+): Promise<{ changed: boolean; revokedCertificates: number; liveAllocations: number }> {
+  const node = await trx
+    .selectFrom('nodes')
+    .select(['provision_state'])
+    .where('id', '=', input.nodeId)
+    .forUpdate()
+    .executeTakeFirst();
+  if (!node) throw new ComputeError('NOT_FOUND', `node ${input.nodeId} not found`);
+  const live = await trx
+    .selectFrom('allocations')
+    .select((eb) => eb.fn.countAll<string>().as('n'))
+    .where('node_id', '=', input.nodeId)
+    .where('state', 'not in', endedAllocationStates)
+    .executeTakeFirstOrThrow();
+  const liveAllocations = Number(live.n);
+  if (node.provision_state === 'retired') return { changed: false, revokedCertificates: 0, liveAllocations };
+  if (liveAllocations > 0 && !input.force) {
+    throw new ComputeError(
+      'INVALID_STATE',
+      `node ${input.nodeId} holds ${liveAllocations} live allocation(s): drain it first, or retire it with force`,
+      { liveAllocations },
+    );
+  }
+  const revokedCertificates = await revokeNodeCertificates(trx, input.nodeId, { reason: 'retired' });
+  await trx
+    .updateTable('nodes')
+    .set({
+      provision_state: 'retired',
+      cordoned: true,
+      cordon_reason: input.reason ?? 'retired',
+      hardware_key: null,
+      reclaim_approved_until: null,
+      epoch: sql<string>`epoch + 1`,
+      session_gateway: null,
+      updated_at: sql<Date>`compute_now()`,
+    })
+    .where('id', '=', input.nodeId)
+    .execute();
+  await trx
+    .deleteFrom('node_conditions')
+    .where('type', '=', hardwareKeyConflictType)
+    .where(sql<boolean>`starts_with(message, ${conflictPrefix(input.nodeId)})`)
+    .execute();
+  return { changed: true, revokedCertificates, liveAllocations };
+}
+
+/**
+ * Lets the next join of the machine that holds this node's hardware key, with a token of the
+ * node's pool, reclaim it without a reclaim proof (its key was lost), for `ttlSeconds` from
+ * compute_now(); used once. INVALID_STATE for a retired node, NOT_FOUND for an unknown one.
+ * Answers until when.
+ */
+export async function approveNodeReclaim(trx: Trx, nodeId: string, ttlSeconds: number): Promise<Date> {
+  const node = await trx
+    .selectFrom('nodes')
+    .select(['provision_state', 'hardware_key'])
+    .where('id', '=', nodeId)
+    .forUpdate()
+    .executeTakeFirst();
+  if (!node) throw new ComputeError('NOT_FOUND', `node ${nodeId} not found`);
+  if (node.provision_state === 'retired') {
+    throw new ComputeError('INVALID_STATE', `node ${nodeId} is retired`);
+  }
+  if (!node.hardware_key) {
+    throw new ComputeError(
+      'INVALID_STATE',
+      `node ${nodeId} has no hardware key (its machine's identifiers were too weak, or another node holds them): it can only be reclaimed with proof of its key`,
+    );
+  }
+  const row = await trx
+    .updateTable('nodes')
+    .set({
+      reclaim_approved_until: sql<Date>`compute_now() + make_interval(secs => ${ttlSeconds})`,
+      updated_at: sql<Date>`compute_now()`,
+    })
+    .where('id', '=', nodeId)
+    .returning('reclaim_approved_until')
+    .executeTakeFirstOrThrow();
+  return row.reclaim_approved_until!;
 }

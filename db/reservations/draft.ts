@@ -225,7 +225,9 @@ export async function writeDraft(
   });
   const start = request.start !== undefined ? new Date(request.start).toISOString() : null;
   // In whole milliseconds on both sides, so startOutOfHorizon below judges exactly as this did.
-  const { rows } = await sql<Reservation & { offered: boolean; in_horizon: boolean; checked_at: string }>`${sql.raw(preparedMarker)}
+  const { rows } = await sql<
+    Reservation & { offered: boolean; in_horizon: boolean; checked_at: string }
+  >`${sql.raw(preparedMarker)}
     WITH clock AS (SELECT floor(extract(epoch FROM compute_now()) * 1000)::bigint AS now_ms),
     horizon AS (
       SELECT ${request.start ?? null}::bigint IS NULL

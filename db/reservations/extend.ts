@@ -35,15 +35,13 @@ export async function stageExtend(
   return hold;
 }
 
-/** Clears the pending change and the slot, only when `hold` still owns it (a refusal or an abandon). */
-export async function abandonExtend(db: Db, reservationId: string, hold: string): Promise<void> {
-  await db.transaction().execute(async (trx) => {
-    const mine = await sql<{ hold: string }>`
-      DELETE FROM extend_holds WHERE reservation_id = ${reservationId} AND hold = ${hold} RETURNING hold`.execute(
-      trx,
-    );
-    if (mine.rows.length > 0) await setAuthzPending(trx, 'compute-reservation', reservationId, null);
-  });
+/** Clears the pending change and the slot, only when `hold` still owns it, in the caller's transaction. */
+async function releaseExtendHold(trx: Trx, reservationId: string, hold: string): Promise<void> {
+  const mine = await sql<{ hold: string }>`
+    DELETE FROM extend_holds WHERE reservation_id = ${reservationId} AND hold = ${hold} RETURNING hold`.execute(
+    trx,
+  );
+  if (mine.rows.length > 0) await setAuthzPending(trx, 'compute-reservation', reservationId, null);
 }
 
 export type ExtendOutcome =
@@ -155,45 +153,57 @@ export async function applyExtend(
 }
 
 /** The reservation's booked window in epoch ms; null when it has none. */
-async function readWindow(trx: Trx, reservationId: string): Promise<{ start: number; end: number } | null> {
+async function readWindow(
+  db: Trx | Db,
+  reservationId: string,
+): Promise<{ start: number; end: number } | null> {
   const { rows } = await sql<{ s: Date | null; e: Date | null }>`
-    SELECT lower(during) AS s, upper(during) AS e FROM reservations WHERE id = ${reservationId}`.execute(trx);
+    SELECT lower(during) AS s, upper(during) AS e FROM reservations WHERE id = ${reservationId}`.execute(db);
   const row = rows[0];
   return row?.s && row.e ? { start: row.s.getTime(), end: row.e.getTime() } : null;
 }
 
-export type StagedExtend =
+/** What an extend asks for: exactly one of a new end (`until`) or a move (`byMs`). */
+export interface ExtendTarget {
+  until?: number | undefined;
+  byMs?: number | undefined;
+}
+
+/** INVALID_STATE outside placed, binding or active. */
+function checkExtendable(state: string, reservationId: string): void {
+  if (!isExtendable(state)) {
+    throw new ComputeError(
+      'INVALID_STATE',
+      `reservation ${reservationId} is ${state}: only placed, binding or active reservations extend`,
+      { state },
+    );
+  }
+}
+
+export type PlannedExtend =
   | { noop: true; window: { start: number; end: number } }
   | {
       noop: false;
       window: { start: number; end: number };
       newEnd: number;
-      hold: string;
+      /** The authz attributes with the new `durationHours`: what the IAM decision reads. */
       attributes: Record<string, unknown>;
     };
 
 /**
- * An extend's first transaction, in the caller's transaction: the reservation locked, its new end
- * (`until`, or its end moved `byMs` later) checked, and, when it moves the end later, the extend
- * slot taken with the pending change (the new `durationHours`) staged in the authz row for the IAM
- * decision to read. An end no later than the current one is a no-op. INVALID_STATE outside
- * placed/binding/active or without a booked window; INVALID_INPUT (naming `until` or `by`) past
- * 90 days in all; CONFLICT while another extend holds the slot.
+ * An extend's plan, before its IAM decision, reading only (it takes no lock and no slot, so a
+ * caller IAM refuses never holds anything up): the reservation's window, its new end (`until`, or
+ * its end moved `byMs` later) and the authz attributes with the new duration. An end no later than
+ * the current one is a no-op. INVALID_STATE outside placed/binding/active or without a booked
+ * window; INVALID_INPUT (naming `until` or `by`) past 90 days in all.
  */
-export async function stageExtendWindow(
-  trx: Trx,
-  input: { reservationId: string; until?: number | undefined; byMs?: number | undefined },
-): Promise<StagedExtend> {
+export async function planExtend(
+  db: Db,
+  input: { reservationId: string; state: string } & ExtendTarget,
+): Promise<PlannedExtend> {
   const { reservationId } = input;
-  const locked = (await lockReservation(trx, reservationId))!;
-  if (!isExtendable(locked.state)) {
-    throw new ComputeError(
-      'INVALID_STATE',
-      `reservation ${reservationId} is ${locked.state}: only placed, binding or active reservations extend`,
-      { state: locked.state },
-    );
-  }
-  const window = await readWindow(trx, reservationId);
+  checkExtendable(input.state, reservationId);
+  const window = await readWindow(db, reservationId);
   if (!window)
     throw new ComputeError('INVALID_STATE', `reservation ${reservationId} has no booked window to extend`);
   const newEnd = input.until ?? window.end + input.byMs!;
@@ -204,59 +214,148 @@ export async function stageExtendWindow(
       `${input.until ? 'until' : 'by'}: a reservation lasts at most 90d`,
     );
   }
-  const current = (await readAuthzResource(trx, 'compute-reservation', reservationId))?.attributes ?? {};
+  const current = (await readAuthzResource(db, 'compute-reservation', reservationId))?.attributes ?? {};
   const attributes = {
     ...current,
     durationHours: Math.round(((newEnd - window.start) / 3_600_000) * 1000) / 1000,
   };
-  const hold = await stageExtend(trx, reservationId, { durationHours: attributes.durationHours });
-  if (!hold) {
-    throw new ComputeError(
-      'CONFLICT',
-      `another extend of reservation ${reservationId} is in flight; retry in a minute`,
-      {
-        reason: 'extend-in-flight',
-        retryAfterSeconds: 60,
-      },
-    );
-  }
-  return { noop: false, window, newEnd, hold, attributes };
+  return { noop: false, window, newEnd, attributes };
+}
+
+/** An extend already committed under a key: what a retry with that key answers. */
+export interface CommittedExtend {
+  requestHash: string;
+  previousEnd: number;
+  end: number;
+}
+
+/** The extend this caller committed under `idempotencyKey` on this reservation, if any. */
+export async function findCommittedExtend(
+  db: Trx | Db,
+  input: { reservationId: string; actorIdentityId: string; idempotencyKey: string },
+): Promise<CommittedExtend | undefined> {
+  const row = await db
+    .selectFrom('reservation_extends')
+    .select(['request_hash', 'previous_end', 'new_end'])
+    .where('reservation_id', '=', input.reservationId)
+    .where('actor_identity_id', '=', input.actorIdentityId)
+    .where('idempotency_key', '=', input.idempotencyKey)
+    .executeTakeFirst();
+  return row
+    ? { requestHash: row.request_hash, previousEnd: row.previous_end.getTime(), end: row.new_end.getTime() }
+    : undefined;
+}
+
+/** What an extend committed earlier under the same key answers: its own result, unchanged. */
+export interface ReplayedExtend {
+  extended: true;
+  end: number;
+  replayed: true;
 }
 
 /**
- * An extend's second transaction, after the IAM allow, in the caller's transaction: the
- * reservation locked and applyExtend run under `hold`; an extend that happened writes its audit
- * row (with the idempotency key and the new end). Answers applyExtend's outcome.
+ * The answer to a repeated key: the same request answers its committed extend again (nothing
+ * changes twice); another request under that key is CONFLICT with details.reservationId.
+ */
+export function replayCommittedExtend(
+  committed: CommittedExtend,
+  input: { reservationId: string; idempotencyKey: string; requestHash: string },
+): ReplayedExtend {
+  if (committed.requestHash !== input.requestHash) {
+    throw new ComputeError(
+      'CONFLICT',
+      `idempotencyKey: '${input.idempotencyKey}' already extended reservation ${input.reservationId} with a different request; use a new key`,
+      { reservationId: input.reservationId },
+    );
+  }
+  return { extended: true, end: committed.end, replayed: true };
+}
+
+/**
+ * An extend's one transaction, after the IAM allow, in the caller's transaction: the reservation
+ * locked; a key this caller already committed answers that extend (nothing changes twice); the
+ * state and window re-checked (a `by` extend whose end another extend moved since its plan is
+ * CONFLICT: its decision was about another end); the extend slot taken (CONFLICT while another
+ * extend holds it), applyExtend run under it, and the slot released whatever happened. An extend
+ * that happened stores its key and request hash and writes its audit row (with the key and the new
+ * end). Codes: INVALID_STATE, CONFLICT, INTERNAL.
  */
 export async function commitExtend(
   trx: Trx,
   input: {
     reservationId: string;
     tenantId: string;
-    staged: Extract<StagedExtend, { noop: false }>;
+    target: ExtendTarget;
+    planned: Extract<PlannedExtend, { noop: false }>;
     idempotencyKey: string;
+    requestHash: string;
     audit: CallerAudit;
   },
-): Promise<ExtendOutcome> {
-  await lockReservation(trx, input.reservationId);
-  const result = await applyExtend(trx, {
-    reservationId: input.reservationId,
-    hold: input.staged.hold,
-    currentEnd: input.staged.window.end,
-    newEnd: input.staged.newEnd,
-    attributes: input.staged.attributes,
+): Promise<ExtendOutcome | ReplayedExtend> {
+  const { reservationId } = input;
+  const locked = await lockReservation(trx, reservationId);
+  if (!locked) throw new ComputeError('INTERNAL', `reservation ${reservationId} is gone`);
+  const committed = await findCommittedExtend(trx, {
+    reservationId,
+    actorIdentityId: input.audit.actorIdentityId,
+    idempotencyKey: input.idempotencyKey,
   });
-  if (result.extended) {
-    await insertAuditEvent(trx, {
-      tenantId: input.tenantId,
-      actorIdentityId: input.audit.actorIdentityId,
-      action: input.audit.action,
-      resourceType: 'compute-reservation',
-      resourceId: input.reservationId,
-      requestId: input.audit.requestId,
-      context: { ...input.audit.context, idempotencyKey: input.idempotencyKey, end: result.end },
-    });
+  if (committed) return replayCommittedExtend(committed, input);
+  checkExtendable(locked.state, reservationId);
+  const window = await readWindow(trx, reservationId);
+  if (!window)
+    throw new ComputeError('INVALID_STATE', `reservation ${reservationId} has no booked window to extend`);
+  if (window.end !== input.planned.window.end && input.target.until === undefined) {
+    throw new ComputeError(
+      'CONFLICT',
+      `the end of reservation ${reservationId} moved while this extend was decided; retry, and by counts from the new end`,
+      { reason: 'end-moved', retryAfterSeconds: 0 },
+    );
   }
+  if (input.planned.newEnd <= window.end) {
+    return { extended: false, availableUntil: window.end, reason: 'booked' };
+  }
+  const hold = await stageExtend(trx, reservationId, {
+    durationHours: input.planned.attributes.durationHours,
+  });
+  if (!hold) {
+    throw new ComputeError(
+      'CONFLICT',
+      `another extend of reservation ${reservationId} is in flight; retry in a minute`,
+      { reason: 'extend-in-flight', retryAfterSeconds: extendHoldSeconds },
+    );
+  }
+  const result = await applyExtend(trx, {
+    reservationId,
+    hold,
+    currentEnd: window.end,
+    newEnd: input.planned.newEnd,
+    attributes: input.planned.attributes,
+  });
+  if (!result.extended) {
+    await releaseExtendHold(trx, reservationId, hold);
+    return result;
+  }
+  await trx
+    .insertInto('reservation_extends')
+    .values({
+      reservation_id: reservationId,
+      actor_identity_id: input.audit.actorIdentityId,
+      idempotency_key: input.idempotencyKey,
+      request_hash: input.requestHash,
+      previous_end: new Date(window.end),
+      new_end: new Date(result.end),
+    })
+    .execute();
+  await insertAuditEvent(trx, {
+    tenantId: input.tenantId,
+    actorIdentityId: input.audit.actorIdentityId,
+    action: input.audit.action,
+    resourceType: 'compute-reservation',
+    resourceId: reservationId,
+    requestId: input.audit.requestId,
+    context: { ...input.audit.context, idempotencyKey: input.idempotencyKey, end: result.end },
+  });
   return result;
 }
 

@@ -7,6 +7,7 @@ import {
   listIdentities,
   revokeDelegation,
 } from '../../db/iam/identities.ts';
+import { findRoleToBind, insertRoleBinding } from '../../db/iam/roles.ts';
 import { insertTenant, listTenants } from '../../db/iam/tenants.ts';
 import { insertToken, listTokens, revokeToken } from '../../db/iam/tokens.ts';
 import { ComputeError } from '../../domain/errors.ts';
@@ -49,7 +50,9 @@ export function createIamAdmin(db: IamDb, directory: Directory): IamAdminPort {
       }
       const root = await directory.rootTenantId();
       const parentId = input.parentId === undefined ? root : input.parentId;
-      if (parentId) await requireTenant(parentId);
+      if (parentId && !(await directory.tenant(parentId))) {
+        throw new ComputeError('NOT_FOUND', `parentId: tenant ${parentId} does not exist`);
+      }
       if (!parentId && root) {
         throw new ComputeError('CONFLICT', `the root tenant already exists (${root})`, { tenantId: root });
       }
@@ -78,6 +81,18 @@ export function createIamAdmin(db: IamDb, directory: Directory): IamAdminPort {
           );
         }
       }
+      // Every role is resolved first, so a role that does not exist leaves no identity behind.
+      const roles: Array<{ id: string; name: string }> = [];
+      for (const role of input.roles ?? []) {
+        const found = await findRoleToBind(db, role, input.tenantId);
+        if (!found) {
+          throw new ComputeError(
+            'NOT_FOUND',
+            `roles: role ${role} does not exist for tenant ${input.tenantId}`,
+          );
+        }
+        roles.push(found);
+      }
       const id = newId('idn');
       const delegation = input.personIdentityId
         ? {
@@ -86,15 +101,17 @@ export function createIamAdmin(db: IamDb, directory: Directory): IamAdminPort {
             confirmActions: input.confirmActions ?? [],
           }
         : null;
-      await db
-        .transaction()
-        .execute((trx) =>
-          insertIdentity(
-            trx,
-            { id, tenantId: input.tenantId, kind: input.kind, name: input.name, email: input.email ?? null },
-            delegation,
-          ),
+      await db.transaction().execute(async (trx) => {
+        await insertIdentity(
+          trx,
+          { id, tenantId: input.tenantId, kind: input.kind, name: input.name, email: input.email ?? null },
+          delegation,
         );
+        for (const role of roles) {
+          await insertRoleBinding(trx, { identityId: id, roleId: role.id, tenantId: input.tenantId });
+        }
+      });
+      if (roles.length > 0) directory.invalidate();
       const row = await requireIdentity(id);
       return {
         id,

@@ -2,7 +2,6 @@ import type { Db } from '../../core/database.ts';
 import type {
   BillingCheck,
   Confirmation,
-  Decision,
   DecisionContext,
   IamAdminPort,
   IamPort,
@@ -128,12 +127,12 @@ export function createEmbeddedIam(deps: { db: Db; log: Logger; confirmationTtlMs
 
     /** The decision alone: an approval that allows it is not used up (require does that). */
     async authorize(principal, action, resource, context) {
-      const { held: _held, approvalId: _approval, visiblePolicyIds: _visible, ...decision } = await authorize(
-        principal,
-        action,
-        resource,
-        context,
-      );
+      const {
+        held: _held,
+        approvalId: _approval,
+        visiblePolicyIds: _visible,
+        ...decision
+      } = await authorize(principal, action, resource, context);
       return decision;
     },
 

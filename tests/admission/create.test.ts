@@ -1,6 +1,6 @@
 import { sql } from 'kysely';
 import { beforeAll, beforeEach, describe, expect, it } from 'vitest';
-import { advanceComputeClock } from '../../db/clock.ts';
+import { advanceComputeClock, readComputeNow } from '../../db/clock.ts';
 import { offerPool } from '../../db/nodes/fleet.ts';
 import { boundedH100Policy } from '../support/iam.ts';
 import { h100Pool, type TenantFixture, tenantWithMember } from './fixtures.ts';
@@ -347,6 +347,65 @@ describe('reservations.create', () => {
     const start = rows[0]!.now.getTime() + 86_400_000;
     const res = await h.call(acme.token, 'reservations/create', base('calendar-1', { start }));
     expect(res.body.data).toMatchObject({ state: 'placed', during: { start, end: start + 2 * 3_600_000 } });
+  });
+
+  it('bounds a calendar start: at most 365 days ahead, at most 5 minutes past, by the clock', async () => {
+    const now = (await readComputeNow(h.t.db)).getTime();
+    const day = 86_400_000;
+    const refusals: Array<[string, unknown, RegExp]> = [
+      [
+        'start-far',
+        now + 366 * day,
+        /^start: .* is too far ahead; a reservation may start at most 365 days from now/,
+      ],
+      [
+        'start-past',
+        now - 10 * 60_000,
+        /^start: .* is in the past; a start may lie at most 5 minutes before now/,
+      ],
+      ['start-absurd', 1e300, /^start: /],
+      ['start-year-10000', 253_402_300_800_000, /^start: /],
+    ];
+    for (const [key, start, message] of refusals) {
+      const res = await h.call(acme.token, 'reservations/create', base(key, { start }));
+      expect({ key, status: res.status, code: res.body.error?.code }).toEqual({
+        key,
+        status: 400,
+        code: 'INVALID_INPUT',
+      });
+      expect(res.body.error.message).toMatch(message);
+    }
+    const preview = await h.call(acme.token, 'capacity/preview', {
+      tenantId: 'acme',
+      poolId,
+      devices: [{ class: 'gpu', count: 2 }],
+      duration: '2h',
+      start: now + 400 * day,
+    });
+    expect(preview.body.error).toMatchObject({ code: 'INVALID_INPUT', details: { field: 'start' } });
+    const { rows } = await sql<{ n: string }>`
+      SELECT count(*) AS n FROM reservations WHERE idempotency_key LIKE 'start-%'`.execute(h.t.db);
+    expect(Number(rows[0]!.n)).toBe(0);
+
+    // Within the bounds: a start a minute ago starts now; one 364 days ahead books that window.
+    const late = await h.call(acme.token, 'reservations/create', base('start-late', { start: now - 60_000 }));
+    expect(late.body.data.state).toBe('placed');
+    expect(late.body.data.during.start).toBeGreaterThanOrEqual(now);
+    const ahead = now + 364 * day;
+    const far = await h.call(acme.token, 'reservations/create', base('start-ahead', { start: ahead }));
+    expect(far.body.data).toMatchObject({ state: 'placed', during: { start: ahead } });
+    // A retry of an admitted key answers it, however the clock moved since.
+    await advanceComputeClock(h.t.db, 60 * 60_000);
+    try {
+      const retried = await h.call(
+        acme.token,
+        'reservations/create',
+        base('start-late', { start: now - 60_000 }),
+      );
+      expect(retried.body.data.id).toBe(late.body.data.id);
+    } finally {
+      await advanceComputeClock(h.t.db, -60 * 60_000);
+    }
   });
 
   it('refuses a spent budget with SPEND_LIMIT_REACHED and keeps the draft', async () => {

@@ -304,6 +304,74 @@ describe('reservations.extend and renew', () => {
   });
 });
 
+describe('reservations.extend: the decision before the slot, and the key', () => {
+  const extend = (token: string, reservationId: string, key: string, change: Record<string, unknown>) =>
+    h.call(token, 'reservations/extend', { tenantId: 'acme', reservationId, idempotencyKey: key, ...change });
+
+  it('refuses a caller without extend permission before it takes the slot, so the owner can still extend', async () => {
+    const viewer = await tenantWithMember(h, 'acme', { name: 'acme-viewer', role: 'viewer' });
+    const r = (await create(acme.token, 'slot-1', { devices: [{ class: 'gpu', count: 1 }] })).body.data;
+    // Another extend holds the slot: the viewer is refused by IAM, not by the slot it never reaches.
+    await sql`INSERT INTO extend_holds (reservation_id, hold) VALUES (${r.id}, 'hold_other')`.execute(h.t.db);
+    const refused = await extend(viewer.token, r.id, 'v1', { by: '1h' });
+    expect(refused.body.error).toMatchObject({ code: 'ACCESS_DENIED' });
+    expect(refused.body.error.message).toContain('compute:reservations:extend on compute-reservation');
+    await sql`DELETE FROM extend_holds WHERE reservation_id = ${r.id}`.execute(h.t.db);
+    // A refused caller retrying as fast as it can leaves nothing behind the owner trips over.
+    const storm = await Promise.all(
+      Array.from({ length: 8 }, (_, i) => extend(viewer.token, r.id, `v-${i}`, { by: '1h' })),
+    );
+    expect(new Set(storm.map((s) => s.body.error?.code))).toEqual(new Set(['ACCESS_DENIED']));
+    const { rows: holds } = await sql`SELECT 1 FROM extend_holds WHERE reservation_id = ${r.id}`.execute(
+      h.t.db,
+    );
+    expect(holds).toHaveLength(0);
+    const owner = await extend(acme.token, r.id, 'o1', { by: '1h' });
+    expect(owner.body.data).toMatchObject({
+      extended: true,
+      reservation: { during: { end: r.during.end + hour } },
+    });
+    await h.call(acme.token, 'reservations/release', { tenantId: 'acme', reservationId: r.id });
+  });
+
+  it('answers a retried key with its first extend, never extending twice', async () => {
+    const r = (await create(acme.token, 'retry-1', { devices: [{ class: 'gpu', count: 1 }] })).body.data;
+    const first = await extend(acme.token, r.id, 'once', { by: '1h' });
+    expect(first.body.data).toMatchObject({
+      extended: true,
+      reservation: { during: { end: r.during.end + hour } },
+    });
+    const decisions = h.decisions.length;
+    const signals = h.lifecycle.signals.length;
+    const retries = await Promise.all([1, 2, 3].map(() => extend(acme.token, r.id, 'once', { by: '1h' })));
+    for (const retry of retries) {
+      expect(retry.body.data).toMatchObject({
+        extended: true,
+        reservation: { during: { end: r.during.end + hour } },
+      });
+    }
+    expect(h.decisions.length).toBe(decisions);
+    expect(h.lifecycle.signals.length).toBe(signals);
+    // The same key for another change is a conflict; another identity's same key is its own.
+    const other = await extend(acme.token, r.id, 'once', { by: '2h' });
+    expect(other.body.error).toMatchObject({ code: 'CONFLICT', details: { reservationId: r.id } });
+    expect(other.body.error.message).toContain("idempotencyKey: 'once'");
+    const second = await extend(acme2.token, r.id, 'once', { by: '1h' });
+    expect(second.body.data.reservation.during.end).toBe(r.during.end + 2 * hour);
+    const { rows } = await sql<{ key: string; previous: Date; end: Date }>`
+      SELECT idempotency_key AS key, previous_end AS previous, new_end AS end FROM reservation_extends
+      WHERE reservation_id = ${r.id} ORDER BY created_at, new_end`.execute(h.t.db);
+    expect(rows.map((x) => [x.key, x.previous.getTime(), x.end.getTime()])).toEqual([
+      ['once', r.during.end, r.during.end + hour],
+      ['once', r.during.end + hour, r.during.end + 2 * hour],
+    ]);
+    const { rows: audit } = await sql`SELECT 1 FROM audit_events
+      WHERE resource_id = ${r.id} AND action = 'compute:reservations:extend'`.execute(h.t.db);
+    expect(audit).toHaveLength(2);
+    await h.call(acme.token, 'reservations/release', { tenantId: 'acme', reservationId: r.id });
+  });
+});
+
 describe('capacity', () => {
   it('previews exactly what a create would do, and counts allocatable, allocated, reserved and available', async () => {
     const request = { tenantId: 'acme', poolId, devices: [{ class: 'gpu', count: 8 }], duration: '2h' };

@@ -29,13 +29,50 @@ describe('the OpenAPI document served by the API', () => {
         expect(operation, `${group}.${name}`).toBeDefined();
         expect(operation.operationId).toBe(`${group}.${name}`);
         expect(operation.summary).toBe(method.summary);
-        expect(operation.responses['400'].content['application/json'].schema.$ref).toBe(
-          '#/components/schemas/ErrorEnvelope',
-        );
+        expect(operation.responses['400'].$ref).toBe('#/components/responses/Error400');
+        expect(operation.requestBody.required).toBe(!method.input.safeParse({}).success);
       }
     }
     expect(document.paths['/api/compute/events/stream'].get.responses['200'].content).toHaveProperty(
       'text/event-stream',
+    );
+    const badInput = document.components.responses.Error400.content['application/json'].schema;
+    expect(badInput.allOf[1].properties.error.properties.code.enum).toEqual(['INVALID_INPUT']);
+    expect(document.components.responses.Error422.description).toContain('UNSUPPORTED');
+    expect(document.components.responses.Error429.headers).toHaveProperty('Retry-After');
+    expect(document.components.responses.MethodNotAllowed.headers.Allow.required).toBe(true);
+  });
+
+  test('states the bounds the server enforces: durations, exactly one of until and by, node only with its binding', () => {
+    const ajv = new Ajv2020({ strict: false });
+    ajv.addSchema({ $id: 'doc', components: document.components }, 'doc');
+    const validate = (name: string, value: unknown) =>
+      ajv.validate({ $ref: `doc#/components/schemas/${name}` }, value);
+    const create = (extra: Record<string, unknown>) => ({
+      tenantId: 'acme',
+      poolId: 'pool_1',
+      devices: [{ class: 'gpu', count: 1 }],
+      duration: '1h',
+      idempotencyKey: 'k',
+      ...extra,
+    });
+    for (const duration of ['1m', '0.5h', ' 90d ', 60_000, 7_776_000_000, '12.857w']) {
+      expect(validate('ReservationsCreateInput', create({ duration })), String(duration)).toBe(true);
+    }
+    for (const duration of ['0ms', '59s', '91d', '90.01d', 59_999, 7_776_000_001, '13w', '']) {
+      expect(validate('ReservationsCreateInput', create({ duration })), String(duration)).toBe(false);
+    }
+    expect(validate('ReservationsCreateInput', create({ node: { profileId: 'p' } }))).toBe(false);
+    expect(validate('ReservationsCreateInput', create({ node: { profileId: 'p' }, binding: 'node' }))).toBe(
+      true,
+    );
+    const extend = { tenantId: 'acme', reservationId: 'rsv_1', idempotencyKey: 'k' };
+    expect(validate('ReservationsExtendInput', { ...extend, by: '1h' })).toBe(true);
+    expect(validate('ReservationsExtendInput', { ...extend, until: 1 })).toBe(true);
+    expect(validate('ReservationsExtendInput', { ...extend, by: '1h', until: 1 })).toBe(false);
+    expect(validate('ReservationsExtendInput', extend)).toBe(false);
+    expect(validate('NodesCordonInput', { nodeId: `node_${'0'.repeat(26)}`, reason: 'a\u0000b' })).toBe(
+      false,
     );
   });
 

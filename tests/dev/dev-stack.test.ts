@@ -1,5 +1,5 @@
 import { type ChildProcess, spawn } from 'node:child_process';
-import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, rmSync, statSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
@@ -72,6 +72,11 @@ describe('npm run dev (better-compute dev)', () => {
   it('starts everything, writes dev.json, stops everything on Ctrl-C, and reuses its data', async () => {
     const ports = { api: await freePort(), gateway: await freePort() };
     const first = await startDev(ports);
+    // The deployment secret the stack generated on its first run, readable by its owner only.
+    const secretFile = path.join(dataDir, 'secret');
+    const secret = readFileSync(secretFile, 'utf8').trim();
+    expect(secret.length).toBeGreaterThanOrEqual(32);
+    expect(statSync(secretFile).mode & 0o777).toBe(0o600);
     expect(first.apiUrl).toBe(`http://127.0.0.1:${ports.api}`);
     expect(first.temporalUiUrl).toMatch(/^http:\/\/127\.0\.0\.1:\d+$/);
     expect(first.pools).toEqual([
@@ -88,6 +93,8 @@ describe('npm run dev (better-compute dev)', () => {
     expect(await isPortFree(Number(first.temporalAddress.split(':')[1]))).toBe(true);
 
     const second = await startDev(ports);
+    // Reused, so what the first run sealed (the CA key) opened again: the gateway started.
+    expect(readFileSync(secretFile, 'utf8').trim()).toBe(secret);
     expect(second.pools[0]!.id).toBe(first.pools[0]!.id);
     expect(second.tenants.acme.id).toBe(first.tenants.acme.id);
     expect(second.pools[0]!.nodes).toBe(2);

@@ -166,7 +166,10 @@ function dispatch(options: WebhookDispatcherOptions & { allowHosts?: string } = 
     {
       db: api.database.db,
       log: api.deps.log,
-      config: parseConfig(allowHosts === undefined ? {} : { BETTER_COMPUTE_WEBHOOK_ALLOW_HOSTS: allowHosts }),
+      config: {
+        ...parseConfig(allowHosts === undefined ? {} : { BETTER_COMPUTE_WEBHOOK_ALLOW_HOSTS: allowHosts }),
+        BETTER_COMPUTE_SECRET: api.deps.config.BETTER_COMPUTE_SECRET,
+      },
     },
     { pollMs: 50, timeoutMs: 1500, maxAttempts: 1, ...rest },
   );

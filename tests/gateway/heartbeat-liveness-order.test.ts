@@ -2,6 +2,7 @@ import { sql } from 'kysely';
 import { beforeAll, describe, expect, it } from 'vitest';
 import type { RegisteredNode } from '../../db/nodes/fleet.ts';
 import { Dispatcher } from '../../gateway/dispatch.ts';
+import { NodeRateLimits } from '../../gateway/node-rate-limits.ts';
 import { defaultGatewayOptions } from '../../gateway/options.ts';
 import { SessionRegistry } from '../../gateway/registry.ts';
 import { useTestDatabase } from '../support/database.ts';
@@ -28,6 +29,7 @@ describe('the heartbeat flush and the liveness sweep', () => {
       log: testLogger(),
       options,
       registry,
+      rates: new NodeRateLimits(options),
     });
     // Reverse id order on purpose: the order a map of live sessions happens to hold.
     const heardOrder = [...nodes].sort((a, b) => b.id.localeCompare(a.id));

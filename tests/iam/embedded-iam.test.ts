@@ -1,6 +1,9 @@
 import { beforeAll, describe, expect, it } from 'vitest';
 import type { Principal, ResourceRef } from '../../core/iam-port.ts';
 import { advanceComputeClock } from '../../db/clock.ts';
+import { iamDatabase } from '../../db/iam/iam-db.ts';
+import { insertRoleBinding } from '../../db/iam/roles.ts';
+import { insertTenant } from '../../db/iam/tenants.ts';
 import { bootstrapPlatform } from '../../iam/bootstrap.ts';
 import { createEmbeddedIam, type EmbeddedIam } from '../../iam/embedded/index.ts';
 import { useTestDatabase } from '../support/database.ts';
@@ -183,5 +186,195 @@ describe('the embedded IAM', () => {
       }),
     ).rejects.toMatchObject({ code: 'INVALID_STATE' });
     await advanceComputeClock(t.db, -31 * 60_000);
+  });
+});
+
+describe('approvals, delegations and refusals', () => {
+  /** A person of acme with the member role, and an agent acting for them that holds `confirm`. */
+  async function delegatedAgent(name: string, confirm: string[]) {
+    const person = await iam.admin.createIdentity({
+      tenantId: 'acme',
+      kind: 'person',
+      name: `${name}-person`,
+    });
+    await iam.admin.bindRole({ identityId: person.id, role: 'member' });
+    const agent = await iam.admin.createIdentity({
+      tenantId: 'acme',
+      kind: 'agent',
+      name: `${name}-agent`,
+      personIdentityId: person.id,
+      confirmActions: confirm,
+    });
+    await iam.admin.bindRole({ identityId: agent.id, role: 'member' });
+    const token = (await iam.admin.createToken({ identityId: agent.id })).token;
+    return { person, agent, token, principal: await iam.authenticate({ token }) };
+  }
+  const approve = (confirmationId: string, personIdentityId: string) =>
+    iam.admin.decideConfirmation({ confirmationId, personIdentityId, decision: 'approved' });
+
+  it('lets an approval admit only the request it was asked for, and only once', async () => {
+    const { person, principal } = await delegatedAgent('dana', ['compute:reservations:extend']);
+    const resource = reservation({ gpuModel: 'a100', gpuCount: 1, durationHours: 2 }, 'rsv_once');
+    const action = 'compute:reservations:extend';
+    const asked = { requestHash: 'hash-by-1h' };
+    const held = await iam.require(principal, action, resource, asked).catch((e) => e);
+    expect(held).toMatchObject({ code: 'CONFIRMATION_REQUIRED' });
+    const confirmationId = held.details.confirmationId;
+    expect((await approve(confirmationId, person.id)).state).toBe('approved');
+    // Approving twice is refused, and changes nothing.
+    await expect(approve(confirmationId, person.id)).rejects.toMatchObject({ code: 'INVALID_STATE' });
+
+    // Another request on the same resource is not admitted by it: it asks for its own approval.
+    const other = await iam
+      .require(principal, action, resource, { requestHash: 'hash-by-80h' })
+      .catch((e) => e);
+    expect(other).toMatchObject({ code: 'CONFIRMATION_REQUIRED' });
+    expect(other.details.confirmationId).not.toBe(confirmationId);
+    // Nor is a request that names none.
+    const unnamed = await iam.require(principal, action, resource).catch((e) => e);
+    expect(unnamed).toMatchObject({ code: 'CONFIRMATION_REQUIRED' });
+
+    // authorize only answers; require uses the approval up, once.
+    expect((await iam.authorize(principal, action, resource, asked)).allowed).toBe(true);
+    expect((await iam.authorize(principal, action, resource, asked)).allowed).toBe(true);
+    await expect(iam.require(principal, action, resource, asked)).resolves.toBeUndefined();
+    const replay = await iam.require(principal, action, resource, asked).catch((e) => e);
+    expect(replay).toMatchObject({ code: 'CONFIRMATION_REQUIRED' });
+    expect(replay.details.confirmationId).not.toBe(confirmationId);
+    const { rows } = await t.pool.query(
+      'SELECT id, state, used_at IS NOT NULL AS used, request_hash FROM iam.confirmations WHERE resource_id = $1 ORDER BY created_at',
+      ['rsv_once'],
+    );
+    expect(rows).toEqual([
+      { id: confirmationId, state: 'approved', used: true, request_hash: 'hash-by-1h' },
+      { id: other.details.confirmationId, state: 'pending', used: false, request_hash: 'hash-by-80h' },
+      { id: unnamed.details.confirmationId, state: 'pending', used: false, request_hash: null },
+      { id: replay.details.confirmationId, state: 'pending', used: false, request_hash: 'hash-by-1h' },
+    ]);
+  });
+
+  it('admits one of two concurrent decisions an approval allows', async () => {
+    const { person, principal } = await delegatedAgent('eve', ['compute:reservations:create']);
+    const resource = reservation({ gpuModel: 'a100', gpuCount: 1 }, 'rsv_race');
+    const asked = { requestHash: 'hash-race' };
+    const held = await iam.require(principal, 'compute:reservations:create', resource, asked).catch((e) => e);
+    await approve(held.details.confirmationId, person.id);
+    const results = await Promise.allSettled(
+      Array.from({ length: 4 }, () => iam.require(principal, 'compute:reservations:create', resource, asked)),
+    );
+    expect(results.filter((r) => r.status === 'fulfilled')).toHaveLength(1);
+    for (const r of results.filter((r) => r.status === 'rejected')) {
+      expect((r as PromiseRejectedResult).reason).toMatchObject({ code: 'CONFIRMATION_REQUIRED' });
+    }
+  });
+
+  it('makes a revoked delegation fail its agent’s tokens, never a direct session', async () => {
+    const { agent, token, principal } = await delegatedAgent('finn', []);
+    expect(principal).toMatchObject({
+      sessionKind: 'delegated',
+      delegation: { delegationId: agent.delegationId },
+    });
+    const resource = reservation({ gpuModel: 'a100', gpuCount: 1 }, 'rsv_revoked');
+    await expect(iam.require(principal, 'compute:reservations:create', resource)).resolves.toBeUndefined();
+
+    const revoked = await iam.admin.revokeDelegation(agent.delegationId!);
+    expect(revoked).toMatchObject({ id: agent.delegationId, agentIdentityId: agent.id });
+    expect((await iam.admin.revokeDelegation(agent.delegationId!)).revokedAt).toEqual(revoked.revokedAt);
+    await expect(iam.authenticate({ token })).rejects.toMatchObject({ code: 'UNAUTHENTICATED' });
+    // A principal authenticated before the revocation (an API's cached authentication) is refused too.
+    for (const decision of [
+      () => iam.require(principal, 'compute:reservations:create', resource),
+      () => iam.require(principal, 'compute:reservations:read', resource),
+      () => iam.authorize(principal, 'compute:reservations:read', resource),
+    ]) {
+      await expect(decision()).rejects.toMatchObject({ code: 'UNAUTHENTICATED' });
+    }
+    await expect(iam.admin.createToken({ identityId: agent.id })).rejects.toMatchObject({
+      code: 'INVALID_STATE',
+    });
+    await expect(iam.admin.revokeDelegation('dlg_nope')).rejects.toMatchObject({ code: 'NOT_FOUND' });
+  });
+
+  it('says what was denied and whom to ask, naming no other tenant’s policies or identities', async () => {
+    const member = await iam.admin.createIdentity({ tenantId: 'acme', kind: 'person', name: 'gil' });
+    await iam.admin.bindRole({ identityId: member.id, role: 'viewer' });
+    const principal = await iam.authenticate({
+      token: (await iam.admin.createToken({ identityId: member.id })).token,
+    });
+    const resource = reservation({ gpuModel: 'a100', gpuCount: 1 }, 'rsv_gil');
+    const ungranted = await iam.require(principal, 'compute:reservations:create', resource).catch((e) => e);
+    expect(ungranted).toMatchObject({
+      code: 'ACCESS_DENIED',
+      details: { resourceType: 'compute-reservation' },
+    });
+    expect(ungranted.message).toContain('compute:reservations:create on compute-reservation');
+    expect(ungranted.message).toContain('ask an administrator of tenant acme');
+    expect(ungranted.message).toContain('built-in: member or admin');
+
+    // The platform's own policy stops it: the tenant's member is told a policy above it did, not which.
+    await iam.admin.bindRole({ identityId: member.id, role: 'member' });
+    const platformPolicy = await iam.admin.applyPolicy({
+      tenantId: 'platform',
+      name: 'platform-secret-freeze',
+      document: {
+        statements: [
+          {
+            sid: 'FreezeA100',
+            effect: 'deny',
+            actions: ['compute:reservations:create'],
+            condition: { attribute: 'gpuModel', operator: 'equals', value: 'a100' },
+          },
+        ],
+      },
+    });
+    const frozen = await iam.require(principal, 'compute:reservations:create', resource).catch((e) => e);
+    expect(frozen.code).toBe('ACCESS_DENIED');
+    expect(frozen.message).toContain('a policy set outside your tenant');
+    expect(JSON.stringify(frozen)).not.toMatch(/platform-secret-freeze|FreezeA100/);
+    expect(JSON.stringify(frozen)).not.toContain(platformPolicy.id);
+    expect(JSON.stringify(frozen)).not.toContain(root.rootAdminIdentityId);
+    // The platform's administrator may read its name.
+    const admin = await iam.authenticate({ token: root.rootAdminToken });
+    const toAdmin = await iam.require(admin, 'compute:reservations:create', resource).catch((e) => e);
+    expect(toAdmin.message).toContain('platform-secret-freeze');
+    await iam.admin.applyPolicy({
+      tenantId: 'platform',
+      name: 'platform-secret-freeze',
+      document: { statements: [{ effect: 'deny', actions: ['compute:nothing:x'] }] },
+    });
+
+    // Another tenant's member acting on acme hears nothing of acme's policies or identities.
+    const stranger = await iam.admin.createIdentity({ tenantId: 'globex', kind: 'person', name: 'hal' });
+    await iam.admin.bindRole({ identityId: stranger.id, role: 'admin' });
+    const foreign = await iam.authenticate({
+      token: (await iam.admin.createToken({ identityId: stranger.id })).token,
+    });
+    const crossed = await iam
+      .require(foreign, 'compute:reservations:create', {
+        ...reservation({ gpuModel: 'h100', gpuCount: 16 }, 'rsv_acme'),
+        ownerIdentityId: member.id,
+      })
+      .catch((e) => e);
+    expect(crossed.code).toBe('ACCESS_DENIED');
+    expect(crossed.message).toContain('your tenant globex is neither tenant acme nor above it');
+    expect(JSON.stringify(crossed)).not.toMatch(/h100-limits|pol_|idn_/);
+  });
+
+  it('turns a reference to a tenant, identity or role that does not exist into NOT_FOUND', async () => {
+    const db = iamDatabase(t.db);
+    await expect(insertTenant(db, { id: 'orphan', name: 'Orphan', parentId: 'nope' })).rejects.toMatchObject({
+      code: 'NOT_FOUND',
+      message: 'parentId: tenant nope does not exist',
+    });
+    const someone = (await iam.admin.listIdentities('acme'))[0]!;
+    await expect(
+      insertRoleBinding(db, { identityId: someone.id, roleId: 'role_nope', tenantId: 'acme' }),
+    ).rejects.toMatchObject({ code: 'NOT_FOUND', message: 'role: role role_nope does not exist' });
+    await expect(
+      insertRoleBinding(db, { identityId: 'idn_nope', roleId: 'role_member', tenantId: 'acme' }),
+    ).rejects.toMatchObject({ code: 'NOT_FOUND', message: 'identityId: identity idn_nope does not exist' });
+    await expect(iam.admin.createTenant({ name: 'Orphan', parentId: 'nope' })).rejects.toMatchObject({
+      code: 'NOT_FOUND',
+    });
   });
 });

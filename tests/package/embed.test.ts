@@ -87,7 +87,7 @@ import { betterCompute } from 'better-compute';
 import { createComputeClient } from 'better-compute/client';
 
 const { databaseUrl, temporal, acmeToken, poolId, resultFile } = JSON.parse(process.argv[2]);
-const compute = betterCompute({ database: databaseUrl, temporal, logLevel: 'warn' });
+const compute = betterCompute({ database: databaseUrl, temporal, secret: 'embedder-deployment-secret-'.padEnd(40, 'x'), logLevel: 'warn' });
 const again = await compute.initialize();
 await compute.start();
 

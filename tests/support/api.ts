@@ -8,6 +8,7 @@ import { createTestDatabase, type TestDatabase } from './database.ts';
 import { useFixture } from './hooks.ts';
 import { type TenantMember, tenantMember } from './iam.ts';
 import { testLogger } from './logger.ts';
+import { testDeploymentSecret } from './secret.ts';
 
 export interface ApiAnswer {
   status: number;
@@ -58,7 +59,7 @@ export interface ApiFixture {
 export interface ApiFixtureOptions {
   /** Connections in the database pool (default 20). */
   max?: number;
-  /** Configuration variables, as the process environment would give them (default: none). */
+  /** Configuration variables, as the process environment would give them (default: the test secret only). */
   env?: Record<string, string>;
   /** Temporal or a lifecycle, when a test needs them. */
   deps?: Partial<Pick<Deps, 'temporal' | 'lifecycle'>>;
@@ -78,7 +79,7 @@ export async function createApiFixture(options: ApiFixtureOptions = {}): Promise
     },
   };
   const deps: Deps = {
-    config: parseConfig(options.env ?? {}),
+    config: parseConfig({ BETTER_COMPUTE_SECRET: testDeploymentSecret, ...options.env }),
     db: database.db,
     log,
     iam: counted,

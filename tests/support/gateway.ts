@@ -15,6 +15,7 @@ import { seedPool } from './fleet.ts';
 import { useFixture } from './hooks.ts';
 import { testLogger } from './logger.ts';
 import { RecordingLifecycle } from './recording-lifecycle.ts';
+import { testDeploymentSecret } from './secret.ts';
 
 export const gatewayTestLog = testLogger('gateway-test');
 
@@ -31,7 +32,7 @@ export function startTestGateway(input: {
   options?: Partial<GatewayOptions>;
 }): Promise<StartedGateway> {
   return startGateway({
-    config: parseConfig({}),
+    config: parseConfig({ BETTER_COMPUTE_SECRET: testDeploymentSecret }),
     db: input.db,
     log: input.log ?? gatewayTestLog,
     ...(input.lifecycle ? { lifecycle: input.lifecycle } : {}),

@@ -23,6 +23,8 @@ export interface TenantResources {
   /** A pending confirmation an agent of B asked B's member for. */
   confirmationId: string;
   agentIdentityId: string;
+  /** The delegation from B's member to that agent. */
+  delegationId: string;
   /** A token of B's member besides the one the fixture calls with. */
   spareTokenId: string;
   policyName: string;
@@ -52,8 +54,9 @@ function dataOf(answer: ApiAnswer, what: string) {
 
 /**
  * Two tenants over the real API and database: `acme` (A) and `globex` (B), each with a member, an
- * administrator and a pool of its own with nodes, both offered a pool of the root tenant; and, for
- * B, what its users make: reservations, webhooks, join tokens, a node command, a policy, a
+ * administrator and a pool of its own with nodes, both offered a pool of the root tenant; for A,
+ * a reservation, a cordoned node (an event) and a join token of its own; and, for B, what its
+ * users make: reservations, webhooks, join tokens, a node command, a policy, a
  * delegated agent with a pending confirmation, a spare token and node events. Rate limits are off
  * and webhooks may target 127.0.0.1 (nothing delivers them: no dispatcher runs).
  */
@@ -63,6 +66,7 @@ export async function createTwoTenants(): Promise<TwoTenants> {
       BETTER_COMPUTE_RATE_LIMIT_PER_TOKEN: '0',
       BETTER_COMPUTE_RATE_LIMIT_PER_TENANT: '0',
       BETTER_COMPUTE_WEBHOOK_ALLOW_HOSTS: '127.0.0.1',
+      BETTER_COMPUTE_SECRET: 'two-tenants-test-deployment-secret-0123456789',
     },
   });
   try {
@@ -91,6 +95,19 @@ export async function createTwoTenants(): Promise<TwoTenants> {
     const b = await side('globex', sharedPool.siteId);
     const call = api.call;
     const as = (who: TenantMember) => (path: string, body: unknown) => call(who.token, path, body);
+    // A has data of its own too, so that what A may read is never empty for want of anything.
+    dataOf(
+      await as(a.member)('reservations/create', {
+        tenantId: a.tenantId,
+        poolId: sharedPool.poolId,
+        devices: [{ class: 'gpu', count: 1 }],
+        duration: '2h',
+        idempotencyKey: 'a-own',
+      }),
+      "A's reservation",
+    );
+    dataOf(await as(a.admin)('nodes/cordon', { nodeId: a.ownPool.nodes[0]!.id, reason: 'acme maintenance' }), "A's cordon");
+    dataOf(await as(a.admin)('joinTokens/create', { poolId: a.ownPool.poolId }), "A's join token");
     const bMember = as(b.member);
     const bAdmin = as(b.admin);
 
@@ -132,7 +149,10 @@ export async function createTwoTenants(): Promise<TwoTenants> {
       await bAdmin('nodes/command', { nodeId: commandNode, kind: 'inventory.refresh' }),
       'command',
     );
-    dataOf(await bAdmin('nodes/cordon', { nodeId: b.ownPool.nodes[2]!.id, reason: 'globex maintenance' }), 'cordon');
+    dataOf(
+      await bAdmin('nodes/cordon', { nodeId: b.ownPool.nodes[2]!.id, reason: 'globex maintenance' }),
+      'cordon',
+    );
 
     const policyName = 'globex-secret-policy';
     dataOf(
@@ -152,6 +172,7 @@ export async function createTwoTenants(): Promise<TwoTenants> {
       confirmActions: ['compute:reservations:create'],
     });
     await api.iam.admin.bindRole({ identityId: agent.id, role: 'member' });
+    if (!agent.delegationId) throw new Error('an agent without a delegation');
     const agentToken = (await api.iam.admin.createToken({ identityId: agent.id })).token;
     const held = await call(agentToken, 'reservations/create', {
       tenantId: b.tenantId,
@@ -172,6 +193,7 @@ export async function createTwoTenants(): Promise<TwoTenants> {
       command: { nodeId: commandNode, commandId: command.id },
       confirmationId,
       agentIdentityId: agent.id,
+      delegationId: agent.delegationId,
       spareTokenId: spare.id,
       policyName,
     };
@@ -179,6 +201,7 @@ export async function createTwoTenants(): Promise<TwoTenants> {
       b.member.identityId,
       b.admin.identityId,
       agent.id,
+      agent.delegationId,
       spare.id,
       policyName,
       webhookUrl,

@@ -26,7 +26,10 @@ const maxDraftBatches = 20;
 export async function orphanSweeper(
   input: { graceMs?: number; limit?: number; draftRetentionMs?: number; draftBatch?: number } = {},
 ) {
-  const swept = await sweepOrphanReservations({ graceMs: input.graceMs ?? 10_000, limit: input.limit ?? 1_000 });
+  const swept = await sweepOrphanReservations({
+    graceMs: input.graceMs ?? 10_000,
+    limit: input.limit ?? 1_000,
+  });
   if (input.draftRetentionMs === undefined) return swept;
   const batch = input.draftBatch ?? 500;
   let removedDrafts = 0;

@@ -156,6 +156,24 @@ export interface JoinRequest {
   /** The name the machine asks for; JoinService may keep an existing one for a reclaimed node. */
   requestedName: string;
   agentVersion: string;
+  /**
+   * Sent by a machine that still holds the identity of the node it was: without it (or an
+   * operator's nodes.approveReclaim) a join never reclaims a node.
+   */
+  reclaimProof: ReclaimProof | undefined;
+}
+
+/**
+ * Proof that the joining machine holds the key of the node it reclaims: the previous node key's
+ * ECDSA P-256 SHA-256 signature (DER) over the UTF-8 bytes of
+ * "bc-reclaim-v1\n<node_id>\n<hex SHA-256 of csr_pem>". JoinService verifies it against an
+ * unrevoked certificate of that node (expired ones count: a machine may have been off for days).
+ */
+export interface ReclaimProof {
+  nodeId: string;
+  /** Hex SHA-256 of the previous key's SubjectPublicKeyInfo. */
+  keyId: string;
+  signature: Buffer;
 }
 
 export interface JoinResponse {
@@ -501,7 +519,7 @@ export const HardwareEvidence: MessageFns<HardwareEvidence> = {
 };
 
 function createBaseJoinRequest(): JoinRequest {
-  return { token: "", csrPem: "", evidence: undefined, requestedName: "", agentVersion: "" };
+  return { token: "", csrPem: "", evidence: undefined, requestedName: "", agentVersion: "", reclaimProof: undefined };
 }
 
 export const JoinRequest: MessageFns<JoinRequest> = {
@@ -520,6 +538,9 @@ export const JoinRequest: MessageFns<JoinRequest> = {
     }
     if (message.agentVersion !== "") {
       writer.uint32(42).string(message.agentVersion);
+    }
+    if (message.reclaimProof !== undefined) {
+      ReclaimProof.encode(message.reclaimProof, writer.uint32(50).fork()).join();
     }
     return writer;
   },
@@ -577,6 +598,14 @@ export const JoinRequest: MessageFns<JoinRequest> = {
             message.agentVersion = reader.string();
             continue;
           }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.reclaimProof = ReclaimProof.decode(reader, reader.uint32());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -608,6 +637,11 @@ export const JoinRequest: MessageFns<JoinRequest> = {
         : isSet(object.agent_version)
         ? globalThis.String(object.agent_version)
         : "",
+      reclaimProof: isSet(object.reclaimProof)
+        ? ReclaimProof.fromJSON(object.reclaimProof)
+        : isSet(object.reclaim_proof)
+        ? ReclaimProof.fromJSON(object.reclaim_proof)
+        : undefined,
     };
   },
 
@@ -628,6 +662,9 @@ export const JoinRequest: MessageFns<JoinRequest> = {
     if (message.agentVersion !== "") {
       obj.agentVersion = message.agentVersion;
     }
+    if (message.reclaimProof !== undefined) {
+      obj.reclaimProof = ReclaimProof.toJSON(message.reclaimProof);
+    }
     return obj;
   },
 
@@ -643,6 +680,118 @@ export const JoinRequest: MessageFns<JoinRequest> = {
       : undefined;
     message.requestedName = object.requestedName ?? "";
     message.agentVersion = object.agentVersion ?? "";
+    message.reclaimProof = (object.reclaimProof !== undefined && object.reclaimProof !== null)
+      ? ReclaimProof.fromPartial(object.reclaimProof)
+      : undefined;
+    return message;
+  },
+};
+
+function createBaseReclaimProof(): ReclaimProof {
+  return { nodeId: "", keyId: "", signature: Buffer.alloc(0) };
+}
+
+export const ReclaimProof: MessageFns<ReclaimProof> = {
+  encode(message: ReclaimProof, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.nodeId !== "") {
+      writer.uint32(10).string(message.nodeId);
+    }
+    if (message.keyId !== "") {
+      writer.uint32(18).string(message.keyId);
+    }
+    if (message.signature.length !== 0) {
+      writer.uint32(26).bytes(message.signature);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ReclaimProof {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseReclaimProof();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.nodeId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.keyId = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.signature = Buffer.from(reader.bytes());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ReclaimProof {
+    return {
+      nodeId: isSet(object.nodeId)
+        ? globalThis.String(object.nodeId)
+        : isSet(object.node_id)
+        ? globalThis.String(object.node_id)
+        : "",
+      keyId: isSet(object.keyId)
+        ? globalThis.String(object.keyId)
+        : isSet(object.key_id)
+        ? globalThis.String(object.key_id)
+        : "",
+      signature: isSet(object.signature) ? Buffer.from(bytesFromBase64(object.signature)) : Buffer.alloc(0),
+    };
+  },
+
+  toJSON(message: ReclaimProof): unknown {
+    const obj: any = {};
+    if (message.nodeId !== "") {
+      obj.nodeId = message.nodeId;
+    }
+    if (message.keyId !== "") {
+      obj.keyId = message.keyId;
+    }
+    if (message.signature.length !== 0) {
+      obj.signature = base64FromBytes(message.signature);
+    }
+    return obj;
+  },
+
+  create(base?: DeepPartial<ReclaimProof>): ReclaimProof {
+    return ReclaimProof.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<ReclaimProof>): ReclaimProof {
+    const message = createBaseReclaimProof();
+    message.nodeId = object.nodeId ?? "";
+    message.keyId = object.keyId ?? "";
+    message.signature = object.signature ?? Buffer.alloc(0);
     return message;
   },
 };

@@ -1,0 +1,198 @@
+import {
+  type ComputeClient,
+  ComputeClientError,
+  ComputeConnectionError,
+  createComputeClient,
+} from '../../client/index.ts';
+import type { ReservationView } from '../../domain/reservation-view.ts';
+
+/**
+ * Every HTTP answer the load's clients received (retries included, since each try goes through
+ * the client's fetch), counted by phase and code: `OK`, an error code of the closed set, `HTTP
+ * <status>` for an answer without the envelope, `CONNECTION` when no answer came.
+ */
+export class AnswerTally {
+  phase = 'warm-up';
+  readonly byPhase = new Map<string, Map<string, number>>();
+
+  record(code: string): void {
+    let counts = this.byPhase.get(this.phase);
+    if (!counts) {
+      counts = new Map();
+      this.byPhase.set(this.phase, counts);
+    }
+    counts.set(code, (counts.get(code) ?? 0) + 1);
+  }
+
+  count(code: string, phase = this.phase): number {
+    return this.byPhase.get(phase)?.get(code) ?? 0;
+  }
+
+  /** The codes seen in every phase, as `{ phase: { code: n } }`. */
+  toJSON(): Record<string, Record<string, number>> {
+    return Object.fromEntries(
+      [...this.byPhase].map(([phase, counts]) => [phase, Object.fromEntries([...counts].sort())]),
+    );
+  }
+
+  /** Codes that must never be answered: INTERNAL, and anything without the envelope. */
+  untyped(): Array<{ phase: string; code: string; n: number }> {
+    const bad: Array<{ phase: string; code: string; n: number }> = [];
+    for (const [phase, counts] of this.byPhase) {
+      for (const [code, n] of counts)
+        if (code === 'INTERNAL' || code.startsWith('HTTP ')) bad.push({ phase, code, n });
+    }
+    return bad;
+  }
+}
+
+/** What one client did with one reservation, as its answers say. */
+export interface ReservationHistory {
+  key: string;
+  id: string | null;
+  /** The `during.end` the create answered. */
+  createdEnd: number | null;
+  /** Each extend's answer: whether it extended, and the end it answered (null when it failed). */
+  extends: Array<{ extended: boolean; end: number | null } | { failed: string }>;
+  /** The state the release answered, or why it failed. */
+  released: { state: string } | { failed: string } | null;
+  /** Why the create failed (after the client's retries), when it did. */
+  createFailed?: string;
+  /** How long the create took, end to end (ms). */
+  createMs?: number;
+  createdInPhase: string;
+}
+
+export interface LoadOptions {
+  baseURL: string;
+  token: string;
+  tenantId: string;
+  poolId: string;
+  clients: number;
+  tally: AnswerTally;
+}
+
+function failure(error: unknown): string {
+  if (error instanceof ComputeClientError) return error.code;
+  if (error instanceof ComputeConnectionError) return 'CONNECTION';
+  return error instanceof Error ? error.message : String(error);
+}
+
+/** A typed client that retries what is safe to retry, and counts every HTTP answer in `tally`. */
+export function countingClient(options: Pick<LoadOptions, 'baseURL' | 'token' | 'tally'>): ComputeClient {
+  const tally = options.tally;
+  const countedFetch: typeof fetch = async (input, init) => {
+    let response: Response;
+    try {
+      response = await fetch(input, init);
+    } catch (error) {
+      tally.record('CONNECTION');
+      throw error;
+    }
+    let code = response.ok ? 'OK' : `HTTP ${response.status}`;
+    try {
+      const body = (await response.clone().json()) as { error?: { code?: string } };
+      if (body.error?.code) code = body.error.code;
+    } catch {
+      // not JSON: counted by its status
+    }
+    tally.record(code);
+    return response;
+  };
+  return createComputeClient({
+    baseURL: options.baseURL,
+    token: options.token,
+    fetch: countedFetch,
+    // Long enough to ride out a restart of the database, Temporal or an API process.
+    retry: { attempts: 14, baseDelayMs: 100, maxDelayMs: 2_000 },
+  });
+}
+
+/**
+ * `clients` concurrent clients, each creating reservations one after another through the real
+ * HTTP API, extending most of them once or twice and releasing most of them (a quarter are kept
+ * for the end), recording what every answer said. `stop()` lets each finish its current cycle.
+ */
+export function startLoad(options: LoadOptions) {
+  const client = countingClient(options);
+  const histories: ReservationHistory[] = [];
+  let stopping = false;
+  let cycles = 0;
+
+  async function cycle(clientIndex: number, n: number) {
+    const history: ReservationHistory = {
+      key: `load-${clientIndex}-${n}`,
+      id: null,
+      createdEnd: null,
+      extends: [],
+      released: null,
+      createdInPhase: options.tally.phase,
+    };
+    histories.push(history);
+    let reservation: ReservationView;
+    // wall time: how long the create took, for the bound on admission's wait for Temporal
+    const started = Date.now();
+    try {
+      reservation = await client.reservations.create({
+        tenantId: options.tenantId,
+        poolId: options.poolId,
+        devices: [{ class: 'gpu', count: 1 + (n % 2) }],
+        duration: '10m',
+        idempotencyKey: history.key,
+      });
+    } catch (error) {
+      history.createFailed = failure(error);
+      return;
+    }
+    history.createMs = Date.now() - started;
+    history.id = reservation.id;
+    history.createdEnd = reservation.during?.end ?? null;
+    for (let e = 0; e < n % 3; e++) {
+      try {
+        const answer = await client.reservations.extend({
+          tenantId: options.tenantId,
+          reservationId: reservation.id,
+          by: '1m',
+          idempotencyKey: `${history.key}/extend-${e}`,
+        });
+        history.extends.push({ extended: answer.extended, end: answer.reservation.during?.end ?? null });
+      } catch (error) {
+        history.extends.push({ failed: failure(error) });
+      }
+    }
+    if (n % 4 === 3) return; // kept: released at the end
+    try {
+      const released = await client.reservations.release(
+        { tenantId: options.tenantId, reservationId: reservation.id },
+        // Releasing a released reservation changes nothing: safe to retry after a lost answer.
+        { idempotent: true },
+      );
+      history.released = { state: released.state };
+    } catch (error) {
+      history.released = { failed: failure(error) };
+    }
+  }
+
+  const running = Array.from({ length: options.clients }, async (_, clientIndex) => {
+    for (let n = 0; !stopping; n++) {
+      await cycle(clientIndex, n);
+      cycles++;
+    }
+  });
+
+  return {
+    client,
+    histories,
+    get cycles() {
+      return cycles;
+    },
+    /** How many reservations were created (answered) so far. */
+    created: () => histories.filter((h) => h.id !== null).length,
+    async stop() {
+      stopping = true;
+      await Promise.all(running);
+    },
+  };
+}
+
+export type Load = ReturnType<typeof startLoad>;
