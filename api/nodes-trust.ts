@@ -100,7 +100,15 @@ const approveReclaim = defineMethod({
   summary:
     "Let the machine that holds this node's hardware key take the node back at its next join with a token of the node's pool, without proof of its previous key (it was lost: a reinstall, revoked certificates). Valid ttlSeconds (default 1 hour), used once.",
   action: 'compute:nodes:approve-reclaim',
-  input: z.strictObject({ nodeId, ttlSeconds: z.number().int().min(60).max(7 * 86_400).default(3_600) }),
+  input: z.strictObject({
+    nodeId,
+    ttlSeconds: z
+      .number()
+      .int()
+      .min(60)
+      .max(7 * 86_400)
+      .default(3_600),
+  }),
   output: z.object({ node: nodeView, reclaimApprovedUntil: z.number() }),
   handler: async (ctx, input) => {
     const scope = await requireNode(ctx, input.nodeId, 'compute:nodes:approve-reclaim');

@@ -62,7 +62,11 @@ export function reclaimProofFrom(dir: string, csrPem: string): ReclaimProof | un
   if (!identityExists(dir)) return undefined;
   try {
     const previous = loadIdentity(dir);
-    return signReclaimProof({ nodeId: previous.nodeId, csrPem, previousPrivateKeyPem: previous.privateKeyPem });
+    return signReclaimProof({
+      nodeId: previous.nodeId,
+      csrPem,
+      previousPrivateKeyPem: previous.privateKeyPem,
+    });
   } catch {
     return undefined;
   }

@@ -33,8 +33,8 @@ import type {
 } from '../proto/gen/agent/v1/agent.ts';
 import { checkJoinRequest, checkRenewRequest } from './message-bounds.ts';
 import { normalizeNodeName } from './node-name.ts';
-import { KeyedTokenBuckets, TokenBucket } from './token-bucket.ts';
 import { verifiedPeer } from './tls.ts';
+import { KeyedTokenBuckets, TokenBucket } from './token-bucket.ts';
 
 type Trx = Transaction<Database>;
 
@@ -115,7 +115,9 @@ async function decideJoinClaim(
   const proof = input.proof;
   if (proof?.nodeId) {
     const claimed =
-      holder?.id === proof.nodeId ? holder : await lockJoinClaimedNode(trx, { by: 'id', nodeId: proof.nodeId });
+      holder?.id === proof.nodeId
+        ? holder
+        : await lockJoinClaimedNode(trx, { by: 'id', nodeId: proof.nodeId });
     const why = !claimed
       ? 'unknown node'
       : !inPool(claimed)
@@ -126,7 +128,9 @@ async function decideJoinClaim(
     if (claimed && why === null) {
       // The hardware key follows a proved machine when no other node holds it.
       const hardwareKey =
-        input.hardwareKey && !holder && claimed.hardwareKey !== input.hardwareKey ? input.hardwareKey : undefined;
+        input.hardwareKey && !holder && claimed.hardwareKey !== input.hardwareKey
+          ? input.hardwareKey
+          : undefined;
       return { kind: 'reclaim', node: claimed, by: 'proof', ...(hardwareKey ? { hardwareKey } : {}) };
     }
     log.warn({ claimedNodeId: proof.nodeId.slice(0, 100), poolId: pool.id, why }, 'reclaim proof refused');
@@ -136,7 +140,12 @@ async function decideJoinClaim(
   return { kind: 'new', conflict: holder };
 }
 
-async function proofVerifies(trx: Trx, nodeId: string, proof: ReclaimProof, csrPem: string): Promise<boolean> {
+async function proofVerifies(
+  trx: Trx,
+  nodeId: string,
+  proof: ReclaimProof,
+  csrPem: string,
+): Promise<boolean> {
   if (proof.signature.length === 0) return false;
   const keys = await findReclaimPublicKeys(trx, nodeId, proof.keyId);
   return keys.some((publicKeyPem) =>

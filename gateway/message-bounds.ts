@@ -56,7 +56,8 @@ function bytes(field: string, value: Uint8Array, max: number): void {
 
 function list<T>(field: string, values: readonly T[], max: number, each?: (value: T, at: string) => void) {
   if (values.length > max) throw tooLarge(field, max, 'items');
-  if (each) values.forEach((value, i) => each(value, `${field}[${i}]`));
+  if (!each) return;
+  for (let i = 0; i < values.length; i++) each(values[i]!, `${field}[${i}]`);
 }
 
 /** Checks every field of a Join request (INVALID_INPUT naming the first field over its bound). */
@@ -134,6 +135,6 @@ export function checkAgentMessage(message: AgentMessage): void {
       return;
     }
     default:
-      return assertNever(body);
+      assertNever(body);
   }
 }

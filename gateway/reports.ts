@@ -12,9 +12,11 @@ export const maxReportBytes = 16 * 1024;
 
 /**
  * Stores a node's attested report as received and wakes the reservation's workflow. Accepts only
- * a report about an allocation placed on the reporting node, on the session that holds the node's
- * current epoch; a report about another node's allocation is answered like an unknown one
- * (NOT_FOUND). The signature is not judged here: the worker verifies it before a binding counts.
+ * a report that names the reporting node, about an allocation placed on it, on the session that
+ * holds the node's current epoch; a report about another node's allocation (whatever its tenant)
+ * is answered like an unknown one (NOT_FOUND) and one naming another node is INVALID_INPUT, both
+ * changing nothing. The signature is not judged here: the worker verifies it before a binding
+ * counts.
  */
 export async function acceptAllocationReport(
   deps: { db: Db; log: Logger; lifecycle?: ReservationLifecycle },
@@ -29,8 +31,13 @@ export async function acceptAllocationReport(
   }
   const body = decodeAllocationReport(report.body);
   if (!body?.kind || !body.allocationId) throw new ComputeError('INVALID_INPUT', 'malformed report');
+  // A node speaks only for itself: a report naming another node never reaches the database.
+  if (body.nodeId !== input.nodeId) {
+    throw new ComputeError('INVALID_INPUT', 'the report names another node than the session’s');
+  }
+  if (body.allocationId.length > 100) throw new ComputeError('INVALID_INPUT', 'malformed report');
   const kind = body.kind.$case;
-  const allocationId = body.allocationId.slice(0, 100);
+  const allocationId = body.allocationId;
   const { reservationId } = await deps.db.transaction().execute(async (trx) => {
     if (!(await lockNodeAtEpoch(trx, input, 'share'))) throw sessionFenced();
     return storeAllocationReport(trx, {

@@ -71,7 +71,10 @@ export class NodeSession implements RegisteredSession {
   run(): void {
     const helloTimer = setTimeout(() => {
       if (this.awaitingHello) {
-        this.log.info({ helloTimeoutMs: this.ctx.options.helloTimeoutMs }, 'session closed: no Hello in time');
+        this.log.info(
+          { helloTimeoutMs: this.ctx.options.helloTimeoutMs },
+          'session closed: no Hello in time',
+        );
         this.end(status.DEADLINE_EXCEEDED, 'no Hello in time');
       }
     }, this.ctx.options.helloTimeoutMs);
@@ -186,7 +189,8 @@ export class NodeSession implements RegisteredSession {
     if (!this.opened) {
       // A session that cannot open ends at once with the refusal's status.
       try {
-        if (body?.$case !== 'hello') throw new ComputeError('INVALID_INPUT', 'the first message must be Hello');
+        if (body?.$case !== 'hello')
+          throw new ComputeError('INVALID_INPUT', 'the first message must be Hello');
         checkAgentMessage(message);
         this.helloDone();
         const refusal = this.ctx.registry.admit(this.nodeId);
@@ -229,7 +233,10 @@ export class NodeSession implements RegisteredSession {
         return;
       case 'inventory': {
         if (!this.ctx.rates.take('inventory', this.nodeId)) {
-          throw new ComputeError('RATE_LIMITED', 'inventory reports beyond the node’s rate; nothing was stored');
+          throw new ComputeError(
+            'RATE_LIMITED',
+            'inventory reports beyond the node’s rate; nothing was stored',
+          );
         }
         const sections = parseInventory(body.value.sections);
         await applyInventory(this.ctx.db, { nodeId: this.nodeId, epoch: this.epoch, sections });
@@ -246,7 +253,10 @@ export class NodeSession implements RegisteredSession {
       case 'report': {
         try {
           if (!this.ctx.rates.take('report', this.nodeId)) {
-            throw new ComputeError('RATE_LIMITED', 'allocation reports beyond the node’s rate; nothing was stored');
+            throw new ComputeError(
+              'RATE_LIMITED',
+              'allocation reports beyond the node’s rate; nothing was stored',
+            );
           }
           const accepted = await acceptAllocationReport(this.ctx, {
             nodeId: this.nodeId,

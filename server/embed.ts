@@ -53,8 +53,6 @@ export interface BetterComputeOptions {
    * `joinTokens.create` answer UNSUPPORTED.
    */
   secret?: string;
-  /** The URL the API is reached at (e.g. `https://compute.example.com`); validated, not used yet. */
-  baseURL?: string;
   /** The root (platform) tenant `initialize()` creates when there is none (default `platform`). */
   rootTenantId?: string;
   /** A pino logger to log through (a child of it); without it, JSON lines on stdout. */
@@ -165,7 +163,6 @@ const optionsSchema = z.strictObject({
     })
     .optional(),
   secret: z.string().min(32, 'at least 32 characters').optional(),
-  baseURL: z.url().optional(),
   rootTenantId: z.string().min(1).optional(),
   logger: loggerLike.optional(),
   logLevel: z.enum(logLevels).optional(),
@@ -177,6 +174,7 @@ type ParsedOptions = z.output<typeof optionsSchema>;
 const unsupported: Record<string, string> = {
   iam: 'betterCompute embeds its own IAM (see the `iam` it returns); an external IamPort is not supported yet',
   modules: 'no modules (metal, vps, …) exist yet',
+  baseURL: 'nothing here builds absolute links yet; serve `handler` at the URL you choose',
 };
 
 /** Parses the options once; a bad one throws an Error naming it. */

@@ -193,8 +193,7 @@ export function registerNodeCommands(program: Command) {
       });
       out.result(
         result,
-        (r) =>
-          `${r.node.name} (${r.node.id}): may be reclaimed until ${formatTime(r.reclaimApprovedUntil)}`,
+        (r) => `${r.node.name} (${r.node.id}): may be reclaimed until ${formatTime(r.reclaimApprovedUntil)}`,
       );
     }),
   );

@@ -29,6 +29,15 @@ function stopOnSignal(log: Logger, stop: () => Promise<void>) {
 }
 
 /** Exit status 1: the stack could not start; 2: the command line itself is wrong. */
+/** The process's configuration from the environment, or one line saying which variable is wrong. */
+function configOrFail(): ReturnType<typeof parseConfig> {
+  try {
+    return parseConfig();
+  } catch (error) {
+    fail((error as Error).message);
+  }
+}
+
 function fail(message: string, status = 1): never {
   console.error(`error: ${message}`);
   process.exit(status);
@@ -47,12 +56,7 @@ export function registerServerCommands(program: Command) {
       const sim = Number(options.sim);
       if (!Number.isInteger(sim) || sim < 0 || sim > 10_000)
         fail(`--sim must be a whole number from 0 to 10000, got '${options.sim}'`, 2);
-      let config: ReturnType<typeof parseConfig>;
-      try {
-        config = parseConfig();
-      } catch (error) {
-        fail((error as Error).message);
-      }
+      const config = configOrFail();
       // --json keeps stdout machine-readable, log lines included.
       const log = createLogger({
         level: config.LOG_LEVEL,
@@ -99,12 +103,7 @@ export function registerServerCommands(program: Command) {
       if (!(processModes as readonly string[]).includes(options.mode)) {
         fail(`--mode must be one of ${processModes.join(', ')}, got '${options.mode}'`, 2);
       }
-      let config: ReturnType<typeof parseConfig>;
-      try {
-        config = parseConfig();
-      } catch (error) {
-        fail((error as Error).message);
-      }
+      const config = configOrFail();
       if (!config.DATABASE_URL)
         fail('DATABASE_URL is not set: point it at the PostgreSQL database (or use `better-compute dev`)');
       if (!config.TEMPORAL_ADDRESS)
@@ -130,12 +129,7 @@ export function registerServerCommands(program: Command) {
     .description('Apply pending database migrations to DATABASE_URL (all or nothing).')
     .option('--json', 'print the result as JSON')
     .action(async (options: { json?: boolean }) => {
-      let config: ReturnType<typeof parseConfig>;
-      try {
-        config = parseConfig();
-      } catch (error) {
-        fail((error as Error).message);
-      }
+      const config = configOrFail();
       if (!config.DATABASE_URL)
         fail('DATABASE_URL is not set: point it at the PostgreSQL database to migrate');
       const { migrateDatabase } = await import('../../server/migrate.ts');

@@ -1,7 +1,12 @@
 import { sql, type Transaction } from 'kysely';
 import type { Database, Db } from '../../core/database.ts';
 import { ComputeError } from '../../domain/errors.ts';
-import { type Connectivity, endedAllocationStates, type NodeRole, type ProvisionState } from '../../domain/fleet.ts';
+import {
+  type Connectivity,
+  endedAllocationStates,
+  type NodeRole,
+  type ProvisionState,
+} from '../../domain/fleet.ts';
 import { newId } from '../../domain/ids.ts';
 import { canonicalJson, type DeviceAssignment, normalizeAssignments } from '../../domain/node-spec.ts';
 import { revokeNodeCertificates } from './certificates.ts';
@@ -212,10 +217,9 @@ export async function lockJoinClaimedNode(
       'hardware_key',
       sql<boolean>`coalesce(reclaim_approved_until > compute_now(), false)`.as('reclaim_approved'),
     ]);
-  const row = await (
-    lookup.by === 'id'
-      ? query.where('id', '=', lookup.nodeId)
-      : query.where('hardware_key', '=', lookup.hardwareKey)
+  const row = await (lookup.by === 'id'
+    ? query.where('id', '=', lookup.nodeId)
+    : query.where('hardware_key', '=', lookup.hardwareKey)
   )
     .forUpdate()
     .executeTakeFirst();

@@ -3,7 +3,7 @@ import { Client, Metadata } from '@grpc/grpc-js';
 import { describe, expect, it } from 'vitest';
 import { gatewayChannel } from '../../daemon/gateway-tls.ts';
 import { loadIdentity, renewCertificate } from '../../daemon/identity.ts';
-import { revokeNodeCertificates } from '../../db/nodes/certificates.ts';
+import { findAttestationCertificates, revokeNodeCertificates } from '../../db/nodes/certificates.ts';
 import { enqueueNodeCommand, findNodeCommand } from '../../db/nodes/commands.ts';
 import { AgentMessage, CommandOutcome, type ControlMessage } from '../../proto/gen/agent/v1/agent.ts';
 import { insertBareAllocation } from '../support/allocations.ts';
@@ -229,7 +229,7 @@ describe('bad input on sessions', () => {
     }
   });
 
-  it('renews a certificate over mutual TLS, and refuses a revoked one', async () => {
+  it('renews a certificate over mutual TLS, revoking the one it replaces, and refuses a revoked one', async () => {
     const db = fx.database.db;
     const node = fx.fleet.nodes[1]!;
     const identity = { ...loadIdentity(node.dir), gateway: fx.gateway.address };
@@ -237,9 +237,23 @@ describe('bad input on sessions', () => {
     const notAfter = await renewCertificate(identity, node.dir);
     expect(readFileSync(`${node.dir}/cert.pem`, 'utf8')).not.toBe(before);
     expect(notAfter.getTime()).toBeGreaterThan(Date.now() + 23 * 3600_000);
-    expect(
-      await db.selectFrom('node_certificates').select('serial').where('node_id', '=', node.nodeId).execute(),
-    ).toHaveLength(2);
+    const certs = await db
+      .selectFrom('node_certificates')
+      .select(['serial', 'key_id', 'revoked_at', 'revoke_reason'])
+      .where('node_id', '=', node.nodeId)
+      .orderBy('created_at')
+      .execute();
+    expect(certs).toHaveLength(2);
+    expect(certs[0]).toMatchObject({ revoke_reason: 'superseded' });
+    expect(certs[0]!.revoked_at).not.toBeNull();
+    expect(certs[1]).toMatchObject({ revoked_at: null, revoke_reason: null });
+    // The replaced certificate renews nothing any more.
+    await expect(
+      renewCertificate({ ...identity, certificatePem: before }, `${fx.dir}/stale`),
+    ).rejects.toMatchObject({ code: 16 });
+    // What the node key signed stays verifiable: a superseded certificate is not revoked for cause.
+    const attesting = await findAttestationCertificates(db, certs[0]!.key_id);
+    expect(attesting.filter((c) => c.revokedAt === null)).toHaveLength(2);
     await revokeNodeCertificates(db, node.nodeId);
     await expect(renewCertificate(identity, node.dir)).rejects.toMatchObject({ code: 16 });
   });

@@ -1,10 +1,12 @@
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { NodeAgent } from '../../daemon/agent.ts';
 import { SimHardware } from '../../daemon/hardware.ts';
-import { joinWithToken } from '../../daemon/identity.ts';
+import { joinWithToken, loadIdentity } from '../../daemon/identity.ts';
 import { type SimulatedFleet, startSimulatedFleet } from '../../daemon/sim.ts';
 import type { StartedGateway } from '../../gateway/server.ts';
 import { useAdmissionHarness } from '../admission/harness.ts';
+import { insertBareAllocation } from '../support/allocations.ts';
 import { eventually } from '../support/eventually.ts';
 import { gatewayTestLog, startTestGateway } from '../support/gateway.ts';
 import { useTempDir } from '../support/temp-dir.ts';
@@ -16,7 +18,12 @@ describe('the nodes and joinTokens API groups', () => {
   let fleet: SimulatedFleet | undefined;
   let poolId: string;
   beforeAll(async () => {
-    gateway = await startTestGateway({ db: h.t.db, log: h.deps.log, lifecycle: h.deps.lifecycle });
+    gateway = await startTestGateway({
+      db: h.t.db,
+      log: h.deps.log,
+      lifecycle: h.deps.lifecycle,
+      options: { certificateCheckMs: 500 },
+    });
     const site = await h.call(h.rootToken, 'admin/createSite', { name: 'dc-1', region: 'eu-1' });
     const pool = await h.call(h.rootToken, 'admin/createPool', {
       siteId: site.body.data.id,
@@ -150,5 +157,143 @@ describe('the nodes and joinTokens API groups', () => {
         agentVersion: 'test',
       }),
     ).rejects.toMatchObject({ code: 16 });
+  });
+  it('revokes certificates, approves a reclaim and retires a node over HTTP; other tenants change nothing', async () => {
+    const node = fleet!.nodes[0]!;
+    const nodeId = node.nodeId;
+    const db = h.t.db;
+    const certs = () =>
+      db
+        .selectFrom('node_certificates')
+        .select(['serial', 'revoked_at', 'revoke_reason'])
+        .where('node_id', '=', nodeId)
+        .orderBy('created_at')
+        .execute();
+
+    // An administrator of another tenant sees nothing of the node and changes nothing.
+    await h.call(h.rootToken, 'admin/createTenant', { id: 'globex', name: 'Globex' });
+    const admin = await h.call(h.rootToken, 'admin/createIdentity', {
+      tenantId: 'globex',
+      kind: 'person',
+      name: 'gus',
+      roles: ['admin'],
+    });
+    const stranger = (await h.call(h.rootToken, 'admin/createToken', { identityId: admin.body.data.id })).body
+      .data.token;
+    for (const [method, input] of [
+      ['nodes/revokeCertificates', { nodeId }],
+      ['nodes/approveReclaim', { nodeId }],
+      ['nodes/retire', { nodeId, force: true }],
+    ] as const) {
+      expect((await h.call(stranger, method, input)).body.error.code).toBe('NOT_FOUND');
+    }
+    expect((await certs()).every((c) => c.revoked_at === null)).toBe(true);
+    const bad = await h.call(h.rootToken, 'nodes/approveReclaim', { nodeId, ttlSeconds: 1 });
+    expect(bad.body.error.code).toBe('INVALID_INPUT');
+
+    // Revoking: the live session ends at the gateway's next certificate check.
+    expect(node.agent.status.connected).toBe(true);
+    const revoked = await h.call(h.rootToken, 'nodes/revokeCertificates', { nodeId, reason: 'stolen disk' });
+    expect(revoked.status).toBe(200);
+    expect(revoked.body.data.revokedCertificates).toBeGreaterThanOrEqual(1);
+    await eventually(async () => !node.agent.status.connected, 30_000);
+    expect((await certs()).every((c) => c.revoke_reason === 'revoked')).toBe(true);
+    await node.agent.stop();
+
+    // The machine keeps its key, but its certificates are revoked: only an approval gives it its
+    // node back.
+    const approved = await h.call(h.rootToken, 'nodes/approveReclaim', { nodeId, ttlSeconds: 600 });
+    expect(approved.body.data.reclaimApprovedUntil).toBeGreaterThan(Date.now());
+    const token = (await h.call(h.rootToken, 'joinTokens/create', { poolId, ttlSeconds: 600, maxUses: 2 }))
+      .body.data.token;
+    const back = await joinWithToken({
+      gateway: gateway.address,
+      token,
+      caCertificatePem: gateway.caCertificatePem,
+      dir: node.dir,
+      evidence: node.hardware.evidence(),
+      requestedName: 'back',
+      agentVersion: 'test',
+    });
+    expect(back).toMatchObject({ nodeId, reclaimed: true });
+    const agent = new NodeAgent({
+      identity: loadIdentity(node.dir),
+      stateDir: node.dir,
+      roots: { cdiDir: path.join(node.dir, 'cdi'), envDir: path.join(node.dir, 'allocations') },
+      hardware: node.hardware,
+      log: gatewayTestLog,
+      minBackoffMs: 100,
+      maxBackoffMs: 500,
+    });
+    agent.start();
+    try {
+      await eventually(async () => agent.status.connected);
+      // Retiring: refused while a live allocation holds the node, unless forced.
+      const start = new Date();
+      await db
+        .transaction()
+        .execute((trx) =>
+          insertBareAllocation(trx, { poolId, nodeId, start, end: new Date(start.getTime() + 3600_000) }),
+        );
+      const held = await h.call(h.rootToken, 'nodes/retire', { nodeId });
+      expect(held.body.error).toMatchObject({ code: 'INVALID_STATE', details: { liveAllocations: 1 } });
+      expect((await h.call(h.rootToken, 'nodes/get', { nodeId })).body.data.provisionState).not.toBe(
+        'retired',
+      );
+      const retired = await h.call(h.rootToken, 'nodes/retire', {
+        nodeId,
+        force: true,
+        reason: 'decommissioned',
+      });
+      expect(retired.body.data).toMatchObject({
+        changed: true,
+        liveAllocations: 1,
+        revokedCertificates: 1,
+        node: { provisionState: 'retired', cordoned: true, cordonReason: 'decommissioned' },
+      });
+      await eventually(async () => !agent.status.connected, 30_000);
+      const again = await h.call(h.rootToken, 'nodes/retire', { nodeId, force: true });
+      expect(again.body.data).toMatchObject({ changed: false, revokedCertificates: 0 });
+      expect((await certs()).every((c) => c.revoked_at !== null)).toBe(true);
+      const row = await db
+        .selectFrom('nodes')
+        .select(['hardware_key', 'provision_state'])
+        .where('id', '=', nodeId)
+        .executeTakeFirstOrThrow();
+      expect(row).toEqual({ hardware_key: null, provision_state: 'retired' });
+    } finally {
+      await agent.stop();
+    }
+    // Its hardware key is free: the machine joins again as a new node, with no conflict.
+    const fresh = await joinWithToken({
+      gateway: gateway.address,
+      token,
+      caCertificatePem: gateway.caCertificatePem,
+      dir: path.join(dir, 'after-retirement'),
+      evidence: node.hardware.evidence(),
+      requestedName: 'reborn',
+      agentVersion: 'test',
+    });
+    expect(fresh.nodeId).not.toBe(nodeId);
+    expect(fresh.reclaimed).toBe(false);
+    expect(
+      await db.selectFrom('node_conditions').select('type').where('node_id', '=', fresh.nodeId).execute(),
+    ).toEqual([]);
+    const audit = await db
+      .selectFrom('audit_events')
+      .select('action')
+      .where('resource_id', '=', nodeId)
+      .where('action', 'in', [
+        'compute:nodes:retire',
+        'compute:nodes:revoke-certificates',
+        'compute:nodes:approve-reclaim',
+      ])
+      .orderBy('id')
+      .execute();
+    expect(audit.map((a) => a.action)).toEqual([
+      'compute:nodes:revoke-certificates',
+      'compute:nodes:approve-reclaim',
+      'compute:nodes:retire',
+    ]);
   });
 });

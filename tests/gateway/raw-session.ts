@@ -7,11 +7,15 @@ import {
   type ControlMessage,
 } from '../../proto/gen/agent/v1/agent.ts';
 
-/** A hand-driven session with a node's real identity, for sending what a daemon never would. */
+/**
+ * A hand-driven session with a node's real identity, for sending what a daemon never would; with
+ * `hello: false` it sends nothing at all (a connection that never says Hello).
+ */
 export async function openRawSession(
   identity: NodeIdentity,
   gateway: string,
   journalId = 'jrn_rawsession01',
+  options: { hello?: boolean } = {},
 ) {
   const tls = gatewayChannel(gateway, identity);
   const client = new AgentServiceClient(gateway, tls.credentials, tls.options);
@@ -26,20 +30,21 @@ export async function openRawSession(
     ended ??= { code: 0, details: 'end' };
   });
   const send = (m: AgentMessage) => stream.write(m);
-  send({
-    body: {
-      $case: 'hello',
-      value: {
-        nodeId: identity.nodeId,
-        agentVersion: 'raw',
-        capabilities: [],
-        journalId,
-        lastAckedSeq: 0,
-        observedGeneration: 0,
-        inventory: [],
+  if (options.hello !== false)
+    send({
+      body: {
+        $case: 'hello',
+        value: {
+          nodeId: identity.nodeId,
+          agentVersion: 'raw',
+          capabilities: [],
+          journalId,
+          lastAckedSeq: 0,
+          observedGeneration: 0,
+          inventory: [],
+        },
       },
-    },
-  });
+    });
   const wait = async <T>(pick: () => T | undefined | null, timeoutMs = 5_000): Promise<T> => {
     const deadline = Date.now() + timeoutMs;
     while (Date.now() < deadline) {

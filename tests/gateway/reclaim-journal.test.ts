@@ -1,4 +1,5 @@
-import { rmSync } from 'node:fs';
+import { cpSync, mkdirSync, rmSync } from 'node:fs';
+import path from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { NodeAgent } from '../../daemon/agent.ts';
 import { SimHardware } from '../../daemon/hardware.ts';
@@ -21,9 +22,13 @@ describe('reclaiming machines and losing journals', () => {
       agentVersion: 'test',
     });
 
-  it('the same machine joining again reclaims its node and revokes its old certificate', async () => {
+  it('the same machine joining again with its key reclaims its node and revokes its old certificate', async () => {
     const db = fx.database.db;
     const node = fx.fleet.nodes[0]!;
+    // The machine kept its identity (its key signs the reclaim proof), not its journal.
+    mkdirSync(`${fx.dir}/rejoin`, { recursive: true });
+    for (const file of ['key.pem', 'key.pub.pem', 'cert.pem', 'ca.pem', 'node.json'])
+      cpSync(path.join(node.dir, file), path.join(`${fx.dir}/rejoin`, file));
     const again = await join(new SimHardware(node.hardware.seed), `${fx.dir}/rejoin`);
     expect(again).toMatchObject({ nodeId: node.nodeId, reclaimed: true });
     const certs = await db

@@ -495,6 +495,27 @@ const table: Record<string, Row> = {
     ],
   },
 
+  'nodes.retire': {
+    cases: [
+      {
+        aim: "B's spare node",
+        input: (w) => ({ nodeId: w.b.ownPool.nodes[3]!.id, force: true }),
+        ...notFound,
+        root: 'ok',
+      },
+    ],
+  },
+  'nodes.revokeCertificates': {
+    cases: [
+      { aim: "B's node", input: (w) => ({ nodeId: w.b.ownPool.nodes[0]!.id }), ...notFound, root: 'ok' },
+    ],
+  },
+  'nodes.approveReclaim': {
+    cases: [
+      { aim: "B's node", input: (w) => ({ nodeId: w.b.ownPool.nodes[0]!.id }), ...notFound, root: 'ok' },
+    ],
+  },
+
   'joinTokens.create': {
     cases: [{ aim: "B's pool", input: (w) => ({ poolId: w.b.ownPool.poolId }), ...notFound, root: 'ok' }],
   },

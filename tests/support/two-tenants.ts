@@ -25,6 +25,8 @@ export interface TenantResources {
   agentIdentityId: string;
   /** The delegation from B's member to that agent. */
   delegationId: string;
+  /** The agent's token (its requests wait for B's member to confirm them). */
+  agentToken: string;
   /** A token of B's member besides the one the fixture calls with. */
   spareTokenId: string;
   policyName: string;
@@ -79,7 +81,7 @@ export async function createTwoTenants(): Promise<TwoTenants> {
         siteId,
         ownerTenantId: tenantId,
         name: `${tenantId}-pool`,
-        nodes: 3,
+        nodes: 4,
         namePrefix: `${tenantId}-node`,
         offers: { [tenantId]: { gpu: 1_000 } },
       }),
@@ -106,7 +108,10 @@ export async function createTwoTenants(): Promise<TwoTenants> {
       }),
       "A's reservation",
     );
-    dataOf(await as(a.admin)('nodes/cordon', { nodeId: a.ownPool.nodes[0]!.id, reason: 'acme maintenance' }), "A's cordon");
+    dataOf(
+      await as(a.admin)('nodes/cordon', { nodeId: a.ownPool.nodes[0]!.id, reason: 'acme maintenance' }),
+      "A's cordon",
+    );
     dataOf(await as(a.admin)('joinTokens/create', { poolId: a.ownPool.poolId }), "A's join token");
     const bMember = as(b.member);
     const bAdmin = as(b.admin);
@@ -145,6 +150,12 @@ export async function createTwoTenants(): Promise<TwoTenants> {
     const joinTokens = { read: await joinToken(), revoke: await joinToken() };
 
     const commandNode = b.ownPool.nodes[0]!.id;
+    // As a machine that joined has (seeded nodes have none): what a reclaim is approved for.
+    await db
+      .updateTable('nodes')
+      .set({ hardware_key: `hwk-${commandNode}` })
+      .where('id', '=', commandNode)
+      .execute();
     const command = dataOf(
       await bAdmin('nodes/command', { nodeId: commandNode, kind: 'inventory.refresh' }),
       'command',
@@ -194,6 +205,7 @@ export async function createTwoTenants(): Promise<TwoTenants> {
       confirmationId,
       agentIdentityId: agent.id,
       delegationId: agent.delegationId,
+      agentToken,
       spareTokenId: spare.id,
       policyName,
     };
