@@ -1,4 +1,5 @@
-import type { Db } from '../core/database.ts';
+import type { Transaction } from 'kysely';
+import type { Database, Db } from '../core/database.ts';
 import type { Logger } from '../core/logger.ts';
 import { lockCurrentAllocations, startBindingAllocations } from '../db/allocations/lifecycle.ts';
 import {
@@ -35,6 +36,24 @@ export interface StepResult {
  * transaction.
  */
 export function createReservationActivities({ db, log }: ReservationActivityDeps) {
+  /**
+   * One guarded step in its own transaction: the reservation locked at `expectedVersion`; `step`
+   * runs only when it is still there and `applies` to it, otherwise nothing changes.
+   */
+  function guardedStep(
+    input: { reservationId: string; expectedVersion: number },
+    applies: (row: LockedReservation) => boolean,
+    step: (trx: Trx, row: LockedReservation) => Promise<StepResult>,
+  ): Promise<StepResult> {
+    return asActivity(() =>
+      db.transaction().execute(async (trx) => {
+        const row = await lockReservationAtVersion(trx, input.reservationId, input.expectedVersion);
+        if (!row || !applies(row)) return { applied: false, state: row?.state ?? null };
+        return step(trx, row);
+      }),
+    );
+  }
+
   return {
     /**
      * Reads the truth (level-triggered: every wake-up starts here) and marks the lifecycle started.
@@ -59,16 +78,12 @@ export function createReservationActivities({ db, log }: ReservationActivityDeps
       expectedVersion: number;
       bindDeadline: number;
     }): Promise<StepResult> {
-      return asActivity(() =>
-        db.transaction().execute(async (trx) => {
-          const row = await lockReservationAtVersion(trx, input.reservationId, input.expectedVersion);
-          if (row?.state !== 'placed') return { applied: false, state: row?.state ?? null };
+      return guardedStep(
+        input,
+        (row) => row.state === 'placed',
+        async (trx, row) => {
           await startBindingAllocations(trx, row.id);
-          const nodeIds = await assignReservationDevices(
-            trx,
-            row.id,
-            row.binding_kind === 'kubernetes' ? 'kubernetes' : 'hold',
-          );
+          const nodeIds = await assignReservationDevices(trx, row.id, bindingOf(row));
           await updateReservation(trx, row.id, {
             state: 'binding',
             bindDeadline: new Date(input.bindDeadline),
@@ -80,7 +95,7 @@ export function createReservationActivities({ db, log }: ReservationActivityDeps
           });
           log.info({ reservationId: row.id, nodes: nodeIds.length }, 'binding');
           return { applied: true, state: 'binding' };
-        }),
+        },
       );
     },
 
@@ -89,18 +104,13 @@ export function createReservationActivities({ db, log }: ReservationActivityDeps
      * moved them). Idempotent: a node whose spec already says so keeps its generation.
      */
     async syncAssignments(input: { reservationId: string; expectedVersion: number }): Promise<StepResult> {
-      return asActivity(() =>
-        db.transaction().execute(async (trx) => {
-          const row = await lockReservationAtVersion(trx, input.reservationId, input.expectedVersion);
-          if (row?.state !== 'binding' && row?.state !== 'active')
-            return { applied: false, state: row?.state ?? null };
-          await assignReservationDevices(
-            trx,
-            row.id,
-            row.binding_kind === 'kubernetes' ? 'kubernetes' : 'hold',
-          );
+      return guardedStep(
+        input,
+        (row) => row.state === 'binding' || row.state === 'active',
+        async (trx, row) => {
+          await assignReservationDevices(trx, row.id, bindingOf(row));
           return { applied: true, state: row.state };
-        }),
+        },
       );
     },
 
@@ -109,15 +119,15 @@ export function createReservationActivities({ db, log }: ReservationActivityDeps
       reservationId: string;
       expectedVersion: number;
     }): Promise<StepResult> {
-      return asActivity(() =>
-        db.transaction().execute(async (trx) => {
-          const row = await lockReservationAtVersion(trx, input.reservationId, input.expectedVersion);
-          if (row?.state !== 'binding') return { applied: false, state: row?.state ?? null };
+      return guardedStep(
+        input,
+        (row) => row.state === 'binding',
+        async (trx, row) => {
           const allocations = await lockCurrentAllocations(trx, row.id);
           if (allocations.length === 0 || allocations.some((a) => a.state !== 'bound')) {
             return { applied: false, state: row.state };
           }
-          const conditions = ((row.conditions ?? []) as Condition[]).filter((c) => c.type !== 'BindTimeout');
+          const conditions = conditionsWithout(row, 'BindTimeout');
           await updateReservation(trx, row.id, { state: 'active', conditions, bindDeadline: null });
           await recordReservationEvent(trx, row, 'reservation.active', 'active', {
             allocations: allocations.map((a) => ({
@@ -127,7 +137,7 @@ export function createReservationActivities({ db, log }: ReservationActivityDeps
             })),
           });
           return { applied: true, state: 'active' };
-        }),
+        },
       );
     },
 
@@ -142,13 +152,13 @@ export function createReservationActivities({ db, log }: ReservationActivityDeps
       reason: string;
       message: string;
     }): Promise<StepResult> {
-      return asActivity(() =>
-        db.transaction().execute(async (trx) => {
-          const row = await lockReservationAtVersion(trx, input.reservationId, input.expectedVersion);
-          if (row?.state !== 'binding') return { applied: false, state: row?.state ?? null };
+      return guardedStep(
+        input,
+        (row) => row.state === 'binding',
+        async (trx, row) => {
           const ended = await endCurrentAllocations(trx, row.id, 'failed');
           const conditions = [
-            ...((row.conditions ?? []) as Condition[]).filter((c) => c.type !== 'BindTimeout'),
+            ...conditionsWithout(row, 'BindTimeout'),
             { type: 'BindTimeout', reason: input.reason, message: input.message },
           ];
           await updateReservation(trx, row.id, {
@@ -168,7 +178,7 @@ export function createReservationActivities({ db, log }: ReservationActivityDeps
             'binding failed',
           );
           return { applied: true, state: 'pending' };
-        }),
+        },
       );
     },
 
@@ -184,19 +194,14 @@ export function createReservationActivities({ db, log }: ReservationActivityDeps
       reason: string;
       condition?: Condition;
     }): Promise<StepResult> {
-      return asActivity(() =>
-        db.transaction().execute(async (trx) => {
-          const row = await lockReservationAtVersion(trx, input.reservationId, input.expectedVersion);
-          if (!row || isTerminal(row.state)) {
-            return { applied: false, state: row?.state ?? null };
-          }
+      return guardedStep(
+        input,
+        (row) => !isTerminal(row.state),
+        async (trx, row) => {
           await endCurrentAllocations(trx, row.id, 'released');
           await refundReservationQuota(trx, row.id);
           const conditions = input.condition
-            ? [
-                ...((row.conditions ?? []) as Condition[]).filter((c) => c.type !== input.condition!.type),
-                input.condition,
-              ]
+            ? [...conditionsWithout(row, input.condition!.type), input.condition]
             : undefined;
           await updateReservation(trx, row.id, {
             state: input.state,
@@ -211,7 +216,7 @@ export function createReservationActivities({ db, log }: ReservationActivityDeps
           });
           log.info({ reservationId: row.id, state: input.state, reason: input.reason }, 'reservation ended');
           return { applied: true, state: input.state };
-        }),
+        },
       );
     },
 
@@ -221,13 +226,13 @@ export function createReservationActivities({ db, log }: ReservationActivityDeps
       expectedVersion: number;
       conditions: Condition[];
     }): Promise<StepResult> {
-      return asActivity(() =>
-        db.transaction().execute(async (trx) => {
-          const row = await lockReservationAtVersion(trx, input.reservationId, input.expectedVersion);
-          if (!row) return { applied: false, state: null };
+      return guardedStep(
+        input,
+        () => true,
+        async (trx, row) => {
           await updateReservation(trx, row.id, { conditions: input.conditions });
           return { applied: true, state: row.state };
-        }),
+        },
       );
     },
 
@@ -261,3 +266,16 @@ export function createReservationActivities({ db, log }: ReservationActivityDeps
 }
 
 export type ReservationActivities = ReturnType<typeof createReservationActivities>;
+
+type Trx = Transaction<Database>;
+type LockedReservation = NonNullable<Awaited<ReturnType<typeof lockReservationAtVersion>>>;
+
+/** How a reservation's allocations are bound on their nodes: Kubernetes, or a plain hold. */
+function bindingOf(row: LockedReservation): 'kubernetes' | 'hold' {
+  return row.binding_kind === 'kubernetes' ? 'kubernetes' : 'hold';
+}
+
+/** The reservation's stored conditions but those of `type`: what a step keeps before setting its own. */
+function conditionsWithout(row: LockedReservation, type: string): Condition[] {
+  return ((row.conditions ?? []) as Condition[]).filter((c) => c.type !== type);
+}

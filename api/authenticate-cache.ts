@@ -1,6 +1,6 @@
-import { createHash } from 'node:crypto';
 import { ComputeError } from '../domain/errors.ts';
 import type { Authenticator } from './authenticate.ts';
+import { createTokenAnswerCache } from './authenticate-token-cache.ts';
 
 /**
  * Wraps an authenticator with a cache of refused tokens (keyed by the token's hash, never the
@@ -13,24 +13,23 @@ export function withFailedLookupCache(
   authenticate: Authenticator,
   options: { ttlMs?: number; maxEntries?: number; now?: () => number } = {},
 ): Authenticator {
-  const ttlMs = options.ttlMs ?? 30_000;
-  const maxEntries = options.maxEntries ?? 10_000;
+  const refused = createTokenAnswerCache<ComputeError>({
+    ttlMs: options.ttlMs ?? 30_000,
+    maxEntries: options.maxEntries ?? 10_000,
+  });
   // wall time: a TTL cache.
   const clock = options.now ?? Date.now;
-  const refused = new Map<string, { error: ComputeError; expiresAt: number }>();
   return async function authenticateOrRefuseFromCache(token) {
     if (!token) return authenticate(token);
-    const key = createHash('sha256').update(token).digest('base64url');
+    const key = refused.keyOf(token);
     const now = clock();
-    const hit = refused.get(key);
-    if (hit && hit.expiresAt > now) throw hit.error;
-    if (hit) refused.delete(key);
+    const hit = refused.get(key, now);
+    if (hit) throw hit;
     try {
       return await authenticate(token);
     } catch (error) {
       if (error instanceof ComputeError && error.code === 'UNAUTHENTICATED') {
-        if (refused.size >= maxEntries) refused.delete(refused.keys().next().value!);
-        refused.set(key, { error, expiresAt: now + ttlMs });
+        refused.set(key, error, now);
       }
       throw error;
     }

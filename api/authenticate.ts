@@ -1,15 +1,16 @@
-import { createHash } from 'node:crypto';
 import type { IamPort, Principal } from '../core/iam-port.ts';
 import { ComputeError } from '../domain/errors.ts';
+import { createTokenAnswerCache } from './authenticate-token-cache.ts';
 
 /**
  * Authenticates bearer tokens through IAM with a 30-second cache (keyed by the token's hash, never
  * the token), so a burst of calls costs one lookup. A revoked token stops working within 30 s.
  */
 export function createAuthenticator(iam: IamPort, options: { ttlMs?: number; maxEntries?: number } = {}) {
-  const ttlMs = options.ttlMs ?? 30_000;
-  const maxEntries = options.maxEntries ?? 10_000;
-  const cache = new Map<string, { principal: Principal; expiresAt: number }>();
+  const cache = createTokenAnswerCache<Principal>({
+    ttlMs: options.ttlMs ?? 30_000,
+    maxEntries: options.maxEntries ?? 10_000,
+  });
   return async function authenticate(token: string | undefined): Promise<Principal> {
     if (!token) {
       throw new ComputeError(
@@ -17,15 +18,14 @@ export function createAuthenticator(iam: IamPort, options: { ttlMs?: number; max
         'no credential: send an API token as `Authorization: Bearer <token>` (the CLI reads --token or BETTER_COMPUTE_TOKEN)',
       );
     }
-    const key = createHash('sha256').update(token).digest('base64url');
-    const hit = cache.get(key);
+    const key = cache.keyOf(token);
     // Whether a token is expired or revoked is IAM's answer, by compute_now(); a cached answer
     // lapses within `ttlMs`, as a revocation does.
     const now = Date.now(); // wall time: this cache's TTL
-    if (hit && hit.expiresAt > now) return hit.principal;
+    const hit = cache.get(key, now);
+    if (hit) return hit;
     const principal = await iam.authenticate({ token });
-    if (cache.size >= maxEntries) cache.delete(cache.keys().next().value!);
-    cache.set(key, { principal, expiresAt: now + ttlMs });
+    cache.set(key, principal, now);
     return principal;
   };
 }

@@ -7,7 +7,7 @@ import { quotaNeeds, readTenantQuotas } from '../db/reservations/quota.ts';
 import { normalizeRequest, startOutOfHorizon } from '../domain/reservation-request.ts';
 import { previewInput, tenantIdSchema } from '../domain/reservation-schema.ts';
 import { defineMethod } from './method.ts';
-import { preCheckTenant } from './reservations/access.ts';
+import { preCheckTenant, requireOnTenant } from './reservations/access.ts';
 
 const amounts = z.object({ vcpu: z.number(), memoryGiB: z.number(), hugepages1Gi: z.number() });
 
@@ -118,13 +118,7 @@ const get = defineMethod({
   input: z.strictObject({ tenantId: tenantIdSchema, poolId: z.string().min(1).max(100).optional() }),
   output: z.object({ pools: z.array(poolCapacity) }),
   handler: async (ctx, input) => {
-    await preCheckTenant(ctx, input.tenantId);
-    await ctx.deps.iam.require(
-      ctx.principal,
-      'compute:capacity:read',
-      { type: 'compute-tenant', id: input.tenantId, tenantId: input.tenantId },
-      { requestId: ctx.requestId },
-    );
+    await requireOnTenant(ctx, input.tenantId, 'compute:capacity:read');
     return { pools: await readPoolCapacity(ctx.deps.db, input) };
   },
 });

@@ -2,7 +2,7 @@ import { z } from 'zod';
 import { type NodeCapacityRow, readNodeCapacity } from '../db/allocations/node-capacity.ts';
 import { tenantIdSchema } from '../domain/reservation-schema.ts';
 import { defineMethod } from './method.ts';
-import { preCheckTenant } from './reservations/access.ts';
+import { requireOnTenant } from './reservations/access.ts';
 
 /** Free, total and reserved amounts of one resource; null for what the node never reported. */
 const amount = z.object({
@@ -56,13 +56,7 @@ const nodes = defineMethod({
   }),
   output: z.object({ nodes: z.array(nodeCapacity), nextCursor: z.string().nullable() }),
   handler: async (ctx, input) => {
-    await preCheckTenant(ctx, input.tenantId);
-    await ctx.deps.iam.require(
-      ctx.principal,
-      'compute:capacity:read',
-      { type: 'compute-tenant', id: input.tenantId, tenantId: input.tenantId },
-      { requestId: ctx.requestId },
-    );
+    await requireOnTenant(ctx, input.tenantId, 'compute:capacity:read');
     const { page, more, gpus, scalars, conditions } = await readNodeCapacity(ctx.deps.db, input);
     return {
       nodes: page.map((n) => {

@@ -1,9 +1,13 @@
+import { z } from 'zod';
 import type { ResourceRef } from '../core/iam-port.ts';
 import { findPool } from '../db/nodes/fleet.ts';
 import { findNodeOwner } from '../db/nodes/nodes.ts';
 import { ComputeError } from '../domain/errors.ts';
 import type { IamAction } from '../domain/iam-actions.ts';
 import type { MethodContext } from './method.ts';
+
+/** Why an operator acts on a node (cordon, drain, retire, revoke): audited; some text, not only blanks. */
+export const operatorReason = z.string().regex(/\S/, 'a reason with some text').trim().min(1).max(500);
 
 /**
  * Who may see and operate a node: the root tenant's administrators, and the tenant that owns the

@@ -5,11 +5,10 @@ import { approveNodeReclaim, retireNode } from '../db/nodes/nodes.ts';
 import { findLiveReservationsOnNodes } from '../db/nodes/workloads.ts';
 import { ComputeError } from '../domain/errors.ts';
 import { defineMethod, type MethodContext } from './method.ts';
-import { requireNode } from './nodes-access.ts';
+import { operatorReason, requireNode } from './nodes-access.ts';
 import { loadNodeViews, nodeView } from './nodes-view.ts';
 
 const nodeId = z.string().regex(/^node_[0-9a-z]{26}$/, 'a node id (node_…)');
-const reason = z.string().trim().min(1).max(500);
 
 async function viewOf(ctx: MethodContext, id: string) {
   const [node] = await loadNodeViews(ctx.deps.db, [id], { devices: false });
@@ -21,7 +20,7 @@ const retire = defineMethod({
   summary:
     'Retire a node for good: provision state retired, cordoned, every certificate revoked, its session ended, its hardware key freed (the machine may join again as a new node). Refused (INVALID_STATE) while live allocations hold it, unless force: they are not released, their lifecycles find the node gone. Idempotent.',
   action: 'compute:nodes:retire',
-  input: z.strictObject({ nodeId, force: z.boolean().default(false), reason: reason.optional() }),
+  input: z.strictObject({ nodeId, force: z.boolean().default(false), reason: operatorReason.optional() }),
   output: z.object({
     node: nodeView,
     changed: z.boolean(),
@@ -75,7 +74,7 @@ const revokeCertificates = defineMethod({
   summary:
     "Revoke every certificate of a node (a lost or compromised machine): its live session ends within the gateway's certificate check (15 s), and it cannot renew. To run again it joins with a join token: as a new node, unless nodes.approveReclaim lets it take this one back.",
   action: 'compute:nodes:revoke-certificates',
-  input: z.strictObject({ nodeId, reason: reason.optional() }),
+  input: z.strictObject({ nodeId, reason: operatorReason.optional() }),
   output: z.object({ node: nodeView, revokedCertificates: z.number().int() }),
   handler: async (ctx, input) => {
     const scope = await requireNode(ctx, input.nodeId, 'compute:nodes:revoke-certificates');

@@ -5,13 +5,12 @@ import { listNodeIds, setNodeSchedulingFlags } from '../db/nodes/nodes.ts';
 import { countLiveAllocations } from '../db/nodes/workloads.ts';
 import { ComputeError } from '../domain/errors.ts';
 import { defineMethod, type MethodContext } from './method.ts';
-import { requireNode, requirePool, requireTenantRead } from './nodes-access.ts';
+import { operatorReason, requireNode, requirePool, requireTenantRead } from './nodes-access.ts';
 import { nodeCommandMethods } from './nodes-commands.ts';
 import { nodeTrustMethods } from './nodes-trust.ts';
 import { loadNodeViews, nodeView } from './nodes-view.ts';
 
 const nodeId = z.string().regex(/^node_[0-9a-z]{26}$/, 'a node id (node_…)');
-const reason = z.string().trim().min(1).max(500);
 
 const list = defineMethod({
   summary: 'Nodes the caller may see (the root admin: all; a tenant: those of pools it owns), newest first.',
@@ -100,7 +99,7 @@ const changeOutput = z.object({ node: nodeView, liveAllocations: z.number().int(
 const cordon = defineMethod({
   summary: 'Stop new placements on a node; existing allocations keep running and commands still flow.',
   action: 'compute:nodes:cordon',
-  input: z.strictObject({ nodeId, reason: reason.optional() }),
+  input: z.strictObject({ nodeId, reason: operatorReason.optional() }),
   output: changeOutput,
   handler: (ctx, input) => setCordon(ctx, input, 'compute:nodes:cordon'),
 });
@@ -116,7 +115,7 @@ const uncordon = defineMethod({
 const drain = defineMethod({
   summary: 'Cordon the node and mark it draining (NoSchedule) until it is empty; nothing is released.',
   action: 'compute:nodes:drain',
-  input: z.strictObject({ nodeId, reason: reason.optional() }),
+  input: z.strictObject({ nodeId, reason: operatorReason.optional() }),
   output: changeOutput,
   handler: (ctx, input) => setCordon(ctx, input, 'compute:nodes:drain'),
 });

@@ -14,7 +14,7 @@ import { ComputeError } from '../domain/errors.ts';
 import { eventTypePattern } from '../domain/event-types.ts';
 import type { IamAction } from '../domain/iam-actions.ts';
 import { newId } from '../domain/ids.ts';
-import { webhookFailureReasons } from '../domain/webhook-target.ts';
+import { webhookDeliveryOutcomes, webhookFailureReasons } from '../domain/webhook-target.ts';
 import { newWebhookSecret } from '../events/webhook-signature.ts';
 import { assertWebhookTargetAccepted, systemResolver } from '../events/webhook-target-resolve.ts';
 import { defineMethod } from './method.ts';
@@ -65,7 +65,8 @@ const create = defineMethod({
     url: z
       .string()
       .max(2000)
-      .refine((value) => URL.canParse(value) && /^https?:$/.test(new URL(value).protocol), 'an http(s) URL'),
+      // The shape only: whether it parses and may be reached is decided with the target (below).
+      .regex(/^https?:\/\/\S+$/, 'an http(s) URL'),
     eventTypes: z.array(eventTypePattern).max(100).default([]),
     description: z.string().max(500).default(''),
   }),
@@ -151,7 +152,7 @@ const deliveries = defineMethod({
         eventSeq: z.number().int(),
         eventType: z.string(),
         attempt: z.number().int(),
-        outcome: z.enum(['succeeded', 'retrying', 'failed']),
+        outcome: z.enum(webhookDeliveryOutcomes),
         statusCode: z.number().int().nullable(),
         error: z.enum(webhookFailureReasons).nullable(),
         durationMs: z.number().int(),

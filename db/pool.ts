@@ -58,8 +58,11 @@ export function createDb(
     max: options.max ?? 10,
     application_name: options.applicationName ?? 'better-compute',
   });
-  // An idle client that errors (the server restarted) must not crash the process.
+  // An idle client that errors (the server restarted) must not crash the process; nor may one
+  // checked out between two queries (pg-pool listens only on idle clients): the next query on it
+  // fails instead, and the pool drops it when it is released.
   pool.on('error', () => {});
+  pool.on('connect', (client) => client.on('error', () => {}));
   const { db } = useExistingPool(pool);
   return {
     db,

@@ -1,4 +1,5 @@
 import { describe, expect, it } from 'vitest';
+import { reservationSnapshot } from '../tests/support/reservation-snapshot.ts';
 import {
   decide,
   defaultTimers,
@@ -13,29 +14,15 @@ const none: LifecycleIntents = { release: false, cancel: false, confirmation: nu
 const memory: LifecycleMemory = { lastPlaceAttemptAt: null, meteredThrough: null };
 
 function snapshot(over: Partial<ReservationSnapshot>): ReservationSnapshot {
-  return {
-    id: 'rsv_1',
-    tenantId: 'acme',
-    poolId: 'pool_1',
+  return reservationSnapshot({
     state: 'placed',
     version: 3,
     now,
     start: now + 3_600_000,
     end: now + 7_200_000,
-    leaseSeconds: null,
-    leaseExpiresAt: null,
-    bindAttempts: 0,
-    bindDeadline: null,
-    pendingSince: null,
-    confirmationExpiresAt: null,
-    endReason: null,
-    conditions: [],
     allocations: [{ id: 'alloc_1', nodeId: 'node_1', state: 'planned', boundAt: null }],
-    poolAvailable: true,
-    timers: defaultTimers,
-    summary: 'test',
     ...over,
-  };
+  });
 }
 
 describe('decide', () => {

@@ -1,5 +1,6 @@
 import { describe, expect, it } from 'vitest';
-import { decide, defaultTimers, type ReservationSnapshot } from './reservation-lifecycle.ts';
+import { reservationSnapshot } from '../tests/support/reservation-snapshot.ts';
+import { decide } from './reservation-lifecycle.ts';
 import {
   isCancellable,
   isExtendable,
@@ -41,28 +42,7 @@ describe('reservation state predicates', () => {
 
   it('the lifecycle finishes in exactly the terminal states and drafts', () => {
     for (const state of reservationStates) {
-      const s: ReservationSnapshot = {
-        id: 'rsv_1',
-        tenantId: 'acme',
-        poolId: 'pool_1',
-        state,
-        version: 1,
-        now: 0,
-        start: null,
-        end: null,
-        leaseSeconds: null,
-        leaseExpiresAt: null,
-        bindAttempts: 0,
-        bindDeadline: null,
-        pendingSince: null,
-        confirmationExpiresAt: null,
-        endReason: null,
-        conditions: [],
-        allocations: [],
-        poolAvailable: true,
-        timers: defaultTimers,
-        summary: 'test',
-      };
+      const s = reservationSnapshot({ state });
       const intents = { release: false, cancel: false, confirmation: null, capacityFreed: false };
       const finishes =
         decide(s, intents, { lastPlaceAttemptAt: null, meteredThrough: null }).kind === 'finish';

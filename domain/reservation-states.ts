@@ -94,41 +94,28 @@ export const placedStates = [
   'releasing',
 ] as const satisfies readonly ReservationState[];
 
-function isIn(states: readonly ReservationState[], state: string): boolean {
-  return (states as readonly string[]).includes(state);
+/** The membership test of one state group, as a predicate over any stored state string. */
+function memberOf(states: readonly ReservationState[]): (state: string) => boolean {
+  return (state) => (states as readonly string[]).includes(state);
 }
 
 /** Whether the state is final (`terminalStates`). */
-export function isTerminal(state: string): boolean {
-  return isIn(terminalStates, state);
-}
+export const isTerminal = memberOf(terminalStates);
 
 /** Whether a lifecycle workflow must be running for a reservation in this state (`liveStates`). */
-export function isLive(state: string): boolean {
-  return isIn(liveStates, state);
-}
+export const isLive = memberOf(liveStates);
 
 /** Whether admission may still record its decision (`undecidedStates`). */
-export function isUndecided(state: string): boolean {
-  return isIn(undecidedStates, state);
-}
+export const isUndecided = memberOf(undecidedStates);
 
 /** Whether a cancel still applies: the reservation has not started (`cancellableStates`). */
-export function isCancellable(state: string): boolean {
-  return isIn(cancellableStates, state);
-}
+export const isCancellable = memberOf(cancellableStates);
 
 /** Whether the lease renews (`holdingStates`). */
-export function isRenewable(state: string): boolean {
-  return isIn(holdingStates, state);
-}
+export const isRenewable = memberOf(holdingStates);
 
 /** Whether the end may move later (`holdingStates`). */
-export function isExtendable(state: string): boolean {
-  return isIn(holdingStates, state);
-}
+export const isExtendable = memberOf(holdingStates);
 
 /** Whether the reservation was placed and has not ended (`placedStates`). */
-export function isPlaced(state: string): boolean {
-  return isIn(placedStates, state);
-}
+export const isPlaced = memberOf(placedStates);

@@ -19,6 +19,10 @@ export const webhookFailureReasons = [
 ] as const;
 export type WebhookFailureReason = (typeof webhookFailureReasons)[number];
 
+/** What one delivery attempt came to: delivered, failed with attempts left, or failed for good. */
+export const webhookDeliveryOutcomes = ['succeeded', 'retrying', 'failed'] as const;
+export type WebhookDeliveryOutcome = (typeof webhookDeliveryOutcomes)[number];
+
 const failureReasonSet: ReadonlySet<string> = new Set(webhookFailureReasons);
 
 /**

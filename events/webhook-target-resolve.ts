@@ -40,6 +40,9 @@ export async function decideWebhookTarget(
   resolve: HostResolver,
 ): Promise<WebhookTargetDecision> {
   if (!URL.canParse(rawUrl)) return { ok: false, reason: 'refused-target', detail: 'not a URL' };
+  if (!URL.canParse(rawUrl)) {
+    throw new ComputeError('INVALID_INPUT', `url: '${rawUrl.slice(0, 200)}' is not a URL`, { field: 'url' });
+  }
   const url = new URL(rawUrl);
   const refusal = webhookUrlRefusal(url, allowHosts);
   if (refusal) return { ok: false, reason: 'refused-target', detail: refusal };
@@ -82,6 +85,9 @@ export async function assertWebhookTargetAccepted(
   resolve: HostResolver,
   timeoutMs = 2000,
 ): Promise<void> {
+  if (!URL.canParse(rawUrl)) {
+    throw new ComputeError('INVALID_INPUT', `url: '${rawUrl.slice(0, 200)}' is not a URL`, { field: 'url' });
+  }
   const url = new URL(rawUrl);
   const refusal = webhookUrlRefusal(url, allowHosts);
   if (refusal) throw new ComputeError('INVALID_INPUT', `url: ${refusal}; ${howToFix}`, { field: 'url' });

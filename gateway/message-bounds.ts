@@ -38,7 +38,7 @@ export const messageBounds = {
   },
   inventory: { sections: 16, sectionName: 64, sectionHash: 128, sectionBytes: 512 * 1024 },
   specStatus: { error: 8 * 1024 },
-  commandResult: { commandId: 100, resultBytes: 256 * 1024, error: 8 * 1024 },
+  commandResult: { commandId: 100, resultBytes: 64 * 1024, resultDepth: 32, error: 8 * 1024 },
   report: { bodyBytes: 16 * 1024, keyId: 128, signatureBytes: 512 },
 } as const;
 
@@ -83,6 +83,27 @@ export function checkJoinRequest(request: JoinRequest): void {
   }
 }
 
+/**
+ * How deeply `json` nests arrays and objects, in one pass over its characters (strings skipped),
+ * without parsing it: a deep document is refused before the parser or PostgreSQL's jsonb sees it.
+ */
+export function jsonNestingDepth(json: string): number {
+  let depth = 0;
+  let deepest = 0;
+  let inString = false;
+  for (let i = 0; i < json.length; i++) {
+    const c = json.charCodeAt(i);
+    if (inString) {
+      if (c === 0x5c)
+        i++; // a backslash escapes the next character
+      else if (c === 0x22) inString = false;
+    } else if (c === 0x22) inString = true;
+    else if (c === 0x5b || c === 0x7b) deepest = Math.max(deepest, ++depth);
+    else if (c === 0x5d || c === 0x7d) depth--;
+  }
+  return deepest;
+}
+
 /** Checks a Renew request. */
 export function checkRenewRequest(request: RenewRequest): void {
   text('csrPem', request.csrPem, messageBounds.renew.csrPem);
@@ -124,6 +145,13 @@ export function checkAgentMessage(message: AgentMessage): void {
       const b = messageBounds.commandResult;
       text('commandResult.commandId', body.value.commandId, b.commandId);
       bytes('commandResult.resultJson', body.value.resultJson, b.resultBytes);
+      if (jsonNestingDepth(Buffer.from(body.value.resultJson).toString('utf8')) > b.resultDepth) {
+        throw new ComputeError(
+          'INVALID_INPUT',
+          `commandResult.resultJson nests deeper than ${b.resultDepth} levels`,
+          { field: 'commandResult.resultJson', limit: b.resultDepth },
+        );
+      }
       text('commandResult.error', body.value.error, b.error);
       return;
     }

@@ -66,15 +66,26 @@ const createIdentity = defineMethod({
   summary:
     'Create a person, service account or agent; an agent with `personIdentityId` acts for that person, and `confirmActions` are held for the person to confirm.',
   action: 'compute:admin:write',
-  input: z.strictObject({
-    tenantId,
-    kind: identityKind,
-    name: z.string().min(1).max(200),
-    email: z.string().max(320).email().optional(),
-    personIdentityId: z.string().min(1).max(100).optional(),
-    confirmActions: z.array(action).max(50).optional(),
-    roles: z.array(z.string().min(1).max(100)).max(20).optional(),
-  }),
+  input: z
+    .strictObject({
+      tenantId,
+      kind: identityKind,
+      name: z.string().min(1).max(200),
+      email: z.string().max(320).email().optional(),
+      personIdentityId: z.string().min(1).max(100).optional(),
+      confirmActions: z.array(action).max(50).optional(),
+      roles: z.array(z.string().min(1).max(100)).max(20).optional(),
+    })
+    .refine((v) => v.personIdentityId === undefined || v.kind === 'agent', {
+      message: 'only an agent acts for a person',
+      path: ['personIdentityId'],
+    })
+    // Stated in the JSON Schema too, so the OpenAPI document says what the server refuses.
+    .meta({
+      dependentSchemas: {
+        personIdentityId: { required: ['kind'], properties: { kind: { const: 'agent' } } },
+      },
+    }),
   output: identityOut,
   handler: async (ctx, input) => {
     await requireRootAdmin(ctx, 'compute:admin:write');
@@ -227,7 +238,7 @@ const policyOut = z.object({
 const applyPolicy = defineMethod({
   summary: 'Apply a policy document under a name; each apply is a new version, in force at once.',
   action: 'compute:admin:write',
-  input: z.strictObject({ tenantId, name: z.string().min(1).max(100), document: z.unknown() }),
+  input: z.strictObject({ tenantId, name: z.string().min(1).max(100), document: policyDocumentSchema }),
   output: policyOut,
   handler: async (ctx, input) => {
     await requireRootAdmin(ctx, 'compute:admin:write');

@@ -106,24 +106,16 @@ const createPool = defineMethod({
       throw new ComputeError('CONFLICT', `tenant ${owner} already has a pool named ${input.name}`, {
         poolId: taken.id,
       });
-    const id = await insertPool(ctx.deps.db, {
+    const pool = {
       siteId: input.siteId,
       ownerTenantId: owner,
       name: input.name,
       gpuModel: input.gpuModel,
       sharingMode: input.sharingMode ?? 'exclusive',
       policy: input.policy ?? {},
-    });
-    return {
-      id,
-      siteId: input.siteId,
-      ownerTenantId: owner,
-      name: input.name,
-      gpuModel: input.gpuModel,
-      sharingMode: input.sharingMode ?? 'exclusive',
-      policy: input.policy ?? {},
-      archived: false,
     };
+    const id = await insertPool(ctx.deps.db, pool);
+    return { id, ...pool, archived: false };
   },
 });
 

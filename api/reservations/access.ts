@@ -2,6 +2,7 @@ import type { ResourceRef } from '../../core/iam-port.ts';
 import { admissionContext } from '../../db/events/audit.ts';
 import { type CallerAudit, findTenantReservation } from '../../db/reservations/reservations.ts';
 import { ComputeError } from '../../domain/errors.ts';
+import type { IamAction } from '../../domain/iam-actions.ts';
 import type { MethodContext } from '../method.ts';
 
 /**
@@ -37,8 +38,28 @@ export function reservationResource(row: {
   };
 }
 
-/** A reservation the tenant can see (never a draft, never another tenant's), or NOT_FOUND. */
+/**
+ * The tenant pre-check, then one IAM decision on the tenant itself (`compute-tenant/<id>`, with
+ * `attributes` when given): the check of a method that reads across a tenant, not one reservation.
+ */
+export async function requireOnTenant(
+  ctx: MethodContext,
+  tenantId: string,
+  action: IamAction,
+  attributes?: Record<string, unknown>,
+): Promise<void> {
+  await preCheckTenant(ctx, tenantId);
+  const resource: ResourceRef = { type: 'compute-tenant', id: tenantId, tenantId };
+  if (attributes) resource.attributes = attributes;
+  await ctx.deps.iam.require(ctx.principal, action, resource, { requestId: ctx.requestId });
+}
+
+/**
+ * The tenant pre-check, then a reservation the tenant can see (never a draft, never another
+ * tenant's), or NOT_FOUND.
+ */
 export async function findVisibleReservation(ctx: MethodContext, tenantId: string, reservationId: string) {
+  await preCheckTenant(ctx, tenantId);
   const row = await findTenantReservation(ctx.deps.db, tenantId, reservationId);
   if (!row) {
     throw new ComputeError(

@@ -3,13 +3,7 @@ import { readReservationView } from '../../db/reservations/view.ts';
 import { reservationRefInput } from '../../domain/reservation-schema.ts';
 import { reservationViewSchema } from '../../domain/reservation-view.ts';
 import { defineMethod, type MethodContext } from '../method.ts';
-import {
-  afterCommit,
-  callerAudit,
-  findVisibleReservation,
-  preCheckTenant,
-  reservationResource,
-} from './access.ts';
+import { afterCommit, callerAudit, findVisibleReservation, reservationResource } from './access.ts';
 
 const action = 'compute:reservations:release';
 
@@ -18,7 +12,6 @@ async function end(
   input: { tenantId: string; reservationId: string },
   kind: 'release' | 'cancel',
 ) {
-  await preCheckTenant(ctx, input.tenantId);
   const row = await findVisibleReservation(ctx, input.tenantId, input.reservationId);
   await ctx.deps.iam.require(ctx.principal, action, reservationResource(row), { requestId: ctx.requestId });
   const audit = callerAudit(ctx, action);

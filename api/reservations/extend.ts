@@ -15,13 +15,7 @@ import { extendInput, reservationRefInput } from '../../domain/reservation-schem
 import { isRenewable } from '../../domain/reservation-states.ts';
 import { reservationViewSchema } from '../../domain/reservation-view.ts';
 import { defineMethod } from '../method.ts';
-import {
-  afterCommit,
-  callerAudit,
-  findVisibleReservation,
-  preCheckTenant,
-  reservationResource,
-} from './access.ts';
+import { afterCommit, callerAudit, findVisibleReservation, reservationResource } from './access.ts';
 
 const action = 'compute:reservations:extend';
 
@@ -43,7 +37,6 @@ export const extend = defineMethod({
    * extends.
    */
   handler: async (ctx, input) => {
-    await preCheckTenant(ctx, input.tenantId);
     const row = await findVisibleReservation(ctx, input.tenantId, input.reservationId);
     const target = {
       until: input.until,
@@ -102,7 +95,6 @@ export const renew = defineMethod({
   input: reservationRefInput,
   output: reservationViewSchema,
   handler: async (ctx, input) => {
-    await preCheckTenant(ctx, input.tenantId);
     const row = await findVisibleReservation(ctx, input.tenantId, input.reservationId);
     if (row.lease_seconds === null) {
       throw new ComputeError(

@@ -3,7 +3,7 @@ import { listReservationIds, readReservationView, readReservationViews } from '.
 import { listReservationsInput, reservationRefInput } from '../../domain/reservation-schema.ts';
 import { reservationViewSchema } from '../../domain/reservation-view.ts';
 import { defineMethod } from '../method.ts';
-import { findVisibleReservation, preCheckTenant, reservationResource } from './access.ts';
+import { findVisibleReservation, requireOnTenant, reservationResource } from './access.ts';
 
 export const get = defineMethod({
   summary: 'One reservation of the tenant (drafts are NOT_FOUND).',
@@ -11,7 +11,6 @@ export const get = defineMethod({
   input: reservationRefInput,
   output: reservationViewSchema,
   handler: async (ctx, input) => {
-    await preCheckTenant(ctx, input.tenantId);
     const row = await findVisibleReservation(ctx, input.tenantId, input.reservationId);
     await ctx.deps.iam.require(ctx.principal, 'compute:reservations:read', reservationResource(row), {
       requestId: ctx.requestId,
@@ -27,18 +26,7 @@ export const list = defineMethod({
   input: listReservationsInput,
   output: z.object({ reservations: z.array(reservationViewSchema), nextCursor: z.string().nullable() }),
   handler: async (ctx, input) => {
-    await preCheckTenant(ctx, input.tenantId);
-    await ctx.deps.iam.require(
-      ctx.principal,
-      'compute:reservations:read',
-      {
-        type: 'compute-tenant',
-        id: input.tenantId,
-        tenantId: input.tenantId,
-        attributes: { scope: input.scope ?? 'mine' },
-      },
-      { requestId: ctx.requestId },
-    );
+    await requireOnTenant(ctx, input.tenantId, 'compute:reservations:read', { scope: input.scope ?? 'mine' });
     const limit = input.limit ?? 50;
     const { ids, more } = await listReservationIds(ctx.deps.db, {
       tenantId: input.tenantId,

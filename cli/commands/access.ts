@@ -116,7 +116,13 @@ export function registerAccessCommands(program: Command) {
         throw new CliError(`cannot read the policy ${file}: ${reason}`);
       }
       const name = options.name ?? path.basename(file!).replace(/\.json$/i, '');
-      const policy = await client.admin.applyPolicy({ tenantId: options.tenant, name, document });
+      // The server checks the file against the policy schema and names the field that is wrong.
+      type PolicyDocument = Parameters<typeof client.admin.applyPolicy>[0]['document'];
+      const policy = await client.admin.applyPolicy({
+        tenantId: options.tenant,
+        name,
+        document: document as PolicyDocument,
+      });
       out.result(policy, (p) => `applied ${p.name} v${p.version} to tenant ${p.tenantId}`);
     }),
   );

@@ -54,15 +54,12 @@ export async function sampleNodeIds(
   return [...ids];
 }
 
-interface NodeRow {
-  id: string;
-  name: string;
-  ready: boolean;
-  cordoned: boolean;
-  maintenance: boolean;
-  draining: boolean;
-  connected: boolean;
-  converged: boolean;
+/** A node as the query returns it: the placer's flags as they are, the rest as JSON to unfold. */
+interface NodeRow
+  extends Pick<
+    PlacerNode,
+    'id' | 'name' | 'ready' | 'cordoned' | 'maintenance' | 'draining' | 'connected' | 'converged'
+  > {
   no_schedule: string | null;
   labels: Record<string, string> | null;
   devices: Array<{ id: string; a: Record<string, unknown>; h: boolean }> | null;

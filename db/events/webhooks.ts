@@ -1,7 +1,11 @@
 import { sql, type Transaction } from 'kysely';
 import type { Database, Db } from '../../core/database.ts';
 import { isSealed, type Sealed, type Sealer } from '../../domain/sealing.ts';
-import { storedFailureReason, type WebhookFailureReason } from '../../domain/webhook-target.ts';
+import {
+  storedFailureReason,
+  type WebhookDeliveryOutcome,
+  type WebhookFailureReason,
+} from '../../domain/webhook-target.ts';
 import type { OutboxCursor } from './outbox-read.ts';
 
 type Trx = Transaction<Database>;
@@ -35,7 +39,7 @@ export interface WebhookDelivery {
   eventSeq: number;
   eventType: string;
   attempt: number;
-  outcome: 'succeeded' | 'retrying' | 'failed';
+  outcome: WebhookDeliveryOutcome;
   /** Only from a target that passed the checks (never for a refused one). */
   statusCode: number | null;
   error: WebhookFailureReason | null;
@@ -298,18 +302,7 @@ export async function renewWebhookLeases(
 /** Records one delivery attempt, in the caller's transaction. */
 export async function insertWebhookDelivery(
   trx: Trx,
-  delivery: {
-    id: string;
-    subscriptionId: string;
-    eventId: string;
-    eventSeq: number;
-    eventType: string;
-    attempt: number;
-    outcome: 'succeeded' | 'retrying' | 'failed';
-    statusCode: number | null;
-    error: WebhookFailureReason | null;
-    durationMs: number;
-  },
+  delivery: Omit<WebhookDelivery, 'createdAt'> & { subscriptionId: string },
 ): Promise<void> {
   await trx
     .insertInto('webhook_deliveries')

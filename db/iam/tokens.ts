@@ -3,6 +3,27 @@ import type { IamDb } from '../../core/iam-database.ts';
 import type { IdentityKind, TokenInfo } from '../../core/iam-port.ts';
 import { notFoundOnMissingReference } from './iam-db.ts';
 
+/** A token row as callers see it: never its secret hash. */
+function toTokenInfo(row: {
+  id: string;
+  identity_id: string;
+  name: string;
+  expires_at: Date | null;
+  revoked_at: Date | null;
+  last_used_at: Date | null;
+  created_at: Date;
+}): TokenInfo {
+  return {
+    id: row.id,
+    identityId: row.identity_id,
+    name: row.name,
+    expiresAt: row.expires_at,
+    revokedAt: row.revoked_at,
+    lastUsedAt: row.last_used_at,
+    createdAt: row.created_at,
+  };
+}
+
 /** Who a token stands for, as authentication reads it. */
 export interface TokenHolder {
   tokenId: string;
@@ -91,15 +112,7 @@ export async function insertToken(
   const row = await notFoundOnMissingReference(() => insert.executeTakeFirstOrThrow(), {
     identity_id: `identityId: identity ${token.identityId} does not exist`,
   });
-  return {
-    id: row.id,
-    identityId: row.identity_id,
-    name: row.name,
-    expiresAt: row.expires_at,
-    revokedAt: null,
-    lastUsedAt: null,
-    createdAt: row.created_at,
-  };
+  return toTokenInfo(row);
 }
 
 /** Tokens of an identity and/or of a tenant's identities, oldest first, without their secrets. */
@@ -122,15 +135,7 @@ export async function listTokens(
   if (filter.identityId) query = query.where('t.identity_id', '=', filter.identityId);
   if (filter.tenantId) query = query.where('i.tenant_id', '=', filter.tenantId);
   const rows = await query.orderBy('t.created_at').execute();
-  return rows.map((r) => ({
-    id: r.id,
-    identityId: r.identity_id,
-    name: r.name,
-    expiresAt: r.expires_at,
-    revokedAt: r.revoked_at,
-    lastUsedAt: r.last_used_at,
-    createdAt: r.created_at,
-  }));
+  return rows.map(toTokenInfo);
 }
 
 /** Revokes a token at `compute_now()`; idempotent (keeps the first revocation). Undefined when it does not exist. */

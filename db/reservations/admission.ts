@@ -3,6 +3,7 @@ import type { Database } from '../../core/database.ts';
 import { isUndecided } from '../../domain/reservation-states.ts';
 import { insertAuditEvent } from '../events/audit.ts';
 import { insertOutboxEvent } from '../events/outbox.ts';
+import { reservationStateEvent } from './lifecycle-events.ts';
 import { type CallerAudit, lockReservation } from './reservations.ts';
 
 type Trx = Transaction<Database>;
@@ -41,18 +42,13 @@ export async function awaitConfirmation(
     .where('id', '=', locked.id)
     .execute();
   if (locked.state !== 'awaiting-confirmation') {
-    await insertOutboxEvent(trx, {
-      type: 'reservation.awaiting-confirmation',
-      subject: `reservation/${locked.id}`,
-      tenantId: locked.tenant_id,
-      data: {
-        reservationId: locked.id,
-        state: 'awaiting-confirmation',
-        poolId: locked.pool_id,
+    await insertOutboxEvent(
+      trx,
+      reservationStateEvent(locked, 'reservation.awaiting-confirmation', 'awaiting-confirmation', {
         confirmationId: input.confirmationId,
         expiresAt: input.expiresAt,
-      },
-    });
+      }),
+    );
   }
   return true;
 }
@@ -110,15 +106,10 @@ export async function expireLateConfirmation(trx: Trx, reservationId: string): P
     .where('id', '=', reservationId)
     .where('state', '=', 'awaiting-confirmation')
     .where(sql<boolean>`confirmation_expires_at <= compute_now()`)
-    .returning(['tenant_id', 'pool_id'])
+    .returning(['id', 'tenant_id', 'pool_id'])
     .executeTakeFirst();
   if (updated) {
-    await insertOutboxEvent(trx, {
-      type: 'reservation.expired',
-      subject: `reservation/${reservationId}`,
-      tenantId: updated.tenant_id,
-      data: { reservationId, state: 'expired', poolId: updated.pool_id },
-    });
+    await insertOutboxEvent(trx, reservationStateEvent(updated, 'reservation.expired', 'expired'));
   }
   return Boolean(updated);
 }

@@ -7,6 +7,7 @@ import { newId } from '../../domain/ids.ts';
 import { isUndecided } from '../../domain/reservation-states.ts';
 import { findAndBook, placementRequestOf } from '../allocations/placement.ts';
 import { preparedMarker } from '../pool.ts';
+import { reservationStateEvent } from './lifecycle-events.ts';
 import { chargeQuota, precheckQuotaFree, quotaNeeds } from './quota.ts';
 import { type CallerAudit, lockReservationForPlacement } from './reservations.ts';
 import { parseStoredHostShare, parseStoredRequest } from './stored.ts';
@@ -135,19 +136,11 @@ export async function placeLockedReservation(
       .where('id', '=', reservationId)
       .returning('version');
     const updated = await updateWithRecords(trx, reservationId, update, {
-      event: {
-        type: 'reservation.placed',
-        subject: `reservation/${reservationId}`,
-        tenantId: row.tenant_id,
-        data: {
-          reservationId,
-          state: 'placed',
-          poolId: row.pool_id,
-          nodeIds: [result.fit.nodeId],
-          start,
-          end: window.end,
-        },
-      },
+      event: reservationStateEvent(row, 'reservation.placed', 'placed', {
+        nodeIds: [result.fit.nodeId],
+        start,
+        end: window.end,
+      }),
       audit: options.audit && { ...options.audit, context: { ...options.audit.context, outcome: 'placed' } },
     });
     return {
@@ -183,18 +176,10 @@ export async function placeLockedReservation(
     .returning('version');
   const updated = await updateWithRecords(trx, reservationId, update, {
     event: options.announcePending
-      ? {
-          type: 'reservation.pending',
-          subject: `reservation/${reservationId}`,
-          tenantId: row.tenant_id,
-          data: {
-            reservationId,
-            state: 'pending',
-            poolId: row.pool_id,
-            reason: 'NoFit',
-            message: result.message,
-          },
-        }
+      ? reservationStateEvent(row, 'reservation.pending', 'pending', {
+          reason: 'NoFit',
+          message: result.message,
+        })
       : undefined,
     audit: options.audit && { ...options.audit, context: { ...options.audit.context, outcome: 'pending' } },
   });

@@ -5,6 +5,7 @@ import { isCancellable, isPlaced, isTerminal } from '../../domain/reservation-st
 import { insertAuditEvent } from '../events/audit.ts';
 import { insertOutboxEvent } from '../events/outbox.ts';
 import { preparedMarker } from '../pool.ts';
+import { reservationStateEvent } from './lifecycle-events.ts';
 import { endCurrentAllocations, refundReservationQuota } from './lifecycle-release.ts';
 
 type Trx = Transaction<Database>;
@@ -99,12 +100,15 @@ export async function releaseReservation(
     .where('id', '=', reservationId)
     .execute();
   await sql`DELETE FROM extend_holds WHERE reservation_id = ${reservationId}`.execute(trx);
-  await insertOutboxEvent(trx, {
-    type: state === 'released' ? 'reservation.released' : 'reservation.cancelled',
-    subject: `reservation/${reservationId}`,
-    tenantId: row.tenant_id,
-    data: { reservationId, state, poolId: row.pool_id, reason },
-  });
+  await insertOutboxEvent(
+    trx,
+    reservationStateEvent(
+      row,
+      state === 'released' ? 'reservation.released' : 'reservation.cancelled',
+      state,
+      { reason },
+    ),
+  );
   await refundReservationQuota(trx, reservationId);
   return { changed: true, state, poolId: row.pool_id, freed: ended.length > 0 };
 }

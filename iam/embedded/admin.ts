@@ -26,7 +26,8 @@ function slug(name: string): string {
     name
       .toLowerCase()
       .replace(/[^a-z0-9_-]+/g, '-')
-      .replace(/^-+|-+$/g, '')
+      // A tenant id starts with a letter or digit (tenantIdPattern), whatever the name starts with.
+      .replace(/^[-_]+|[-_]+$/g, '')
       .slice(0, 63) || 'tenant'
   );
 }
@@ -74,10 +75,16 @@ export function createIamAdmin(db: IamDb, directory: Directory): IamAdminPort {
       }
       if (input.personIdentityId) {
         const person = await requireIdentity(input.personIdentityId);
-        if (person.kind !== 'person' || person.tenant_id !== input.tenantId) {
+        if (person.tenant_id !== input.tenantId) {
+          throw new ComputeError(
+            'NOT_FOUND',
+            `personIdentityId: no identity ${input.personIdentityId} in tenant ${input.tenantId}`,
+          );
+        }
+        if (person.kind !== 'person') {
           throw new ComputeError(
             'INVALID_INPUT',
-            `personIdentityId: ${input.personIdentityId} is not a person of tenant ${input.tenantId}`,
+            `personIdentityId: ${input.personIdentityId} is a ${person.kind}, not a person: an agent acts for a person`,
           );
         }
       }

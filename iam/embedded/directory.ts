@@ -1,3 +1,4 @@
+import { TtlCache } from '../../core/admission-caches.ts';
 import type { IamDb } from '../../core/iam-database.ts';
 import type { PolicyVersion, RoleInfo, TenantNode } from '../../core/iam-port.ts';
 import { type ActiveDelegation, findActiveDelegation } from '../../db/iam/identities.ts';
@@ -12,33 +13,38 @@ import { selectTenantNodes } from '../../db/iam/tenants.ts';
  */
 export function createDirectory(db: IamDb, options: { ttlMs?: number } = {}) {
   const ttlMs = options.ttlMs ?? 2_000;
-  let tenants: { at: number; byId: Map<string, TenantNode> } | null = null;
-  const bindings = new Map<string, { at: number; roles: BoundRole[] }>();
-  const policies = new Map<string, { at: number; list: PolicyVersion[] }>();
-  const delegations = new Map<string, { at: number; row: ActiveDelegation | null }>();
-  let builtIn: { at: number; roles: RoleInfo[] } | null = null;
+  const tenants = new TtlCache<Map<string, TenantNode>>(ttlMs);
+  const bindings = new TtlCache<BoundRole[]>(ttlMs);
+  const policies = new TtlCache<PolicyVersion[]>(ttlMs);
+  const delegations = new TtlCache<ActiveDelegation | null>(ttlMs);
+  const builtIn = new TtlCache<RoleInfo[]>(ttlMs);
 
-  async function tenantMap(): Promise<Map<string, TenantNode>> {
-    if (tenants && Date.now() - tenants.at < ttlMs) return tenants.byId; // wall time: the cache's TTL
-    const byId = new Map((await selectTenantNodes(db)).map((t) => [t.id, t]));
-    tenants = { at: Date.now(), byId }; // wall time: the cache's TTL
-    return byId;
+  /** The cached answer for `key` while it is fresh, else `load()`'s, stored. */
+  async function cached<V>(cache: TtlCache<V>, key: string, load: () => Promise<V>): Promise<V> {
+    const hit = cache.get(key);
+    if (hit !== undefined) return hit;
+    const value = await load();
+    cache.set(key, value);
+    return value;
   }
+
+  const tenantMap = () =>
+    cached(tenants, '', async () => new Map((await selectTenantNodes(db)).map((t) => [t.id, t])));
 
   return {
     invalidate() {
-      tenants = null;
+      tenants.clear();
       bindings.clear();
       policies.clear();
       delegations.clear();
-      builtIn = null;
+      builtIn.clear();
     },
     async tenant(id: string): Promise<TenantNode | undefined> {
       const map = await tenantMap();
       const hit = map.get(id);
       if (hit) return hit;
       // A tenant created by another process since the cache was filled.
-      tenants = null;
+      tenants.clear();
       return (await tenantMap()).get(id);
     },
     async rootTenantId(): Promise<string | null> {
@@ -55,35 +61,20 @@ export function createDirectory(db: IamDb, options: { ttlMs?: number } = {}) {
       }
       return out;
     },
-    async roles(identityId: string): Promise<BoundRole[]> {
-      const hit = bindings.get(identityId);
-      if (hit && Date.now() - hit.at < ttlMs) return hit.roles; // wall time: the cache's TTL
-      const roles = await selectBoundRoles(db, identityId);
-      bindings.set(identityId, { at: Date.now(), roles }); // wall time: the cache's TTL
-      return roles;
+    roles(identityId: string): Promise<BoundRole[]> {
+      return cached(bindings, identityId, () => selectBoundRoles(db, identityId));
     },
     /** The policies in force for a tenant (the newest enabled version of each name). */
-    async policies(tenantId: string): Promise<PolicyVersion[]> {
-      const hit = policies.get(tenantId);
-      if (hit && Date.now() - hit.at < ttlMs) return hit.list; // wall time: the cache's TTL
-      const list = await selectActivePolicies(db, tenantId);
-      policies.set(tenantId, { at: Date.now(), list }); // wall time: the cache's TTL
-      return list;
+    policies(tenantId: string): Promise<PolicyVersion[]> {
+      return cached(policies, tenantId, () => selectActivePolicies(db, tenantId));
     },
     /** A delegation while it stands; null once it is revoked (or when it never existed). */
-    async delegation(delegationId: string): Promise<ActiveDelegation | null> {
-      const hit = delegations.get(delegationId);
-      if (hit && Date.now() - hit.at < ttlMs) return hit.row; // wall time: the cache's TTL
-      const row = await findActiveDelegation(db, delegationId);
-      delegations.set(delegationId, { at: Date.now(), row }); // wall time: the cache's TTL
-      return row;
+    delegation(delegationId: string): Promise<ActiveDelegation | null> {
+      return cached(delegations, delegationId, () => findActiveDelegation(db, delegationId));
     },
     /** The built-in roles (bindable on every tenant), oldest first. */
-    async builtInRoles(): Promise<RoleInfo[]> {
-      if (builtIn && Date.now() - builtIn.at < ttlMs) return builtIn.roles; // wall time: the cache's TTL
-      const roles = await listBuiltInRoles(db);
-      builtIn = { at: Date.now(), roles }; // wall time: the cache's TTL
-      return roles;
+    builtInRoles(): Promise<RoleInfo[]> {
+      return cached(builtIn, '', () => listBuiltInRoles(db));
     },
   };
 }

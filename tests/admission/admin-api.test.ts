@@ -73,7 +73,7 @@ describe('the admin API', () => {
       document: { statements: [{ effect: 'allow', actions: ['rm -rf'] }] },
     });
     expect(badPolicy.body.error).toMatchObject({ code: 'INVALID_INPUT' });
-    expect(badPolicy.body.error.message).toContain('document.statements.0.actions.0');
+    expect(badPolicy.body.error.message).toContain('document.statements[0].actions[0]');
     const noHeader = await h.compute.app.request('/api/compute/admin/listTenants', {
       method: 'POST',
       headers: { authorization: `Bearer ${h.rootToken}` },

@@ -167,18 +167,7 @@ describe('the booking guarantee', () => {
     const node = nodes[3]!;
     const start = new Date(base + 500 * hour);
     const end = new Date(start.getTime() + hour);
-    await t.db.transaction().execute(async (trx) => {
-      const allocationId = await insertBareAllocation(trx, { poolId, nodeId: node.id, start, end });
-      await trx
-        .insertInto('device_bookings')
-        .values({
-          device_id: node.deviceIds[0]!,
-          allocation_id: allocationId,
-          during: `[${start.toISOString()},${end.toISOString()})`,
-        })
-        .execute();
-    });
-    await expect(
+    const bookWithoutLocks = () =>
       t.db.transaction().execute(async (trx) => {
         const allocationId = await insertBareAllocation(trx, { poolId, nodeId: node.id, start, end });
         await trx
@@ -189,8 +178,9 @@ describe('the booking guarantee', () => {
             during: `[${start.toISOString()},${end.toISOString()})`,
           })
           .execute();
-      }),
-    ).rejects.toMatchObject({ code: '23P01' });
+      });
+    await bookWithoutLocks();
+    await expect(bookWithoutLocks()).rejects.toMatchObject({ code: '23P01' });
   });
 
   it('refuses a scalar booking beyond allocatable and leaves nothing behind', async () => {

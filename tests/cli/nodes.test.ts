@@ -80,4 +80,50 @@ describe('nodes', () => {
     expect(badTtl.code).toBe(2);
     expect(revoked.stdout.trim()).toBe(`revoked ${created.id}`);
   });
+  test('approve-reclaim, revoke-certificates and retire; refusals', async () => {
+    const node = nodes[1]!;
+    const db = api.database.db;
+    // A node as a join leaves it: a hardware key and a certificate.
+    await db
+      .updateTable('nodes')
+      .set({ hardware_key: `hk-${node.id}` })
+      .where('id', '=', node.id)
+      .execute();
+    await db
+      .insertInto('node_certificates')
+      .values({
+        serial: `serial-${node.id}`,
+        node_id: node.id,
+        role: 'node',
+        spiffe_id: `spiffe://better-compute.local/node/${node.id}`,
+        key_id: `key-${node.id}`,
+        public_key_pem: 'unused',
+        certificate_pem: 'unused',
+        not_before: new Date(),
+        not_after: new Date(Date.now() + 3_600_000),
+      })
+      .execute();
+    const approved = await runCli(['nodes', 'approve-reclaim', node.id, '--ttl', '2h'], asRoot);
+    expect(approved.stdout.trim()).toMatch(/: may be reclaimed until /);
+    const revoked = json(
+      await runCli(['nodes', 'revoke-certificates', node.id, '--reason', 'lost', '--json'], asRoot),
+    );
+    expect(revoked).toMatchObject({ revokedCertificates: 1, node: { id: node.id } });
+    const denied = await runCli(['nodes', 'retire', node.id, '--force'], asAcme);
+    expect(denied.code).toBe(3);
+    expect(denied.stderr).toMatch(/(ACCESS_DENIED|NOT_FOUND): /);
+    const retired = await runCli(['nodes', 'retire', node.id, '--reason', 'end of life'], asRoot);
+    expect(retired.stdout.trim()).toMatch(/: retired; 0 certificate\(s\) revoked; 0 live allocation\(s\)$/);
+    const again = await runCli(['nodes', 'retire', node.id], asRoot);
+    expect(again.stdout.trim()).toMatch(/: already retired; /);
+    const late = await runCli(['nodes', 'approve-reclaim', node.id], asRoot);
+    expect(late.code).not.toBe(0);
+    expect(late.stderr).toMatch(/^better-compute: INVALID_STATE: /);
+    const row = await db
+      .selectFrom('nodes')
+      .select(['provision_state', 'hardware_key', 'cordon_reason'])
+      .where('id', '=', node.id)
+      .executeTakeFirstOrThrow();
+    expect(row).toEqual({ provision_state: 'retired', hardware_key: null, cordon_reason: 'end of life' });
+  });
 });

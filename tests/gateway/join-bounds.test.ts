@@ -52,7 +52,8 @@ describe('node name normalization', () => {
       const t40 = bestPerCall((s) => normalizeNodeName('', s), shape(40_000));
       // The old regex took 0.45 s at 20k and 3.4 s at 40k (ratio ~8); linear is ~2.
       expect(t40).toBeLessThan(50);
-      expect(t40 / Math.max(t20, 0.001)).toBeLessThan(5);
+      // A ratio of a few microseconds is noise (the pass stops at 63 characters of a name).
+      if (t20 > 0.02) expect(t40 / t20).toBeLessThan(5);
     }
   });
 });
@@ -60,9 +61,7 @@ describe('node name normalization', () => {
 describe('bounded join and session messages', () => {
   const fx = useGatewayFixture({}, { nodes: 1, minBackoffMs: 100, until: 'connected' });
 
-  async function rawJoin(
-    patch: (r: JoinRequest) => JoinRequest,
-  ): Promise<{
+  async function rawJoin(patch: (r: JoinRequest) => JoinRequest): Promise<{
     ms: number;
     code: number | null;
     details: string;
@@ -182,16 +181,29 @@ describe('bounded join and session messages', () => {
       });
       raw.send({
         body: {
+          $case: 'commandResult',
+          value: {
+            commandId: 'cmd_deep',
+            seq: 1,
+            outcome: 1,
+            resultJson: Buffer.from(`${'['.repeat(10_000)}${']'.repeat(10_000)}`),
+            error: '',
+          },
+        },
+      });
+      raw.send({
+        body: {
           $case: 'inventory',
           value: {
             sections: Array.from({ length: 20 }, () => ({ name: 'gpus', hash: '', data: Buffer.alloc(0) })),
           },
         },
       });
-      await raw.wait(() => refusals().length >= 3);
+      await raw.wait(() => refusals().length >= 4);
       expect(refusals().map((r) => [r.code, r.message.split(' ')[0]])).toEqual([
         ['INVALID_INPUT', 'specStatus.error'],
         ['INVALID_INPUT', 'commandResult.commandId'],
+        ['INVALID_INPUT', 'commandResult.resultJson'],
         ['INVALID_INPUT', 'inventory.sections'],
       ]);
     } finally {

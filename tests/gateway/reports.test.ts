@@ -1,7 +1,10 @@
 import { existsSync, readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
-import { loadIdentity } from '../../daemon/identity.ts';
+import { SimHardware } from '../../daemon/hardware.ts';
+import { joinWithToken, loadIdentity } from '../../daemon/identity.ts';
 import { findAttestationCertificates } from '../../db/nodes/certificates.ts';
+import { insertPool } from '../../db/nodes/fleet.ts';
+import { createJoinToken } from '../../db/nodes/join-tokens.ts';
 import { setNodeDevicesAssignment } from '../../db/nodes/nodes.ts';
 import {
   attestedReportPurpose,
@@ -12,12 +15,13 @@ import { generateKeyPairPem } from '../../domain/pki.ts';
 import { insertBareAllocation } from '../support/allocations.ts';
 import { eventually } from '../support/eventually.ts';
 import { useGatewayFixture } from '../support/gateway.ts';
+import { tableSnapshot } from '../support/table-snapshot.ts';
 import { openRawSession } from './raw-session.ts';
 
 describe('NodeSpec delivery and attested reports', () => {
   const fx = useGatewayFixture({}, { nodes: 2, until: 'ready' });
 
-  async function allocate(nodeIndex: number, gpus: number) {
+  async function allocate(nodeIndex: number, gpus: number, tenantId?: string) {
     const db = fx.database.db;
     const node = fx.fleet.nodes[nodeIndex]!;
     const devices = await db
@@ -29,9 +33,15 @@ describe('NodeSpec delivery and attested reports', () => {
       .execute();
     const start = new Date();
     const end = new Date(start.getTime() + 3600_000);
-    const allocationId = await db
-      .transaction()
-      .execute((trx) => insertBareAllocation(trx, { poolId: fx.poolId, nodeId: node.nodeId, start, end }));
+    const allocationId = await db.transaction().execute((trx) =>
+      insertBareAllocation(trx, {
+        poolId: fx.poolId,
+        nodeId: node.nodeId,
+        start,
+        end,
+        ...(tenantId ? { tenantId } : {}),
+      }),
+    );
     return { node, devices, allocationId, until: end.getTime() };
   }
 
@@ -196,5 +206,79 @@ describe('NodeSpec delivery and attested reports', () => {
       now: new Date(),
     });
     expect(unsigned).toEqual({ ok: false, reason: 'unsigned report' });
+  });
+  it("a node of another tenant's pool reporting about this pool's allocations is refused and changes nothing", async () => {
+    const db = fx.database.db;
+    const target = await allocate(0, 1, 'tnt_victim');
+    const otherPoolId = await insertPool(db, {
+      siteId: fx.siteId,
+      ownerTenantId: 'tnt_other',
+      name: 'other-tenant-pool',
+      gpuModel: 'h100',
+    });
+    const { token } = await createJoinToken(db, { poolId: otherPoolId, ttlSeconds: 600 });
+    const intruder = await joinWithToken({
+      gateway: fx.gateway.address,
+      token,
+      caCertificatePem: fx.gateway.caCertificatePem,
+      dir: `${fx.dir}/other-tenant-node`,
+      evidence: new SimHardware('other-tenant-node').evidence(),
+      requestedName: 'other-tenant-node',
+      agentVersion: 'test',
+    });
+    const raw = await openRawSession(intruder, fx.gateway.address);
+    const watched = [
+      'public.allocations',
+      'public.allocation_reports',
+      'public.reservations',
+      'public.device_bookings',
+      'public.outbox_events',
+      'public.audit_events',
+    ];
+    const snapshot = async () => {
+      const all = await tableSnapshot(db);
+      return watched.map((t) => [t, all[t]]);
+    };
+    try {
+      await raw.wait(() => raw.received.find((m) => m.body?.$case === 'welcome'));
+      const before = await snapshot();
+      const signals = fx.lifecycle.signals.length;
+      const report = (nodeId: string, kind: 'bound' | 'failed' | 'released') =>
+        signAllocationReport(
+          {
+            purpose: attestedReportPurpose,
+            nodeId,
+            allocationId: target.allocationId,
+            specGeneration: 1,
+            atMs: Date.now(),
+            kind:
+              kind === 'bound'
+                ? {
+                    $case: 'bound',
+                    value: { cdiDevices: [], envFile: '', cdiSpecFile: '', cgroupParent: '', gpuUuids: [] },
+                  }
+                : kind === 'failed'
+                  ? { $case: 'failed', value: { reason: 'x', message: '' } }
+                  : { $case: 'released', value: { reason: 'x' } },
+          },
+          intruder.privateKeyPem,
+        );
+      // Genuinely signed by the intruder about the other tenant's allocation, naming itself ...
+      for (const kind of ['bound', 'failed', 'released'] as const)
+        raw.send({ body: { $case: 'report', value: report(intruder.nodeId, kind) } });
+      // ... and naming the node the allocation is on.
+      raw.send({ body: { $case: 'report', value: report(target.node.nodeId, 'released') } });
+      const refusals = await raw.wait(() => {
+        const all = raw.received.flatMap((m) => (m.body?.$case === 'refusal' ? [m.body.value] : []));
+        return all.length === 4 ? all : null;
+      });
+      expect(refusals.map((r) => r.code)).toEqual(['NOT_FOUND', 'NOT_FOUND', 'NOT_FOUND', 'INVALID_INPUT']);
+      const acks = raw.received.flatMap((m) => (m.body?.$case === 'reportAck' ? [m.body.value] : []));
+      expect(acks.map((a) => a.accepted)).toEqual([false, false, false, false]);
+      expect(await snapshot()).toEqual(before);
+      expect(fx.lifecycle.signals).toHaveLength(signals);
+    } finally {
+      raw.close();
+    }
   });
 });

@@ -5,7 +5,13 @@ import { signAllocationReport } from '../../domain/attestation.ts';
 import { keyIdOfPublicKey } from '../../domain/pki.ts';
 import { acceptAllocationReport } from '../../gateway/reports.ts';
 import { testLogger } from '../support/logger.ts';
-import { eventTypes, insertPlacedReservation, useLifecycleHarness, waitForState } from './harness.ts';
+import {
+  eventTypes,
+  insertPlacedReservation,
+  reservationConditions,
+  useLifecycleHarness,
+  waitForState,
+} from './harness.ts';
 
 /**
  * Attested bindings through the gateway's real storage path (acceptAllocationReport) and the
@@ -110,19 +116,9 @@ describe('attested bindings', () => {
     // Signed by the other node's key: not this node's binding.
     await report(node.id, allocationId, keys.get(h.nodes[0]!.id)!);
     await expect
-      .poll(
-        async () =>
-          (
-            await h.db
-              .selectFrom('reservations')
-              .where('id', '=', id)
-              .select('conditions')
-              .executeTakeFirstOrThrow()
-          ).conditions,
-        {
-          timeout: 5_000,
-        },
-      )
+      .poll(() => reservationConditions(h, id), {
+        timeout: 5_000,
+      })
       .toContainEqual(expect.objectContaining({ type: 'Degraded', reason: 'BindingLost' }));
     expect((await waitForState(h, id, 'active')).state).toBe('active');
     const { rows } = await sql<{ n: number }>`

@@ -1,11 +1,14 @@
 import { sql } from 'kysely';
 import { describe, expect, it } from 'vitest';
+import type { RegisteredNode } from '../../db/nodes/fleet.ts';
 import { newId } from '../../domain/ids.ts';
 import { wakeSignal } from '../../workflows/reservation/messages.ts';
 import {
   eventTypes,
   insertPlacedReservation,
+  quotaRefunded,
   reportAllocation,
+  reservationConditions,
   useLifecycleHarness,
   waitForState,
 } from './harness.ts';
@@ -23,6 +26,29 @@ async function nodeAssignments(nodeId: string): Promise<string[]> {
   return ((node.spec as { devices?: Array<{ allocationId: string }> }).devices ?? []).map(
     (d) => d.allocationId,
   );
+}
+
+/** The data of the reservation's `reservation.pending` event (the reason it went back to pending). */
+async function pendingEventData(id: string): Promise<unknown> {
+  const event = await h.db
+    .selectFrom('outbox_events')
+    .where('subject', '=', `reservation/${id}`)
+    .where('type', '=', 'reservation.pending')
+    .select('data')
+    .executeTakeFirstOrThrow();
+  return event.data;
+}
+
+/** Sets the node's connectivity and its first device's health, then wakes the lifecycle to look. */
+async function setNodeHealth(
+  reservationId: string,
+  node: RegisteredNode,
+  connectivity: 'connected' | 'unreachable',
+  health: 'healthy' | 'unhealthy',
+): Promise<void> {
+  await h.db.updateTable('nodes').set({ connectivity }).where('id', '=', node.id).execute();
+  await h.db.updateTable('devices').set({ health }).where('id', '=', node.deviceIds[0]!).execute();
+  await h.temporal.client.workflow.getHandle(reservationId).signal(wakeSignal, { reason: 'node-health' });
 }
 
 async function bindAttempts(id: string): Promise<number> {
@@ -82,13 +108,7 @@ describe('binding (hold)', () => {
       'reservation.binding',
       'reservation.active',
     ]);
-    const pendingEvent = await h.db
-      .selectFrom('outbox_events')
-      .where('subject', '=', `reservation/${id}`)
-      .where('type', '=', 'reservation.pending')
-      .select('data')
-      .executeTakeFirstOrThrow();
-    expect(pendingEvent.data).toMatchObject({ reason: 'NodeDidNotBind' });
+    expect(await pendingEventData(id)).toMatchObject({ reason: 'NodeDidNotBind' });
     await h.lifecycle.signal(id, { type: 'release' });
     await waitForState(h, id, 'released');
   });
@@ -99,13 +119,7 @@ describe('binding (hold)', () => {
     await waitForState(h, id, 'binding');
     await reportAllocation(h, id, allocationId, 'failed');
     await expect.poll(() => bindAttempts(id), { timeout: 5_000 }).toBe(1);
-    const pendingEvent = await h.db
-      .selectFrom('outbox_events')
-      .where('subject', '=', `reservation/${id}`)
-      .where('type', '=', 'reservation.pending')
-      .select('data')
-      .executeTakeFirstOrThrow();
-    expect(pendingEvent.data).toMatchObject({ reason: 'NodeRejectedBinding' });
+    expect(await pendingEventData(id)).toMatchObject({ reason: 'NodeRejectedBinding' });
     await h.lifecycle.signal(id, { type: 'release' });
     await waitForState(h, id, ['released', 'cancelled']);
   });
@@ -124,12 +138,7 @@ describe('binding (hold)', () => {
       }),
     );
     expect(await eventTypes(h, id)).toEqual(['reservation.binding', 'reservation.failed']);
-    const charge = await h.db
-      .selectFrom('quota_charges')
-      .where('reservation_id', '=', id)
-      .select('refunded_at')
-      .executeTakeFirstOrThrow();
-    expect(charge.refunded_at).not.toBeNull();
+    expect(await quotaRefunded(h, id)).toBe(true);
   });
 
   it('marks an active reservation Degraded/BindingLost when a bound allocation is released, until bound again', async () => {
@@ -147,14 +156,7 @@ describe('binding (hold)', () => {
     });
 
     await reportAllocation(h, id, allocationId, 'released');
-    const conditions = async () =>
-      (
-        await h.db
-          .selectFrom('reservations')
-          .where('id', '=', id)
-          .select('conditions')
-          .executeTakeFirstOrThrow()
-      ).conditions;
+    const conditions = () => reservationConditions(h, id);
     await expect
       .poll(conditions, { timeout: 5_000 })
       .toContainEqual(expect.objectContaining({ type: 'Degraded', reason: 'BindingLost' }));
@@ -173,21 +175,8 @@ describe('binding (hold)', () => {
     await waitForState(h, id, 'binding');
     await reportAllocation(h, id, allocationId, 'bound');
     await waitForState(h, id, 'active');
-    await h.db.updateTable('nodes').set({ connectivity: 'unreachable' }).where('id', '=', node.id).execute();
-    await h.db
-      .updateTable('devices')
-      .set({ health: 'unhealthy' })
-      .where('id', '=', node.deviceIds[0]!)
-      .execute();
-    await h.temporal.client.workflow.getHandle(id).signal(wakeSignal, { reason: 'node-health' });
-    const conditions = async () =>
-      (
-        await h.db
-          .selectFrom('reservations')
-          .where('id', '=', id)
-          .select('conditions')
-          .executeTakeFirstOrThrow()
-      ).conditions;
+    await setNodeHealth(id, node, 'unreachable', 'unhealthy');
+    const conditions = () => reservationConditions(h, id);
     await expect.poll(conditions, { timeout: 5_000 }).toEqual([
       expect.objectContaining({ type: 'Degraded', reason: 'AtomUnhealthy' }),
       expect.objectContaining({
@@ -198,13 +187,7 @@ describe('binding (hold)', () => {
     ]);
     expect((await waitForState(h, id, 'active')).state).toBe('active');
 
-    await h.db.updateTable('nodes').set({ connectivity: 'connected' }).where('id', '=', node.id).execute();
-    await h.db
-      .updateTable('devices')
-      .set({ health: 'healthy' })
-      .where('id', '=', node.deviceIds[0]!)
-      .execute();
-    await h.temporal.client.workflow.getHandle(id).signal(wakeSignal, { reason: 'node-health' });
+    await setNodeHealth(id, node, 'connected', 'healthy');
     await expect.poll(conditions, { timeout: 5_000 }).toEqual([]);
     await h.lifecycle.signal(id, { type: 'release' });
     await waitForState(h, id, 'released');

@@ -3,6 +3,7 @@ import {
   eventTypes,
   insertPlacedReservation,
   insertUnplacedReservation,
+  quotaRefunded,
   reportAllocation,
   useLifecycleHarness,
   waitForState,
@@ -11,15 +12,6 @@ import {
 const h = useLifecycleHarness({ name: 'cancel-release', nodes: 4 });
 
 const start = (id: string, state: string) => h.startLifecycle(id, state);
-
-async function refunded(id: string): Promise<boolean> {
-  const rows = await h.db
-    .selectFrom('quota_charges')
-    .where('reservation_id', '=', id)
-    .select('refunded_at')
-    .execute();
-  return rows.every((r) => r.refunded_at !== null);
-}
 
 describe('cancel and release from each state', () => {
   it('cancels or releases a pending reservation (release of a pending one cancels it)', async () => {
@@ -44,7 +36,7 @@ describe('cancel and release from each state', () => {
     await h.lifecycle.signal(b.id, { type: 'release' });
     expect(await waitForState(h, a.id, 'cancelled')).toMatchObject({ end_reason: 'cancel' });
     expect(await waitForState(h, b.id, 'released')).toMatchObject({ end_reason: 'release' });
-    expect(await refunded(a.id)).toBe(true);
+    expect(await quotaRefunded(h, a.id)).toBe(true);
     // Future bookings are deleted, not truncated.
     const left = await h.db
       .selectFrom('device_bookings')
@@ -76,7 +68,7 @@ describe('cancel and release from each state', () => {
     await h.lifecycle.signal(active.id, { type: 'release' });
     expect(await waitForState(h, binding.id, 'released')).toMatchObject({ end_reason: 'release' });
     expect(await waitForState(h, active.id, 'released')).toMatchObject({ end_reason: 'release' });
-    expect(await refunded(active.id)).toBe(true);
+    expect(await quotaRefunded(h, active.id)).toBe(true);
     await expect(h.lifecycle.signal(active.id, { type: 'release' })).rejects.toMatchObject({
       code: 'INVALID_STATE',
     });

@@ -210,6 +210,26 @@ export async function waitForState(
   );
 }
 
+/** Whether the reservation's quota was charged and every charge of it is refunded. */
+export async function quotaRefunded(h: LifecycleHarness, reservationId: string): Promise<boolean> {
+  const rows = await h.db
+    .selectFrom('quota_charges')
+    .where('reservation_id', '=', reservationId)
+    .select('refunded_at')
+    .execute();
+  return rows.length > 0 && rows.every((r) => r.refunded_at !== null);
+}
+
+/** The conditions stored on a reservation's row (what `reservations.get` shows). */
+export async function reservationConditions(h: LifecycleHarness, reservationId: string): Promise<unknown> {
+  const row = await h.db
+    .selectFrom('reservations')
+    .where('id', '=', reservationId)
+    .select('conditions')
+    .executeTakeFirstOrThrow();
+  return row.conditions;
+}
+
 /** The outbox event types of one reservation, in order. */
 export async function eventTypes(h: LifecycleHarness, reservationId: string): Promise<string[]> {
   const rows = await h.db

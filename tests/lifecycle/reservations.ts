@@ -16,6 +16,20 @@ export function normalizedRequest(poolId: string, gpus: number, durationMs: numb
   };
 }
 
+/** The columns every test reservation shares: the harness's tenant and pool, a request for `gpus`. */
+function reservationRow(h: LifecycleHarness, id: string, gpus: number, durationMs: number) {
+  return {
+    id,
+    tenant_id: h.tenantId,
+    pool_id: h.poolId,
+    owner_identity_id: 'idn_test',
+    idempotency_key: id,
+    request: JSON.stringify(normalizedRequest(h.poolId, gpus, durationMs)),
+    request_hash: 'test',
+    duration_ms: durationMs,
+  };
+}
+
 /**
  * A reservation as admission leaves it after its second transaction: placed on `node` (all its
  * GPUs) for `[start, start + durationMs)`, its quota charged, its `reservation.placed` event written.
@@ -35,17 +49,8 @@ export async function insertPlacedReservation(
     await trx
       .insertInto('reservations')
       .values({
-        id,
-        tenant_id: h.tenantId,
-        pool_id: h.poolId,
-        owner_identity_id: 'idn_test',
-        idempotency_key: id,
-        request: JSON.stringify(
-          normalizedRequest(h.poolId, node.deviceIds.length, end.getTime() - start.getTime()),
-        ),
-        request_hash: 'test',
+        ...reservationRow(h, id, node.deviceIds.length, end.getTime() - start.getTime()),
         state: 'placed',
-        duration_ms: end.getTime() - start.getTime(),
         during,
         lease_seconds: input.leaseSeconds ?? null,
         lease_expires_at: input.leaseSeconds
@@ -103,15 +108,8 @@ export async function insertUnplacedReservation(
   await h.db
     .insertInto('reservations')
     .values({
-      id,
-      tenant_id: h.tenantId,
-      pool_id: h.poolId,
-      owner_identity_id: 'idn_test',
-      idempotency_key: id,
-      request: JSON.stringify(normalizedRequest(h.poolId, input.gpus ?? 2, input.durationMs ?? 3_600_000)),
-      request_hash: 'test',
+      ...reservationRow(h, id, input.gpus ?? 2, input.durationMs ?? 3_600_000),
       state: input.state,
-      duration_ms: input.durationMs ?? 3_600_000,
       pending_since: input.state === 'pending' ? sql<Date>`compute_now()` : null,
       conditions:
         input.state === 'pending'

@@ -93,7 +93,11 @@ export function arbitraryFromSchema(
       let chosen = branches as JsonSchema[];
       if (depth >= maxRefDepth) {
         const leaves = chosen.filter((b) => isLeaf(b, options));
-        if (leaves.length > 0) chosen = leaves;
+        // No leaf (a recursive tree such as a policy condition): the branches that refer onwards
+        // least, so that generation ends.
+        const refs = (b: JsonSchema) => JSON.stringify(b).split('"$ref"').length;
+        const fewest = Math.min(...chosen.map(refs));
+        chosen = leaves.length > 0 ? leaves : chosen.filter((b) => refs(b) === fewest);
       }
       return fc.oneof(...chosen.map((b) => arbitraryFromSchema({ ...rest, ...b }, options, depth)));
     }

@@ -1,32 +1,19 @@
 import { ApplicationFailure } from '@temporalio/common';
 import { describe, expect, it } from 'vitest';
-import { defaultTimers, type ReservationSnapshot } from '../../domain/reservation-lifecycle.ts';
+import type { ReservationSnapshot } from '../../domain/reservation-lifecycle.ts';
+import { reservationSnapshot } from '../../tests/support/reservation-snapshot.ts';
 import { LifecycleHolder } from './state.ts';
 
 function snapshot(over: Partial<ReservationSnapshot>): ReservationSnapshot {
-  return {
-    id: 'rsv_1',
-    tenantId: 'acme',
-    poolId: 'pool_1',
+  return reservationSnapshot({
     state: 'active',
-    version: 1,
-    now: 0,
     start: 0,
     end: 10,
     leaseSeconds: 60,
     leaseExpiresAt: 60_000,
-    bindAttempts: 0,
-    bindDeadline: null,
-    pendingSince: null,
-    confirmationExpiresAt: null,
-    endReason: null,
-    conditions: [],
     allocations: [{ id: 'alloc_1', nodeId: 'node_1', state: 'bound', boundAt: 0 }],
-    poolAvailable: true,
-    timers: defaultTimers,
-    summary: 'test',
     ...over,
-  };
+  });
 }
 
 function codeOf(fn: () => void): string | undefined {
