@@ -7,6 +7,7 @@ import { requiredHeader } from '../domain/http-protocol.ts';
 import { newId } from '../domain/ids.ts';
 import { type Authenticator, bearerToken, createAuthenticator } from './authenticate.ts';
 import { withFailedLookupCache } from './authenticate-cache.ts';
+import { asUnavailable } from './dependency-unavailable.ts';
 import { mountDoors } from './doors.ts';
 import type { ApiEnv } from './env.ts';
 import { errorEnvelope, toComputeError } from './envelope.ts';
@@ -64,12 +65,17 @@ export function createServerApi<R extends MethodRegistry>(
     api[group] = {};
     for (const [name, method] of Object.entries(methods)) {
       api[group][name] = async (credential: Credential, input: unknown) => {
-        const principal = await auth(credentialToken(credential));
-        return invoke(deps, method, input, {
-          principal,
-          requestId: newId('req'),
-          signal: new AbortController().signal,
-        });
+        try {
+          const principal = await auth(credentialToken(credential));
+          return await invoke(deps, method, input, {
+            principal,
+            requestId: newId('req'),
+            signal: new AbortController().signal,
+          });
+        } catch (error) {
+          // The same typed answer as over HTTP when the database or Temporal is out of reach.
+          throw asUnavailable(error) ?? error;
+        }
       };
     }
   }

@@ -8,7 +8,7 @@ import type { Compute } from '../server/compute.ts';
 import { ComputeConnectionError } from './errors.ts';
 import { type ComputeEvent, type StreamOptions, streamEvents } from './events.ts';
 import { createTransport, readEnvelope, type TransportOptions } from './transport.ts';
-import type { ClientMethods, RegistryOf } from './types.ts';
+import type { CallOptions, ClientMethods, RegistryOf } from './types.ts';
 
 export { type ErrorCode, errorCodes, isErrorCode } from '../domain/errors.ts';
 export type { EventType } from '../domain/event-types.ts';
@@ -25,7 +25,7 @@ export interface ComputeClientExtras {
   /** Follows the event stream (resuming after reconnects without loss or repeats). */
   $stream(options?: StreamOptions): AsyncGenerator<ComputeEvent>;
   /** Calls `group.method` by name (for generic callers such as the CLI's `--query`). */
-  $call(group: string, method: string, input?: unknown, options?: { signal?: AbortSignal }): Promise<unknown>;
+  $call(group: string, method: string, input?: unknown, options?: CallOptions): Promise<unknown>;
   readonly $baseURL: string;
 }
 

@@ -16,8 +16,9 @@ export interface TransportOptions {
    * Retry calls that failed for a passing reason, with capped exponential back-off and jitter,
    * never waiting less than the server asks (`Retry-After` or `details.retryAfterSeconds`):
    * - RATE_LIMITED and UNAVAILABLE answers, and a connection that could not be opened, for every
-   *   call: the server did not do the call (the limiter refuses before the handler runs; a failed
-   *   transaction changes nothing);
+   *   call: the server did not do the call (the limiter refuses before the handler runs; a
+   *   transaction that failed changed nothing; only a COMMIT whose acknowledgement was lost with
+   *   the database is in doubt, which keys and idempotent calls make harmless);
    * - a connection dropped after the request was sent (the answer is lost, the call may have been
    *   done), only for idempotent calls: their input carries an `idempotencyKey` (every create and
    *   extend), or the caller says so with `CallOptions.idempotent`.

@@ -40,7 +40,10 @@ export interface LocalPostgresOptions {
   dataDir: string;
   database: string;
   log: Logger;
-  /** Durability off (fsync, full-page writes): for tests and benchmarks, never for data you keep. */
+  /**
+   * Durability off (fsync, full-page writes, synchronous commit: a crash may lose answered
+   * commits): for tests, never for data you keep.
+   */
   ephemeral?: boolean;
   port?: number;
   /** Fail when `port` is taken instead of choosing another (a restart must keep its URL). */
@@ -225,10 +228,12 @@ export async function startLocalPostgres(options: LocalPostgresOptions): Promise
     ['unix_socket_directories', ''],
     ['max_connections', '300'],
     ['shared_buffers', '256MB'],
-    ['synchronous_commit', 'off'],
     ['deadlock_timeout', '1s'],
+    // An acknowledged commit survives a crash of the server (its WAL is written before the answer)
+    // unless the cluster is ephemeral: then nothing is meant to survive anything.
     ...(options.ephemeral
       ? [
+          ['synchronous_commit', 'off'],
           ['fsync', 'off'],
           ['full_page_writes', 'off'],
         ]

@@ -81,6 +81,8 @@ export function startWatchdog(): Watchdog {
     unwatch: (pid) => send(`unwatch ${pid}`),
     stop: async () => {
       if (child.exitCode !== null || child.signalCode !== null) return;
+      // Waiting for it must keep this process alive (it was unreferenced so far).
+      child.ref();
       stdin.end();
       await exited;
     },
@@ -133,7 +135,7 @@ export function supervise<T extends SupervisedServer>(input: {
         current = next;
         follow(next);
         input.log.warn(
-          { server: input.name, pid: next.pid, restartedInMs: Date.now() - since },
+          { server: input.name, serverPid: next.pid, restartedInMs: Date.now() - since },
           `${input.name} stopped unexpectedly (${describeExit(exit)}) and was restarted`,
         );
         return;

@@ -23,16 +23,7 @@ export interface LifecycleOptions {
   historyLimit?: number;
   /** How long one activity attempt may run before it is retried elsewhere (tests: seconds). */
   activityTimeoutMs?: number;
-  /**
-   * How long `start` waits for Temporal (default 1 s) before it answers UNAVAILABLE and lets the
-   * start go on in the background: admission has committed by then, so a Temporal that is down or
-   * slow costs the caller at most this, and the orphan sweeper starts what never started.
-   */
-  startTimeoutMs?: number;
 }
-
-/** The default of `LifecycleOptions.startTimeoutMs`. */
-export const defaultStartTimeoutMs = 1_000;
 
 export interface LifecycleStartInput {
   id: string;
@@ -136,26 +127,7 @@ export function createTemporalLifecycle(
 
   return {
     async start(reservation, reason) {
-      const timeoutMs = options.startTimeoutMs ?? defaultStartTimeoutMs;
-      const starting = startReservationLifecycle(client, options, reservation, reason);
-      let timer: NodeJS.Timeout | undefined;
-      const timedOut = new Promise<'timeout'>((resolve) => {
-        // wall time: how long the caller waits for Temporal, not a decision about the reservation
-        timer = setTimeout(() => resolve('timeout'), timeoutMs);
-      });
-      try {
-        if ((await Promise.race([starting, timedOut])) !== 'timeout') return;
-      } finally {
-        clearTimeout(timer);
-      }
-      // The start goes on in the background (with the client's own retries); should it fail, the
-      // orphan sweeper starts the lifecycle once Temporal answers again.
-      starting.catch(() => {});
-      throw new ComputeError(
-        'UNAVAILABLE',
-        `Temporal did not confirm the start of ${reservation.id}'s lifecycle within ${timeoutMs} ms; it goes on in the background, and the orphan sweeper ensures it`,
-        { reservationId: reservation.id, retryAfterSeconds: 2 },
-      );
+      await startReservationLifecycle(client, options, reservation, reason);
     },
 
     async running(reservationIds) {

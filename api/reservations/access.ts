@@ -70,13 +70,29 @@ export async function findVisibleReservation(ctx: MethodContext, tenantId: strin
   return row;
 }
 
-/** After a commit: wake-ups must never fail the call that already changed the truth. */
+/** How long an answer waits for a lifecycle call after its commit (see afterCommit). */
+export const afterCommitWaitMs = 1_000;
+
+/**
+ * After a commit: a lifecycle call (a start, a wake-up) must never fail the call that already
+ * changed the truth, nor hold its answer longer than afterCommitWaitMs.
+ */
 export async function afterCommit(ctx: MethodContext, what: string, fn: () => Promise<unknown> | undefined) {
-  try {
-    await fn();
-  } catch (err) {
-    ctx.log.warn({ err, what }, 'lifecycle call after commit failed; the sweeper catches up');
-  }
+  const call = Promise.resolve()
+    .then(fn)
+    .catch((err: unknown) =>
+      ctx.log.warn({ err, what }, 'lifecycle call after commit failed; the sweeper catches up'),
+    );
+  // The answer waits for Temporal at most afterCommitWaitMs (a Temporal or a worker that is down
+  // would hold it for 20 s and more); the call goes on in the background, and a lifecycle that
+  // missed it is started by the orphan sweeper or re-reads the truth at its next timer.
+  let timer: NodeJS.Timeout | undefined;
+  // wall time: how long an answer waits after its commit, not a decision
+  const waited = new Promise<void>((resolve) => {
+    timer = setTimeout(resolve, afterCommitWaitMs);
+  });
+  await Promise.race([call, waited]);
+  clearTimeout(timer);
 }
 
 /** The calling principal as a reservation's audit row records it (its admission context). */

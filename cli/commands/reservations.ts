@@ -148,7 +148,11 @@ export function registerReservationCommands(program: Command) {
     ).action(
       apiAction(async ({ options, client, out }, id) => {
         const tenantId = await tenantOf(client, options);
-        const reservation = await client.reservations[verb]({ tenantId, reservationId: id! });
+        // A release (or renew) done twice does what it does once: safe to retry after a lost answer.
+        const reservation = await client.reservations[verb](
+          { tenantId, reservationId: id! },
+          { idempotent: verb !== 'cancel' },
+        );
         out.result(reservation, (r) =>
           verb === 'renew'
             ? `renewed ${r.id}: the lease now expires ${formatTime(r.lease?.expiresAt)}`

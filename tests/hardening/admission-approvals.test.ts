@@ -241,7 +241,14 @@ describe('references to what does not exist', () => {
       ['admin/bindRole', { identityId: 'idn_nope', role: 'member' }],
       ['admin/bindRole', { identityId: acme.identityId, role: 'no-such-role' }],
       ['admin/bindRole', { identityId: acme.identityId, role: 'member', tenantId: 'no-such-tenant' }],
-      ['admin/applyPolicy', { tenantId: 'no-such-tenant', name: 'p', document: { statements: [] } }],
+      [
+        'admin/applyPolicy',
+        {
+          tenantId: 'no-such-tenant',
+          name: 'p',
+          document: { statements: [{ effect: 'deny', actions: ['compute:*'] }] },
+        },
+      ],
       ['admin/setBudget', { tenantId: 'no-such-tenant', limit: 1 }],
       ['admin/revokeToken', { tokenId: 'tok_nope' }],
       ['admin/revokeDelegation', { delegationId: 'dlg_nope' }],

@@ -96,6 +96,10 @@ export function countingClient(options: Pick<LoadOptions, 'baseURL' | 'token' | 
     } catch {
       // not JSON: counted by its status
     }
+    // UNAVAILABLE must come as a 503 that says when to retry; anything else is counted as untyped.
+    if (code === 'UNAVAILABLE' && (response.status !== 503 || !response.headers.get('retry-after'))) {
+      code = `HTTP ${response.status} UNAVAILABLE without Retry-After`;
+    }
     tally.record(code);
     return response;
   };
@@ -110,14 +114,31 @@ export function countingClient(options: Pick<LoadOptions, 'baseURL' | 'token' | 
 
 /**
  * `clients` concurrent clients, each creating reservations one after another through the real
- * HTTP API, extending most of them once or twice and releasing most of them (a quarter are kept
- * for the end), recording what every answer said. `stop()` lets each finish its current cycle.
+ * HTTP API, extending most of them once or twice and releasing them (every fourth one is kept until
+ * the client keeps its next one), recording what every answer said. `stop()` lets each finish its
+ * current cycle; what is still kept is for the caller to release.
  */
 export function startLoad(options: LoadOptions) {
   const client = countingClient(options);
   const histories: ReservationHistory[] = [];
   let stopping = false;
   let cycles = 0;
+
+  /** Each client's one reservation kept past its cycle (so some live on through the next fault). */
+  const held: Array<ReservationHistory | null> = Array.from({ length: options.clients }, () => null);
+
+  async function release(history: ReservationHistory, reservationId: string) {
+    try {
+      const released = await client.reservations.release(
+        { tenantId: options.tenantId, reservationId },
+        // Releasing a released reservation changes nothing: safe to retry after a lost answer.
+        { idempotent: true },
+      );
+      history.released = { state: released.state };
+    } catch (error) {
+      history.released = { failed: failure(error) };
+    }
+  }
 
   async function cycle(clientIndex: number, n: number) {
     const history: ReservationHistory = {
@@ -160,17 +181,14 @@ export function startLoad(options: LoadOptions) {
         history.extends.push({ failed: failure(error) });
       }
     }
-    if (n % 4 === 3) return; // kept: released at the end
-    try {
-      const released = await client.reservations.release(
-        { tenantId: options.tenantId, reservationId: reservation.id },
-        // Releasing a released reservation changes nothing: safe to retry after a lost answer.
-        { idempotent: true },
-      );
-      history.released = { state: released.state };
-    } catch (error) {
-      history.released = { failed: failure(error) };
+    if (n % 4 === 3) {
+      // Kept until the client keeps its next one (or the end), so the pool never fills up.
+      const previous = held[clientIndex];
+      held[clientIndex] = history;
+      if (previous?.id) await release(previous, previous.id);
+      return;
     }
+    await release(history, reservation.id);
   }
 
   const running = Array.from({ length: options.clients }, async (_, clientIndex) => {

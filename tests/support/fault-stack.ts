@@ -94,7 +94,7 @@ export async function startFaultStack(input: { nodes: number }): Promise<FaultSt
         dataDir: path.join(dir, 'postgres'),
         database: 'faults',
         log,
-        ephemeral: true,
+        // Not ephemeral: an answered commit must survive the crash this test injects.
         detached: true,
         onSpawn: (pid) => watchdog.watch(pid, 'SIGKILL'),
         ...(port ? { port, strictPort: true } : {}),
