@@ -1,5 +1,6 @@
 import { z } from 'zod';
 import { defineMethod } from '../method.ts';
+import { afterCommit } from '../reservations/access.ts';
 import { iamAdmin } from './guard.ts';
 
 const confirmationOut = z.object({
@@ -39,11 +40,9 @@ function decideMethod(decision: 'approved' | 'denied') {
       });
       // Only a reservation's admission waits in awaiting-confirmation for its lifecycle to hear it.
       if (result.action === 'compute:reservations:create') {
-        await ctx.deps.lifecycle
-          ?.signal(result.resourceId, { type: 'confirmation', decision })
-          .catch((err: unknown) =>
-            ctx.log.warn({ err, reservationId: result.resourceId }, 'confirmation signal failed'),
-          );
+        await afterCommit(ctx, 'confirmation', () =>
+          ctx.deps.lifecycle?.signal(result.resourceId, { type: 'confirmation', decision }),
+        );
       }
       return result;
     },
