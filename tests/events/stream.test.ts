@@ -1,5 +1,6 @@
 import { describe, expect, test } from 'vitest';
 import { ComputeClientError, type ComputeEvent, createComputeClient, parseSse } from '../../client/index.ts';
+import { outboxStart, readOutbox } from '../../db/events/outbox-read.ts';
 import { newId } from '../../domain/ids.ts';
 import { useTestApi } from '../support/api.ts';
 import { insertOutboxEvent } from '../support/events.ts';
@@ -170,6 +171,20 @@ describe('the event stream', () => {
   test('many concurrent streams, live and resuming, each get exactly their events while writers race', async () => {
     const subjects = [0, 1, 2].map(() => `reservation/${newId('rsv')}`);
     const before = await Promise.all(subjects.map((subject) => emit('test.before', subject)));
+    // A stream from now starts at the horizon of transactions in flight: until every older
+    // transaction of the cluster (another file's, say) has ended, a live stream would still get
+    // the events written before it. Wait until they are past it, so "before" means before.
+    await expect
+      .poll(async () => {
+        const listed = await readOutbox(
+          api.database.db,
+          outboxStart,
+          { tenantId: 'acme', types: ['test.before'] },
+          1000,
+        );
+        return before.every((id) => listed.events.some((e) => e.id === id));
+      })
+      .toBe(true);
     // One token per subject: a token holds at most BETTER_COMPUTE_EVENT_STREAMS_PER_TOKEN (8) streams.
     const clients = await Promise.all(
       subjects.map(async (_, s) => {
