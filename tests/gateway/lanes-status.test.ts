@@ -59,6 +59,9 @@ describe('lanes and bcd status', () => {
   it('bcd status shows the node, its session, its certificate expiry and what it holds', async () => {
     const node = fx.fleet.nodes[0]!;
     const roots = { dir: node.dir, cdiDir: `${node.dir}/cdi`, envDir: `${node.dir}/allocations` };
+    // The reboot test before this one waits for the gateway's side of the new session; bcd
+    // writes its status file when its side has the Welcome, a moment later.
+    await eventually(async () => readDaemonStatus(roots).session?.connected === true);
     const status = readDaemonStatus(roots);
     expect(status).toMatchObject({
       joined: true,
