@@ -210,7 +210,10 @@ export function createReservationActivities({ db, log }: ReservationActivityDeps
             bindDeadline: null,
             ...(conditions ? { conditions } : {}),
           });
-          await recordReservationEvent(trx, row, terminalEventTypes[input.state], input.state, {
+          // A spot reservation released at its preemption deadline says so (reservation.preempted).
+          const type =
+            input.reason === 'preempted' ? 'reservation.preempted' : terminalEventTypes[input.state];
+          await recordReservationEvent(trx, row, type, input.state, {
             reason: input.reason,
             ...(input.condition ? { condition: input.condition } : {}),
           });
@@ -231,6 +234,17 @@ export function createReservationActivities({ db, log }: ReservationActivityDeps
         () => true,
         async (trx, row) => {
           await updateReservation(trx, row.id, { conditions: input.conditions });
+          // The reservation's events say what changed: node health, connectivity, bindings.
+          const key = (c: Condition) => `${c.type}/${c.reason}`;
+          const before = (row.conditions ?? []) as Condition[];
+          const set = input.conditions.filter((c) => !before.some((b) => key(b) === key(c) && b.message === c.message));
+          const cleared = before.filter((b) => !input.conditions.some((c) => key(c) === key(b)));
+          if (set.length > 0 || cleared.length > 0) {
+            await recordReservationEvent(trx, row, 'reservation.conditions-changed', row.state, {
+              set: set.map(({ type, reason, message }) => ({ type, reason, message })),
+              cleared: cleared.map(({ type, reason, message }) => ({ type, reason, message })),
+            });
+          }
           return { applied: true, state: row.state };
         },
       );

@@ -7,7 +7,7 @@ import { requiredHeader } from '../domain/http-protocol.ts';
 import { newId } from '../domain/ids.ts';
 import { type Authenticator, bearerToken, createAuthenticator } from './authenticate.ts';
 import { withFailedLookupCache } from './authenticate-cache.ts';
-import { asUnavailable } from './dependency-unavailable.ts';
+import { asUnavailable } from '../core/dependency-unavailable.ts';
 import { mountDoors } from './doors.ts';
 import type { ApiEnv } from './env.ts';
 import { errorEnvelope, toComputeError } from './envelope.ts';

@@ -1,11 +1,14 @@
 import { z } from 'zod';
 import { readPoolCapacity } from '../db/allocations/capacity.ts';
+import { previewGangPlacement } from '../db/allocations/gang-placement.ts';
 import { placementRequestOf, previewPlacement } from '../db/allocations/placement.ts';
 import { readComputeNow } from '../db/clock.ts';
 import { poolForTenant, resolveRequestForPool } from '../db/reservations/draft.ts';
 import { quotaNeeds, readTenantQuotas } from '../db/reservations/quota.ts';
+import { calendarHorizonDays, readPoolPolicy } from '../domain/pool-policy.ts';
 import { normalizeRequest, startOutOfHorizon } from '../domain/reservation-request.ts';
 import { previewInput, tenantIdSchema } from '../domain/reservation-schema.ts';
+import { gangPlanOutcome, gangPreviewFields } from './capacity-gang.ts';
 import { defineMethod } from './method.ts';
 import { preCheckTenant, requireOnTenant } from './reservations/access.ts';
 
@@ -25,6 +28,23 @@ const preview = defineMethod({
     hostShare: amounts,
     message: z.string().optional(),
     earliestStart: z.number().nullable().optional(),
+    /** A gang: the members it would take, the topology value, and how each value fares. */
+    gang: z
+      .object({
+        topologyValue: z.string().nullable(),
+        members: z.array(
+          z.object({ nodeId: z.string(), nodeName: z.string(), deviceIds: z.array(z.string()) }),
+        ),
+        values: z.array(
+          z.object({
+            value: z.string().nullable(),
+            nodes: z.number(),
+            fitting: z.number(),
+            rejected: z.string().nullable(),
+          }),
+        ),
+      })
+      .optional(),
     quota: z.array(
       z.object({ resource: z.string(), needed: z.number(), limit: z.number(), used: z.number() }),
     ),
@@ -54,20 +74,25 @@ const preview = defineMethod({
     );
     const now = await readComputeNow(db);
     // The same horizon admission holds a requested start to.
-    const outside = request.start !== undefined ? startOutOfHorizon(request.start, now.getTime()) : null;
+    const outside =
+      request.start !== undefined
+        ? startOutOfHorizon(request.start, now.getTime(), calendarHorizonDays(readPoolPolicy(pool.policy)))
+        : null;
     if (outside) throw outside;
     const start = Math.max(now.getTime(), request.start ?? 0);
     const window = { start, end: start + request.durationMs };
-    const outcome = await previewPlacement(
-      db,
-      {
-        poolId: pool.id,
-        request: placementRequestOf(request),
-        window,
-        durationMs: request.durationMs,
-      },
-      ctx.deps.caches,
-    );
+    const placement = {
+      poolId: pool.id,
+      request: placementRequestOf(request),
+      window,
+      durationMs: request.durationMs,
+    };
+    const gang = request.gang
+      ? await previewGangPlacement(db, { ...placement, gang: request.gang })
+      : undefined;
+    const outcome = gang
+      ? gangPlanOutcome(gang, window)
+      : await previewPlacement(db, placement, ctx.deps.caches);
     const needs = quotaNeeds(request, booked, share);
     const quotaRows = await readTenantQuotas(db, input.tenantId, pool.id);
     const quota = Object.entries(needs).map(([resource, needed]) => {
@@ -82,6 +107,7 @@ const preview = defineMethod({
           deviceIds: outcome.fit.deviceIds,
           resources: booked,
           hostShare: share,
+          ...(gang ? { gang: gangPreviewFields(gang) } : {}),
           quota,
         }
       : {
@@ -91,6 +117,7 @@ const preview = defineMethod({
           hostShare: share,
           message: outcome.message,
           earliestStart: outcome.earliestStart,
+          ...(gang ? { gang: gangPreviewFields(gang) } : {}),
           quota,
         };
   },

@@ -1,6 +1,6 @@
 import type { Logger } from '../core/logger.ts';
 import { ComputeError, type ErrorCode, errorCodeTraits } from '../domain/errors.ts';
-import { asUnavailable } from './dependency-unavailable.ts';
+import { asUnavailable } from '../core/dependency-unavailable.ts';
 
 export interface ErrorBody {
   error: { code: ErrorCode; message: string; details?: Record<string, unknown>; requestId: string };

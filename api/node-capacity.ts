@@ -1,6 +1,14 @@
 import { z } from 'zod';
+import { countCalendarBookings } from '../db/allocations/calendar-bookings.ts';
 import { type NodeCapacityRow, readNodeCapacity } from '../db/allocations/node-capacity.ts';
+import { schedulingRefusals } from '../domain/holds-publication.ts';
 import { tenantIdSchema } from '../domain/reservation-schema.ts';
+import {
+  heldOf,
+  hostPublicationShape,
+  publicationFieldsOf,
+  readHostPublicationViews,
+} from './holds/publication-view.ts';
 import { defineMethod } from './method.ts';
 import { requireOnTenant } from './reservations/access.ts';
 
@@ -15,6 +23,7 @@ const nodeCapacity = z.object({
   nodeId: z.string(),
   name: z.string(),
   poolId: z.string(),
+  ...hostPublicationShape,
   acceptsWork: z.boolean(),
   /** Why it takes no new work (empty when it does): cordoned, draining, unreachable, a condition… */
   refusals: z.array(z.string()),
@@ -23,25 +32,17 @@ const nodeCapacity = z.object({
   memoryGiB: amount,
   lastHeartbeatAt: z.number().nullable(),
   heartbeatAgeSeconds: z.number().nullable(),
+  /**
+   * Reservations booked on the node that start later, and the soonest start; `atRisk` when the
+   * node takes no new work (BookingRepair will have to move them before they start).
+   */
+  calendarBookings: z.object({ count: z.number(), nextStart: z.number().nullable(), atRisk: z.boolean() }),
 });
 
 const num = (v: string | number | null | undefined) => (v === null || v === undefined ? null : Number(v));
 
-function refusalsOf(n: NodeCapacityRow, conditions: Array<{ type: string; reason: string }>): string[] {
-  const out: string[] = [];
-  if (n.provision_state !== 'ready') out.push(`provisioning: ${n.provision_state}`);
-  if (n.draining) out.push('draining');
-  else if (n.cordoned) out.push(`cordoned${n.cordon_reason ? ` (${n.cordon_reason})` : ''}`);
-  if (n.maintenance) out.push(`maintenance${n.maintenance_reason ? ` (${n.maintenance_reason})` : ''}`);
-  if (n.connectivity !== 'connected')
-    out.push(n.connectivity === 'unreachable' ? 'unreachable' : 'connectivity unknown');
-  else if (num(n.observed_generation) === null || num(n.observed_generation)! < 1)
-    out.push('desired state not applied yet');
-  for (const c of conditions) {
-    if (!out.some((r) => r.startsWith(c.type.toLowerCase()))) out.push(`${c.type}: ${c.reason}`);
-  }
-  return out;
-}
+const refusalsOf = (n: NodeCapacityRow, conditions: Array<{ type: string; reason: string }>) =>
+  schedulingRefusals(n, conditions);
 
 const nodes = defineMethod({
   summary:
@@ -58,6 +59,15 @@ const nodes = defineMethod({
   handler: async (ctx, input) => {
     await requireOnTenant(ctx, input.tenantId, 'compute:capacity:read');
     const { page, more, gpus, scalars, conditions } = await readNodeCapacity(ctx.deps.db, input);
+    const published = await readHostPublicationViews(
+      ctx.deps.db,
+      page.map((n) => n.id),
+      input.tenantId,
+    );
+    const calendar = await countCalendarBookings(
+      ctx.deps.db,
+      page.map((n) => n.id),
+    );
     return {
       nodes: page.map((n) => {
         const g = gpus.find((r) => r.node_id === n.id && r.class === n.class);
@@ -66,7 +76,7 @@ const nodes = defineMethod({
           if (!s) return { total: null, free: null, reserved: null };
           return {
             total: Number(s.allocatable),
-            free: Number(s.allocatable) - Number(s.now),
+            free: Number(s.allocatable) - Number(s.now) - heldOf(published, n.id, resource),
             reserved: Number(s.later),
           };
         };
@@ -74,10 +84,13 @@ const nodes = defineMethod({
           n,
           conditions.filter((c) => c.node_id === n.id),
         );
+        const publication = publicationFieldsOf(published, n.id);
+        if (publication.admissionReason === 'reservations_exhausted') refusals.push('reservations_exhausted');
         return {
           nodeId: n.id,
           name: n.name,
           poolId: n.pool_id,
+          ...publication,
           acceptsWork: refusals.length === 0,
           refusals,
           gpus: n.devices_reported
@@ -89,6 +102,11 @@ const nodes = defineMethod({
           heartbeatAgeSeconds: n.last_heartbeat_at
             ? Math.max(0, Math.round((n.now.getTime() - n.last_heartbeat_at.getTime()) / 1000))
             : null,
+          calendarBookings: {
+            count: calendar.get(n.id)?.count ?? 0,
+            nextStart: calendar.get(n.id)?.nextStart ?? null,
+            atRisk: (calendar.get(n.id)?.count ?? 0) > 0 && refusals.length > 0,
+          },
         };
       }),
       nextCursor: more ? page.at(-1)!.id : null,

@@ -7,8 +7,7 @@ import {
   findNodeCommand,
   listNodeCommands,
 } from '../db/nodes/commands.ts';
-import { boundedRecord } from '../domain/bounded-record.ts';
-import { commandKindNames } from '../domain/command-kinds.ts';
+import { commandKinds, operatorCommandKindNames } from '../domain/command-kinds.ts';
 import { ComputeError } from '../domain/errors.ts';
 import { defineMethod } from './method.ts';
 import { requireNode } from './nodes-access.ts';
@@ -39,16 +38,31 @@ function view(c: CommandView): z.infer<typeof commandView> {
   };
 }
 
+/**
+ * One variant per kind an operator may queue, discriminated on `kind`, each with its kind's own
+ * payload schema (domain/command-kinds.ts), so the OpenAPI document states every payload. A
+ * payload its kind accepts empty may be left out (`{}`, its defaults applied); otherwise it is
+ * required.
+ */
+const commandVariants = operatorCommandKindNames.map((kind) => {
+  const payload: z.ZodType<Record<string, unknown>> = commandKinds[kind].payload;
+  return z.strictObject({
+    nodeId,
+    kind: z.literal(kind),
+    payload: payload.safeParse({}).success ? payload.prefault({}) : payload,
+    /** The command is never run after this many seconds (default 10 minutes). */
+    notAfterSeconds: z.number().int().min(1).max(86_400).default(600),
+  });
+});
+const commandInput = z.discriminatedUnion(
+  'kind',
+  commandVariants as [(typeof commandVariants)[number], ...typeof commandVariants],
+);
+
 const command = defineMethod({
   summary: 'Send a one-shot command to a node (durable, delivered in order within its lane).',
   action: 'compute:nodes:command',
-  input: z.strictObject({
-    nodeId,
-    kind: z.enum(commandKindNames as [string, ...string[]]),
-    payload: boundedRecord(z.string().min(1).max(100), z.unknown(), 64).default({}),
-    /** The command is never run after this many seconds (default 10 minutes). */
-    notAfterSeconds: z.number().int().min(1).max(86_400).default(600),
-  }),
+  input: commandInput,
   output: commandView,
   handler: async (ctx, input) => {
     const scope = await requireNode(ctx, input.nodeId, 'compute:nodes:command');

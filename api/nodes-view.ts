@@ -1,6 +1,8 @@
 import { z } from 'zod';
 import type { Db } from '../core/database.ts';
+import { readCalendarBookings } from '../db/allocations/calendar-bookings.ts';
 import { readNodeDetails } from '../db/nodes/view.ts';
+import { hostPublicationShape } from './holds/publication-view.ts';
 
 const ms = (d: Date | null | undefined) => (d ? d.getTime() : null);
 
@@ -15,6 +17,8 @@ export const nodeView = z.object({
   cordonReason: z.string().nullable(),
   draining: z.boolean(),
   maintenance: z.boolean(),
+  /** Why the node is in maintenance (an operator's reason, or the workflow step that failed). */
+  maintenanceReason: z.string().nullable(),
   connectivity: z.enum(['connected', 'unreachable', 'unknown']),
   epoch: z.number(),
   lastHeartbeatAt: z.number().nullable(),
@@ -34,6 +38,8 @@ export const nodeView = z.object({
     }),
   ),
   gpuCount: z.number(),
+  /** nodes.get: what the node publishes net of every live hold and reservation, and its holds. */
+  capacity: z.object(hostPublicationShape).optional(),
   devices: z
     .array(
       z.object({
@@ -42,6 +48,22 @@ export const nodeView = z.object({
         stableId: z.string(),
         health: z.string(),
         attributes: z.record(z.string(), z.unknown()),
+      }),
+    )
+    .optional(),
+  /**
+   * With the devices (nodes.get): the calendar bookings on the node, soonest first (at most 50):
+   * reservations booked ahead whose start BookingRepair will move if the node stays unschedulable.
+   */
+  calendarBookings: z
+    .array(
+      z.object({
+        reservationId: z.string(),
+        tenantId: z.string(),
+        allocationId: z.string(),
+        start: z.number(),
+        end: z.number(),
+        atoms: z.number(),
       }),
     )
     .optional(),
@@ -55,8 +77,10 @@ export async function loadNodeViews(
   options: { devices: boolean },
 ): Promise<NodeView[]> {
   const nodes = await readNodeDetails(db, ids, options);
+  const calendar = options.devices ? await readCalendarBookings(db, ids) : null;
   return nodes.map((n) => ({
     ...n,
+    ...(calendar ? { calendarBookings: calendar.get(n.id) ?? [] } : {}),
     lastHeartbeatAt: ms(n.lastHeartbeatAt),
     certificateNotAfter: ms(n.certificateNotAfter),
     conditions: n.conditions.map((c) => ({ ...c, since: c.since.getTime() })),

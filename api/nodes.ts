@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { countCalendarBookings } from '../db/allocations/calendar-bookings.ts';
 import { insertAuditEvent } from '../db/events/audit.ts';
 import { insertOutboxEvent } from '../db/events/outbox.ts';
 import { listNodeIds, setNodeSchedulingFlags } from '../db/nodes/nodes.ts';
@@ -7,8 +8,11 @@ import { ComputeError } from '../domain/errors.ts';
 import { defineMethod, type MethodContext } from './method.ts';
 import { operatorReason, requireNode, requirePool, requireTenantRead } from './nodes-access.ts';
 import { nodeCommandMethods } from './nodes-commands.ts';
+import { nodeMaintenanceMethods } from './nodes-maintenance.ts';
+import { nodeMigMethods } from './nodes-mig.ts';
 import { nodeTrustMethods } from './nodes-trust.ts';
 import { loadNodeViews, nodeView } from './nodes-view.ts';
+import { publicationFieldsOf, readHostPublicationViews } from './holds/publication-view.ts';
 
 const nodeId = z.string().regex(/^node_[0-9a-z]{26}$/, 'a node id (node_…)');
 
@@ -47,7 +51,8 @@ const get = defineMethod({
     await requireNode(ctx, input.nodeId, 'compute:nodes:read');
     const [node] = await loadNodeViews(ctx.deps.db, [input.nodeId], { devices: true });
     if (!node) throw new ComputeError('NOT_FOUND', `node ${input.nodeId} not found`);
-    return node;
+    const published = await readHostPublicationViews(ctx.deps.db, [node.id], ctx.principal.tenantId);
+    return { ...node, capacity: publicationFieldsOf(published, node.id) };
   },
 });
 
@@ -91,10 +96,27 @@ async function setCordon(
     });
   });
   const [node] = await loadNodeViews(ctx.deps.db, [input.nodeId], { devices: false });
-  return { node: node!, liveAllocations: await countLiveAllocations(ctx.deps.db, input.nodeId) };
+  const calendar = (await countCalendarBookings(ctx.deps.db, [input.nodeId])).get(input.nodeId);
+  return {
+    node: node!,
+    liveAllocations: await countLiveAllocations(ctx.deps.db, input.nodeId),
+    calendarBookings: calendar?.count ?? 0,
+    ...(calendar && cordoned
+      ? {
+          message: `${calendar.count} calendar booking${calendar.count === 1 ? '' : 's'} on this node start later (the first at ${new Date(calendar.nextStart).toISOString()}); BookingRepair moves them 15 minutes before their start unless the node accepts work again`,
+        }
+      : {}),
+  };
 }
 
-const changeOutput = z.object({ node: nodeView, liveAllocations: z.number().int() });
+const changeOutput = z.object({
+  node: nodeView,
+  liveAllocations: z.number().int(),
+  /** Reservations booked on the node that start later (calendar reservations). */
+  calendarBookings: z.number().int(),
+  /** When the node holds calendar bookings and takes no new work: what happens to them. */
+  message: z.string().optional(),
+});
 
 const cordon = defineMethod({
   summary: 'Stop new placements on a node; existing allocations keep running and commands still flow.',
@@ -120,4 +142,14 @@ const drain = defineMethod({
   handler: (ctx, input) => setCordon(ctx, input, 'compute:nodes:drain'),
 });
 
-export const nodeMethods = { list, get, cordon, uncordon, drain, ...nodeCommandMethods, ...nodeTrustMethods };
+export const nodeMethods = {
+  list,
+  get,
+  cordon,
+  uncordon,
+  drain,
+  ...nodeCommandMethods,
+  ...nodeTrustMethods,
+  ...nodeMaintenanceMethods,
+  ...nodeMigMethods,
+};

@@ -1,12 +1,20 @@
 import { confirmationMethods } from './admin/confirmations.ts';
 import { adminMethods } from './admin/index.ts';
 import { capacityMethods } from './capacity.ts';
+import { capacityDemandMethods } from './capacity-demand.ts';
 import { eventMethods } from './events.ts';
+import { holdMethods } from './holds/index.ts';
 import { joinTokenMethods } from './join-tokens.ts';
+import { imageMethods } from './metal/images.ts';
+import { metalMethods } from './metal/machines.ts';
+import { profileMethods } from './metal/profiles.ts';
+import { siteMethods } from './metal/sites.ts';
 import type { MethodRegistry } from './method.ts';
 import { nodeCapacityMethods } from './node-capacity.ts';
 import { nodeMethods } from './nodes.ts';
+import { releaseMethods } from './releases.ts';
 import { reservationMethods } from './reservations/index.ts';
+import { rolloutMethods } from './rollouts.ts';
 import { systemMethods } from './system.ts';
 import { webhookMethods } from './webhooks.ts';
 
@@ -21,9 +29,16 @@ export const methods = {
   admin: adminMethods,
   confirmations: confirmationMethods,
   reservations: reservationMethods,
-  capacity: { ...capacityMethods, ...nodeCapacityMethods },
+  capacity: { ...capacityMethods, ...nodeCapacityMethods, ...capacityDemandMethods },
+  holds: holdMethods,
   nodes: nodeMethods,
   joinTokens: joinTokenMethods,
+  releases: releaseMethods,
+  rollouts: rolloutMethods,
+  sites: siteMethods,
+  metal: metalMethods,
+  images: imageMethods,
+  profiles: profileMethods,
 } satisfies MethodRegistry;
 
 export type Methods = typeof methods;

@@ -3,8 +3,12 @@ import { usageExits } from './command.ts';
 import { registerAccessCommands } from './commands/access.ts';
 import { registerCapacityCommands } from './commands/capacity.ts';
 import { registerEventCommands } from './commands/events.ts';
+import { registerMetalCommands, registerSiteCommands } from './commands/metal.ts';
 import { registerNodeCommands } from './commands/nodes.ts';
+import { registerPoolCommands } from './commands/pools.ts';
+import { registerReleaseCommands } from './commands/releases.ts';
 import { registerReservationCommands } from './commands/reservations.ts';
+import { registerRolloutCommands } from './commands/rollouts.ts';
 import { registerServerCommands } from './commands/server.ts';
 
 /**
@@ -20,8 +24,13 @@ export function buildProgram(): Command {
   registerReservationCommands(program);
   registerCapacityCommands(program);
   registerNodeCommands(program);
+  registerPoolCommands(program);
   registerAccessCommands(program);
   registerEventCommands(program);
+  registerReleaseCommands(program);
+  registerRolloutCommands(program);
+  registerSiteCommands(program);
+  registerMetalCommands(program);
   usageExits(program);
   return program;
 }

@@ -12,10 +12,14 @@ export interface RequestOptions {
   nvlink?: boolean;
   cpus?: number;
   memory?: number;
+  /** A MIG profile (`1g.10gb`): class gpu.mig with a selector on the profile. */
+  mig?: string;
   start?: number;
   lease?: number;
   spot?: boolean;
   kubernetes?: boolean;
+  gang?: number;
+  topologyKey?: string;
 }
 
 /** Adds the request flags (seed: `reserve --tenant T --pool P --gpus N --for 8h …`). */
@@ -30,18 +34,34 @@ export function withRequestOptions(command: Command, mandatory: boolean): Comman
       new Option('--class <class>', 'device class').choices(['gpu', 'gpu.mig', 'gpu.slot']).default('gpu'),
     )
     .option('--nvlink', 'all devices on one node in one NVLink domain')
+    .option('--mig <profile>', "MIG instances of this profile, e.g. 1g.10gb (class gpu.mig; a 'mig' pool)")
     .option('--cpus <n>', 'host vCPUs to book with them (0 to 4096)', parse.nonNegativeNumber)
     .option('--memory <GiB>', 'host memory in GiB to book with them (0 to 65536)', parse.nonNegativeNumber)
     .option('--start <when>', "a later start: ISO date-time, epoch ms or '+2h'", parse.instant)
     .option('--lease <seconds>', 'a renewable lease of this many seconds (60 to 86400)', parse.positiveInt)
-    .option('--spot', 'spot capacity (may be preempted)')
-    .option('--kubernetes', "binding: 'kubernetes' (the pool's owner only)");
+    .option(
+      '--spot',
+      "spot: billed on the spot meter; a regular request may preempt it after the pool's notice (spot.noticeSeconds, 120 s by default)",
+    )
+    .option('--kubernetes', "binding: 'kubernetes' (the pool's owner only)")
+    .option(
+      '--gang <n>',
+      'a gang: this many nodes (2 to 64), each with --gpus, all or nothing',
+      parse.positiveInt,
+    )
+    .option(
+      '--topology-key <label>',
+      "with --gang: every node on one value of this node label, e.g. 'fabric.domain'",
+    );
 }
 
 /** The API request the flags describe (shared by reservations.create and capacity.preview). */
 export function requestFromOptions(options: RequestOptions, tenantId: string) {
   if (options.pool === undefined || options.gpus === undefined || options.for === undefined) {
     throw new CliError('--preview needs --pool, --gpus and --for, as reserve does');
+  }
+  if (options.topologyKey !== undefined && options.gang === undefined) {
+    throw new CliError('--topology-key needs --gang <n>: it places the members of a gang');
   }
   const resources =
     options.cpus !== undefined || options.memory !== undefined
@@ -55,9 +75,10 @@ export function requestFromOptions(options: RequestOptions, tenantId: string) {
     poolId: options.pool,
     devices: [
       {
-        class: options.class,
+        class: options.mig !== undefined ? ('gpu.mig' as const) : options.class,
         count: options.gpus,
         ...(options.nvlink ? { topology: 'nvlink-all' as const } : {}),
+        ...(options.mig !== undefined ? { selector: { attributes: { profile: options.mig } } } : {}),
       },
     ],
     duration: options.for,
@@ -66,5 +87,13 @@ export function requestFromOptions(options: RequestOptions, tenantId: string) {
     ...(options.lease !== undefined ? { leaseSeconds: options.lease } : {}),
     ...(options.spot ? { spot: true } : {}),
     ...(options.kubernetes ? { binding: 'kubernetes' as const } : {}),
+    ...(options.gang !== undefined
+      ? {
+          gang: {
+            size: options.gang,
+            ...(options.topologyKey !== undefined ? { topologyKey: options.topologyKey } : {}),
+          },
+        }
+      : {}),
   };
 }

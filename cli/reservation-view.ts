@@ -14,7 +14,10 @@ function devicesOf(r: Reservation): string {
   const d = (
     r.request.devices as Array<{ class: string; count: number; topology?: string }> | undefined
   )?.[0];
-  return d ? `${d.count} × ${d.class}${d.topology === 'nvlink-all' ? ' (nvlink)' : ''}` : '-';
+  const gang = (r.request.gang as { size: number } | undefined)?.size;
+  return d
+    ? `${gang ? `${gang} nodes × ` : ''}${d.count} × ${d.class}${d.topology === 'nvlink-all' ? ' (nvlink)' : ''}`
+    : '-';
 }
 
 /** One reservation for people. */
@@ -36,12 +39,51 @@ export function renderReservation(r: Reservation): string {
   if (r.lease) fields.push(['lease', `${r.lease.seconds}s, expires ${formatTime(r.lease.expiresAt) ?? '-'}`]);
   if (r.endReason) fields.push(['ended', r.endReason]);
   if (r.binding) fields.push(['binding', JSON.stringify(r.binding)]);
+  if ((r.request as { spot?: boolean }).spot) fields.push(['spot', 'yes (billed on the spot meter)']);
+  const preempted = r.conditions.find((c) => c.type === 'Preempted' && c.deadline !== undefined);
+  if (preempted) {
+    fields.push([
+      'preempted',
+      `released at ${formatTime(preempted.deadline)}${preempted.preemptedBy ? ` for ${preempted.preemptedBy}` : ''}`,
+    ]);
+  }
   const lines = [renderFields(fields)];
+  if (r.gang) lines.push(...renderGang(r));
   if (r.conditions.length > 0) {
     lines.push('conditions:');
     for (const c of r.conditions) lines.push(`  ${c.type} (${c.reason}): ${c.message}`);
   }
+  if (r.repairs.length > 0) {
+    lines.push('booking repairs:');
+    for (const repair of r.repairs) lines.push(...renderRepair(repair));
+  }
   return lines.join('\n');
+}
+
+/** One BookingRepair: what moved from where to where, or why nothing could. */
+function renderRepair(repair: Reservation['repairs'][number]): string[] {
+  const head = `  ${formatTime(repair.at)} ${repair.moment}: ${repair.outcome}`;
+  if (repair.outcome === 'failed') return [`${head}: ${repair.message ?? ''}`];
+  return [
+    head,
+    ...repair.moves.map(
+      (m) =>
+        `    ${m.fromNodeName} → ${m.toNodeName} (${m.reason}; ${m.fromDeviceIds.length} atom(s), allocation ${m.toAllocationId})`,
+    ),
+  ];
+}
+
+/** A gang's topology and one line per member: its number, node, state and devices. */
+function renderGang(r: Reservation): string[] {
+  const gang = r.gang!;
+  const topology = gang.topologyKey ? `, ${gang.topologyKey}=${gang.topologyValue ?? '-'}` : '';
+  return [
+    `gang: ${gang.size} nodes${topology}`,
+    ...r.allocations.map(
+      (a) =>
+        `  member ${a.gangIndex ?? '-'}  ${a.nodeName ?? a.nodeId} (${a.nodeId})  ${a.state}  ${a.deviceIds.length} device(s)  ${a.id}`,
+    ),
+  ];
 }
 
 export function renderReservationTable(items: readonly Reservation[]): string {

@@ -15,6 +15,7 @@ export type { EventType } from '../domain/event-types.ts';
 export { ComputeClientError, ComputeConnectionError, isComputeClientError } from './errors.ts';
 export type { ComputeEvent, StreamOptions } from './events.ts';
 export { parseSse, type SseFrame } from './sse.ts';
+export { type Hold, type WithHoldOptions, withHold } from './holds.ts';
 export type { RetryNotice, RetryPolicy, TokenSource, TransportOptions } from './transport.ts';
 export type { CallOptions, ClientMethods, MethodInput, MethodOutput, RegistryOf } from './types.ts';
 

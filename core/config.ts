@@ -80,6 +80,28 @@ export const configSchema = z.object({
    * an expired confirmation) is kept before the worker's sweeper removes it.
    */
   BETTER_COMPUTE_DRAFT_RETENTION_HOURS: z.coerce.number().positive().max(8_760).default(24),
+  /**
+   * The release signers the control plane trusts, by pin: comma-separated `sha256/<base64 of the
+   * SHA-256 of the Ed25519 public key's SubjectPublicKeyInfo>` (`better-compute releases keygen`
+   * prints one). Without pins every release is refused.
+   */
+  BETTER_COMPUTE_RELEASE_PINS: z
+    .string()
+    .default('')
+    .transform((v) => v.split(',').map((p) => p.trim()).filter(Boolean))
+    .pipe(z.array(z.string().regex(/^sha256\/[A-Za-z0-9+/]{43}=$/, 'pins of the form sha256/<base64>'))),
+  /**
+   * The image signers bare-metal deploys trust, by pin (`sha256/<base64>`, comma-separated): an
+   * image whose signature checks against one of them is `verified` and usable by every tenant;
+   * any other image stays private to its tenant.
+   */
+  BETTER_COMPUTE_IMAGE_SIGNER_PINS: z
+    .string()
+    .default('')
+    .transform((v) => v.split(',').map((p) => p.trim()).filter(Boolean))
+    .pipe(z.array(z.string().regex(/^sha256\/[A-Za-z0-9+/]{43}=$/, 'pins of the form sha256/<base64>'))),
+  /** How many distinct pinned signers a release needs (k of the n pins). */
+  BETTER_COMPUTE_RELEASE_THRESHOLD: z.coerce.number().int().min(1).max(16).default(1),
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
   /** `auto`: pretty lines on a terminal, JSON when stdout is piped or redirected. */
   LOG_FORMAT: z.enum(logFormats).default('auto'),

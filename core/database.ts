@@ -47,6 +47,8 @@ export interface PoolsTable {
   class: Generated<PoolClass>;
   sharing_mode: Generated<PoolSharingMode>;
   policy: Json<Record<string, unknown>>;
+  /** Raised by every policy change (admin.setPoolPolicy); each version is an audit row. */
+  policy_version: Generated<number>;
   archived_at: Timestamp | null;
   created_at: TimestampDefault;
 }
@@ -152,6 +154,8 @@ export interface DevicesTable {
   attributes: Json<DeviceAttributes>;
   removed_at: Timestamp | null;
   created_at: TimestampDefault;
+  /** The NodeSpec generation the node must have converged before this atom may be booked. */
+  bookable_from_generation: Generated<string>;
 }
 
 export interface HostResourcesTable {
@@ -185,6 +189,8 @@ export interface ReservationsTable {
   duration_ms: ColumnType<string, number | string, number | string>;
   during: Range | null;
   gang_size: Generated<number>;
+  /** The topology label value a gang's members share (migration 2026-11-30T20-gang). */
+  gang_topology_value: Generated<string | null>;
   binding_kind: Generated<'hold' | 'kubernetes' | 'node' | 'instance'>;
   spot: Generated<boolean>;
   preempt_notice_until: Timestamp | null;
@@ -213,6 +219,8 @@ export interface AllocationsTable {
   instance_id: string | null;
   node_id: string;
   gang_index: Generated<number>;
+  /** How often this gang member was re-placed on its own (migration 2026-11-30T20-gang). */
+  member_attempt: Generated<number>;
   state: AllocationState;
   during: Range;
   resources: Json<Record<string, number>>;
@@ -489,4 +497,288 @@ export interface ReservationExtendsTable {
 
 export interface Database {
   reservation_extends: ReservationExtendsTable;
+}
+
+/** One BookingRepair that moved members or found no place for them (migration 2026-11-30T21-calendar). */
+export interface ReservationRepairsTable {
+  id: Generated<string>;
+  reservation_id: string;
+  moment: 'pre-start' | 'start';
+  outcome: 'repaired' | 'failed';
+  moves: Json<unknown[]>;
+  message: string | null;
+  workflow_id: string | null;
+  created_at: TimestampDefault;
+}
+
+export interface Database {
+  reservation_repairs: ReservationRepairsTable;
+}
+
+/** A site agent's join token `bcst_<id>.<secret>` (migration 2026-11-30T70-bare-metal). */
+export interface SiteJoinTokensTable {
+  id: string;
+  site_id: string;
+  secret_hash: string;
+  expires_at: Timestamp;
+  max_uses: Generated<number>;
+  uses: Generated<number>;
+  revoked_at: Timestamp | null;
+  created_by: string | null;
+  created_at: TimestampDefault;
+}
+
+/** The `site:<id>:boot` lease: one holder, an epoch that grows with each new tenure. */
+export interface SiteBootLeasesTable {
+  site_id: string;
+  holder_node_id: string;
+  epoch: ColumnType<string, number | string, number | string>;
+  acquired_at: TimestampDefault;
+  renewed_at: TimestampDefault;
+  expires_at: Timestamp;
+}
+
+/** The BMC of a bare machine; the password is written only sealed. */
+export interface BmcEndpointsTable {
+  node_id: string;
+  site_id: string;
+  address: string;
+  system_id: string;
+  username: string;
+  password_sealed: ColumnType<string, Sealed<'bmc-credential'>, Sealed<'bmc-credential'>>;
+  power_state: 'on' | 'off' | 'unknown' | null;
+  boot_device: string | null;
+  last_error: string | null;
+  observed_at: Timestamp | null;
+  created_at: TimestampDefault;
+  updated_at: TimestampDefault;
+}
+
+export interface ImagesTable {
+  id: string;
+  tenant_id: string;
+  name: string;
+  version: string;
+  format: 'raw' | 'qcow2' | 'iso';
+  sha256: string;
+  url: string;
+  size_bytes: ColumnType<string | null, number | string | null, number | string | null>;
+  signature: string | null;
+  signer_pin: string | null;
+  verified: boolean;
+  created_at: TimestampDefault;
+}
+
+export interface ProfilesTable {
+  id: string;
+  version: number;
+  tenant_id: string;
+  name: string;
+  image_id: string | null;
+  spec: Json<Record<string, unknown>>;
+  used_at: Timestamp | null;
+  created_at: TimestampDefault;
+}
+
+export interface MetalWorkflowsTable {
+  id: string;
+  kind: Generated<'deploy' | 'inspect' | 'clean'>;
+  node_id: string;
+  site_id: string;
+  tenant_id: string;
+  profile_id: string | null;
+  profile_version: number | null;
+  state: 'running' | 'succeeded' | 'failed' | 'aborted';
+  phase: Generated<'main' | 'cleanup'>;
+  idempotency_key: string | null;
+  reason: string | null;
+  abort_requested: string | null;
+  allocation_id: string | null;
+  created_at: TimestampDefault;
+  updated_at: TimestampDefault;
+  finished_at: Timestamp | null;
+}
+
+export interface MetalWorkflowStepsTable {
+  workflow_id: string;
+  idx: number;
+  phase: 'main' | 'cleanup';
+  name: string;
+  target: 'control-plane' | 'site' | 'node' | 'ramdisk';
+  action: Json<Record<string, unknown>>;
+  await_rejoin: Generated<boolean>;
+  timeout_seconds: number;
+  max_attempts: number;
+  state: Generated<'pending' | 'running' | 'succeeded' | 'failed' | 'skipped'>;
+  attempts: ColumnType<Array<Record<string, unknown>>, string | undefined, string>;
+  error: string | null;
+  started_at: Timestamp | null;
+  finished_at: Timestamp | null;
+}
+
+export interface DiscoveryTokensTable {
+  id: string;
+  node_id: string;
+  role: 'ramdisk' | 'node';
+  site_id: string;
+  workflow_id: string | null;
+  secret_hash: string;
+  expires_at: Timestamp;
+  used_at: Timestamp | null;
+  created_at: TimestampDefault;
+}
+
+export interface Database {
+  discovery_tokens: DiscoveryTokensTable;
+  site_join_tokens: SiteJoinTokensTable;
+  site_boot_leases: SiteBootLeasesTable;
+  bmc_endpoints: BmcEndpointsTable;
+  images: ImagesTable;
+  profiles: ProfilesTable;
+  metal_workflows: MetalWorkflowsTable;
+  metal_workflow_steps: MetalWorkflowStepsTable;
+}
+
+/** A workload kind a pool declares: what one hold of it takes on a host (migration 2026-11-30T10-host-holds). */
+export interface HoldKindsTable {
+  pool_id: string;
+  name: string;
+  cpu_cores: Numeric;
+  ram_gib: Numeric;
+  vram_gib: Numeric;
+  ttl_seconds: number | null;
+  created_at: TimestampDefault;
+  updated_at: TimestampDefault;
+}
+
+/** A hold a placed workload keeps on its host; live while heartbeat_at + ttl_seconds is ahead. */
+export interface HostHoldsTable {
+  id: string;
+  tenant_id: string;
+  pool_id: string;
+  node_id: string;
+  kind: string;
+  holder: string;
+  owner_identity_id: string;
+  idempotency_key: string | null;
+  cpu_cores: Numeric;
+  ram_gib: Numeric;
+  vram_gib: Numeric;
+  ttl_seconds: number;
+  on_trust: Generated<boolean>;
+  acquired_at: TimestampDefault;
+  heartbeat_at: TimestampDefault;
+  released_at: Timestamp | null;
+}
+
+/** A hold's scalar booking, refereed with scalar_bookings by one guard. */
+export interface HoldBookingsTable {
+  hold_id: string;
+  node_id: string;
+  resource: HostResource;
+  amount: Numeric;
+  during: Range;
+}
+
+/** One unmet request (a refused hold, a pending or refused reservation), once per dedupe key. */
+export interface UnmetDemandTable {
+  id: Generated<string>;
+  dedupe_key: string;
+  tenant_id: string;
+  pool_id: string | null;
+  source: 'hold' | 'reservation';
+  subject_id: string | null;
+  shape: string;
+  kind: string | null;
+  device_request: Json<unknown> | null;
+  reason: string;
+  message: string;
+  recorded_at: TimestampDefault;
+}
+
+export interface Database {
+  hold_kinds: HoldKindsTable;
+  host_holds: HostHoldsTable;
+  hold_bookings: HoldBookingsTable;
+  unmet_demand: UnmetDemandTable;
+}
+
+/** A signed bcd release (migration 2026-11-30T50-releases-rollouts). */
+export interface ReleasesTable {
+  id: string;
+  channel: string;
+  version: string;
+  protocol_version: number;
+  min_control_plane_version: string;
+  manifest: Json<Record<string, unknown>>;
+  manifest_digest: string;
+  signatures: Json<Array<Record<string, unknown>>>;
+  signer_pins: ColumnType<string[], string[], string[]>;
+  expires_at: Timestamp;
+  published_by: string | null;
+  created_at: TimestampDefault;
+}
+
+export interface ReleaseFilesTable {
+  release_id: string;
+  path: string;
+  size: number;
+  sha256: string;
+  content: Buffer;
+}
+
+export interface RolloutsTable {
+  id: string;
+  release_id: string;
+  created_by: string;
+  idempotency_key: string;
+  request_hash: string;
+  selector: Json<Record<string, unknown>>;
+  waves: Json<number[]>;
+  state: Generated<'running' | 'paused' | 'completed' | 'aborted'>;
+  current_wave: Generated<number>;
+  pause_reason: string | null;
+  abort_mode: 'stop' | 'rollback' | null;
+  rollback_done: Generated<boolean>;
+  created_at: TimestampDefault;
+  updated_at: TimestampDefault;
+  finished_at: Timestamp | null;
+}
+
+export interface RolloutNodesTable {
+  rollout_id: string;
+  node_id: string;
+  pool_id: string;
+  wave: number;
+  position: number;
+  state: Generated<
+    'pending' | 'updating' | 'soaking' | 'done' | 'failed' | 'skipped' | 'rolling-back' | 'rolled-back'
+  >;
+  from_version: string | null;
+  start_epoch: ColumnType<string | null, number | string | null | undefined, number | string | null>;
+  command_id: string | null;
+  started_at: Timestamp | null;
+  healthy_since: Timestamp | null;
+  finished_at: Timestamp | null;
+  reason: string | null;
+  acknowledged: Generated<boolean>;
+}
+
+/** What bcd declared and reported about itself (migration 2026-11-30T50-releases-rollouts). */
+export interface NodesTable {
+  protocol_version: number | null;
+  bcd_health: 'healthy' | 'unhealthy' | null;
+  bcd_health_epoch: ColumnType<string | null, number | string | null | undefined, number | string | null>;
+  bcd_update_report: ColumnType<
+    Record<string, unknown> | null,
+    string | null | undefined,
+    string | null
+  >;
+}
+
+export interface Database {
+  releases: ReleasesTable;
+  release_files: ReleaseFilesTable;
+  rollouts: RolloutsTable;
+  rollout_nodes: RolloutNodesTable;
 }

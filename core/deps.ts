@@ -1,4 +1,5 @@
 import type { Client } from '@temporalio/client';
+import type { PreemptionSummary } from '../domain/preemption.ts';
 import type { AdmissionCaches } from './admission-caches.ts';
 import type { Config } from './config.ts';
 import type { Db } from './database.ts';
@@ -38,6 +39,12 @@ export interface ReservationLifecycle {
    * deadline; INVALID_STATE in a terminal state or without a lease (the update's validator).
    */
   renew?(reservationId: string): Promise<{ leaseExpiresAt: Date }>;
+  /**
+   * Starts a spot preemption's workflow after the placement that preempted committed (harmless
+   * twice: its id is the preemption's). Should it never start, each noticed spot reservation's own
+   * lifecycle releases it a minute after the deadline.
+   */
+  preempt?(preemption: PreemptionSummary): Promise<void>;
 }
 
 /**

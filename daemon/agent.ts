@@ -5,6 +5,7 @@ import type { Logger } from '../core/logger.ts';
 import { assertNever } from '../domain/errors.ts';
 import { sectionHash } from '../domain/inventory-sections.ts';
 import { certificateNotAfter } from '../domain/pki.ts';
+import { currentProtocolVersion } from '../domain/release-version.ts';
 import {
   type AgentMessage,
   AgentServiceClient,
@@ -12,15 +13,18 @@ import {
   type ControlMessage,
   type Lane,
 } from '../proto/gen/agent/v1/agent.ts';
-import { runCommand } from './commands.ts';
+import type { CgroupDriver } from './cgroups.ts';
+import { type CommandHost, runCommand } from './commands.ts';
 import type { DeviceRoots, HeldAllocation } from './devices.ts';
 import { gatewayChannel } from './gateway-tls.ts';
 import type { Hardware } from './hardware.ts';
 import { type NodeIdentity, renewCertificate } from './identity.ts';
 import { Journal } from './journal.ts';
+import type { SelfUpdater } from './self-update.ts';
 import { SpecConverger } from './spec-converger.ts';
 
 export const agentVersion = '0.1.0';
+/** `devices.limits` is advertised only by an agent that makes slices (it has a cgroup driver). */
 export const agentCapabilities = ['devices.limits'];
 
 export interface AgentOptions {
@@ -29,6 +33,15 @@ export interface AgentOptions {
   roots: DeviceRoots;
   hardware: Hardware;
   log: Logger;
+  /** Where holds' slices are made; without it the agent enforces no limits and says so (no `devices.limits`). */
+  cgroups?: CgroupDriver | null;
+  /** How often holds are re-checked and empty slices swept without a new spec (default 5 s). */
+  passIntervalMs?: number;
+  /** A site agent's runner of `bmc.*` commands (`bcd site`); a node agent has none. */
+  siteCommands?: CommandHost['siteCommands'];
+  ramdiskCommands?: CommandHost['ramdiskCommands'];
+  /** A/B self-update (bcd sim only): the version and protocol it declares come from its slot. */
+  selfUpdate?: SelfUpdater;
   /** Reconnect back-off bounds (a gateway's retry pushback overrides them). */
   minBackoffMs?: number;
   maxBackoffMs?: number;
@@ -61,6 +74,7 @@ export class NodeAgent {
   private client: AgentServiceClient | null = null;
   private heartbeat: NodeJS.Timeout | null = null;
   private renewTimer: NodeJS.Timeout | null = null;
+  private passTimer: NodeJS.Timeout | null = null;
   private renewing = false;
   private lanes = new Map<Lane, Promise<void>>();
   private loop: Promise<void> | null = null;
@@ -75,6 +89,9 @@ export class NodeAgent {
       identity: options.identity,
       log: options.log,
       send: (message) => this.send(message),
+      hardware: options.hardware,
+      cgroups: options.cgroups ?? null,
+      inventoryChanged: () => this.sendInventory(['gpus']),
     });
     this.status = {
       nodeId: options.identity.nodeId,
@@ -95,12 +112,25 @@ export class NodeAgent {
     // Sessions last for days: renewal is checked on a timer too, not only before reconnecting.
     this.renewTimer = setInterval(() => void this.maybeRenew(), 10 * 60_000);
     this.renewTimer.unref();
+    // Holds are re-checked against the hardware (a GPU that fell off fails its hold; one that came
+    // back binds again) and empty slices of released holds removed, retrying every pass.
+    this.passTimer = setInterval(() => this.convergePass(), this.options.passIntervalMs ?? 5_000);
+    this.passTimer.unref();
+  }
+
+  /** One converge pass outside a spec (also what tests call to act at once). */
+  convergePass(): void {
+    if (this.stopped) return;
+    this.converger.pass();
+    this.status.held = this.converger.heldAllocations();
   }
 
   /** Stops at once: no journal entry is completed on the way out (a crash, for tests). */
   async stop(): Promise<void> {
     this.stopped = true;
     if (this.renewTimer) clearInterval(this.renewTimer);
+    if (this.passTimer) clearInterval(this.passTimer);
+    this.options.selfUpdate?.stop();
     this.wake?.();
     this.closeStream();
     await this.loop;
@@ -202,6 +232,8 @@ export class NodeAgent {
     this.stream = stream;
     let welcomed = false;
     this.converger.newSession();
+    this.options.selfUpdate?.beforeSession();
+    const running = this.options.selfUpdate?.current();
     return new Promise((resolve) => {
       let done = false;
       const finish = (code: number | null, metadata?: Metadata) => {
@@ -226,8 +258,9 @@ export class NodeAgent {
           $case: 'hello',
           value: {
             nodeId: identity.nodeId,
-            agentVersion,
-            capabilities: agentCapabilities,
+            agentVersion: running?.version ?? agentVersion,
+            protocolVersion: running?.protocolVersion ?? currentProtocolVersion,
+            capabilities: this.options.cgroups ? agentCapabilities : [],
             journalId: this.journal.journalId,
             lastAckedSeq: this.journal.lastAckedSeq,
             observedGeneration: this.converger.generation,
@@ -256,6 +289,10 @@ export class NodeAgent {
         this.status.sessions++;
         this.writeSession();
         this.sendInventory(body.value.wantSections);
+        this.options.selfUpdate?.afterWelcome(
+          (status) => this.send({ body: { $case: 'updateStatus', value: status } }),
+          () => this.closeStream(),
+        );
         const interval = Math.max(100, body.value.heartbeatIntervalMs);
         this.heartbeat = setInterval(() => {
           this.send({
@@ -317,6 +354,9 @@ export class NodeAgent {
           heldGpus: () => this.converger.heldGpus(),
           resendInventory: () => this.sendInventory(['gpus', 'host']),
           reboot: () => this.closeStream(),
+          ...(this.options.siteCommands ? { siteCommands: this.options.siteCommands } : {}),
+          ...(this.options.ramdiskCommands ? { ramdiskCommands: this.options.ramdiskCommands } : {}),
+          ...(this.options.selfUpdate ? { selfUpdate: this.options.selfUpdate } : {}),
         },
         command,
         Date.now(),

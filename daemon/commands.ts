@@ -1,8 +1,13 @@
 import { type CommandKindName, commandKinds, isCommandKind } from '../domain/command-kinds.ts';
 import { assertNever } from '../domain/errors.ts';
+import type { BcdRollbackPayload, BcdUpdatePayload } from '../domain/release-commands.ts';
 import { type Command, CommandOutcome, type CommandResult } from '../proto/gen/agent/v1/agent.ts';
 import type { Hardware } from './hardware.ts';
 import type { Journal } from './journal.ts';
+import type { SiteCommandKind } from './site-commands.ts';
+
+/** The commissioning kinds a ramdisk runs (daemon/metal-machines.ts). */
+export type RamdiskCommandKind = 'disk.wipe' | 'deploy.image' | 'boot.kexec' | 'logs.collect';
 
 /** What a command may do to the agent besides the hardware. */
 export interface CommandHost {
@@ -13,6 +18,15 @@ export interface CommandHost {
   resendInventory(): void;
   /** Simulated reboot: drop the session and come back. */
   reboot(): void;
+  /** A site agent's runner of `bmc.*` commands (Redfish); absent on a node, which refuses them. */
+  siteCommands?: (kind: SiteCommandKind, payload: Record<string, unknown>) => Promise<unknown>;
+  /** A ramdisk's runner of the commissioning kinds; absent elsewhere, which refuses them. */
+  ramdiskCommands?: (kind: RamdiskCommandKind, payload: Record<string, unknown>) => Promise<unknown>;
+  /** Self-update (A/B slots); absent on a bcd that does not re-execute itself. */
+  selfUpdate?: {
+    stage(payload: BcdUpdatePayload): unknown;
+    rollback(payload: BcdRollbackPayload): unknown;
+  };
 }
 
 function result(command: Command, outcome: CommandOutcome, body?: unknown, error?: string): CommandResult {
@@ -117,6 +131,31 @@ async function execute(
     case 'node.reboot':
       setTimeout(() => host.reboot(), 50);
       return { rebooting: true };
+    case 'bmc.power':
+    case 'bmc.boot':
+    case 'bmc.media':
+    case 'bmc.inventory':
+      if (!host.siteCommands) throw new Error(`${kind} runs on a site agent (bcd site) only`);
+      return host.siteCommands(kind, payload);
+    case 'disk.wipe':
+    case 'deploy.image':
+    case 'boot.kexec':
+    case 'logs.collect':
+      if (!host.ramdiskCommands) throw new Error(`${kind} runs in a ramdisk only`);
+      return host.ramdiskCommands(kind, payload);
+    case 'bcd.update':
+    case 'bcd.rollback': {
+      if (!host.selfUpdate) {
+        throw new Error('self-update is not available on this bcd: only bcd sim restarts into a new slot');
+      }
+      const body =
+        kind === 'bcd.update'
+          ? host.selfUpdate.stage(payload as BcdUpdatePayload)
+          : host.selfUpdate.rollback(payload as BcdRollbackPayload);
+      // Restart into the slot once the answer is on its way (a new session, so a new epoch).
+      setTimeout(() => host.reboot(), 50);
+      return body;
+    }
     default:
       return assertNever(kind);
   }

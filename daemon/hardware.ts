@@ -1,5 +1,7 @@
 import { createHash } from 'node:crypto';
-import type { GpusSection, HostSection } from '../domain/inventory-sections.ts';
+import { formatCpulist } from '../domain/host-limits.ts';
+import type { GpusSection, HostSection, MigInstance } from '../domain/inventory-sections.ts';
+import type { MigLayoutSettings } from '../domain/node-spec.ts';
 import type { HardwareEvidence } from '../proto/gen/agent/v1/agent.ts';
 
 /** What bcd reads from (and does to) the machine. */
@@ -13,6 +15,11 @@ export interface Hardware {
   resetGpu(uuid: string): Promise<void>;
   /** GPU diagnostics: per-GPU pass or fail. */
   diagnose(level: string): Promise<Array<{ uuid: string; passed: boolean }>>;
+  /**
+   * Puts the named GPUs in MIG mode with exactly these instances (the `mig-layout` config unit),
+   * and reads the GPUs again; `gpus()` answers the new instances afterwards.
+   */
+  applyMigLayout?(settings: MigLayoutSettings): void;
 }
 
 /** The shape of a simulated GPU server. */
@@ -26,6 +33,8 @@ export interface SimShape {
   vcpu: number;
   memoryGiB: number;
   hugepages1Gi: number;
+  /** MIG profiles every GPU starts with (MIG mode on), e.g. seven `1g.10gb`; absent: MIG off. */
+  migProfiles?: string[];
 }
 
 export const defaultSimShape: SimShape = {
@@ -55,11 +64,45 @@ export class SimHardware implements Hardware {
   diagnoseDelayMs = 0;
   readonly sideEffects: string[] = [];
   onSideEffect?: (entry: string) => void;
+  /** The cgroup hierarchy the simulated node enforces holds with (reported in the host section). */
+  cgroup: HostSection['cgroup'];
+  /** GPUs (by index) the driver reports unhealthy. */
+  readonly unhealthyGpus = new Set<number>();
+  /** MIG profiles per GPU index, for GPUs in MIG mode. */
+  private readonly mig = new Map<number, string[]>();
 
   constructor(
     readonly seed: string,
     readonly shape: SimShape = defaultSimShape,
-  ) {}
+  ) {
+    if (shape.migProfiles) for (let i = 0; i < shape.gpus; i++) this.mig.set(i, [...shape.migProfiles]);
+  }
+
+  /** MIG instances as nvidia-smi lists them: GPU instance ids in placement order, one compute instance each. */
+  private migInstances(index: number, profiles: readonly string[]): MigInstance[] {
+    return profiles.map((profile, i) => {
+      const memoryGb = Number(/\.(\d+)gb/.exec(profile)?.[1] ?? '0');
+      return {
+        uuid: `MIG-${uuidFrom(`${this.seed}/gpu/${index}/mig/${i}/${profile}`)}`,
+        profile,
+        gpuInstanceId: i + 1,
+        computeInstanceId: 0,
+        memoryMiB: memoryGb * 1024 - 256,
+      };
+    });
+  }
+
+  applyMigLayout(settings: MigLayoutSettings): void {
+    const gpus = this.allGpus();
+    for (const want of settings.gpus) {
+      const gpu = gpus.find((g) => g.uuid === want.uuid);
+      if (!gpu) throw new Error(`no GPU ${want.uuid}`);
+      this.mig.set(gpu.index, [...want.profiles]);
+    }
+    const entry = `mig.layout ${settings.gpus.map((g) => `${g.uuid}=${g.profiles.join('+')}`).join(' ')}`;
+    this.sideEffects.push(entry);
+    this.onSideEffect?.(entry);
+  }
 
   evidence(): HardwareEvidence {
     const mac = createHash('sha256').update(`${this.seed}/mac`).digest();
@@ -83,7 +126,10 @@ export class SimHardware implements Hardware {
       nvlinkDomain: shape.nvlinkDomainSize > 1 ? `nvl-${Math.floor(index / shape.nvlinkDomainSize)}` : null,
       numaNode: Math.floor((index * shape.numaNodes) / Math.max(1, shape.gpus)),
       pciBusId: `00000000:${(0x18 + index * 0x10).toString(16).padStart(2, '0')}:00.0`,
-      health: 'healthy' as const,
+      health: this.unhealthyGpus.has(index) ? ('unhealthy' as const) : ('healthy' as const),
+      ...(this.mig.has(index)
+        ? { mig: { mode: 'enabled' as const, instances: this.migInstances(index, this.mig.get(index)!) } }
+        : {}),
     }));
   }
 
@@ -100,6 +146,15 @@ export class SimHardware implements Hardware {
       hugepages1Gi: this.shape.hugepages1Gi,
       pciGpuCount: this.shape.gpus,
       kernel: 'sim',
+      numa: Array.from({ length: Math.max(1, this.shape.numaNodes) }, (_, node) => {
+        const per = Math.floor(this.shape.vcpu / Math.max(1, this.shape.numaNodes));
+        return {
+          node,
+          cpus: formatCpulist(Array.from({ length: per }, (_, i) => node * per + i)),
+          memoryGiB: Math.floor(this.shape.memoryGiB / Math.max(1, this.shape.numaNodes)),
+        };
+      }),
+      ...(this.cgroup ? { cgroup: this.cgroup } : {}),
     };
   }
 

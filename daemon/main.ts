@@ -3,11 +3,13 @@ import path from 'node:path';
 import { Command } from 'commander';
 import { createLogger } from '../core/logger.ts';
 import { agentVersion, NodeAgent } from './agent.ts';
+import { nodeCgroups } from './cgroups-node.ts';
 import { parseDaemonConfig } from './config.ts';
 import { defaultSimShape } from './hardware.ts';
 import { identityExists, joinWithToken, loadIdentity } from './identity.ts';
 import { NvidiaSmiHardware } from './nvidia-smi.ts';
 import { startSimulatedFleet } from './sim.ts';
+import { startSiteAgent } from './site-agent.ts';
 import { formatDaemonStatus, readDaemonStatus } from './status.ts';
 
 /** `bcd`: the node agent. join, node, status and sim. */
@@ -73,11 +75,38 @@ common(program.command('node'))
       stateDir: config.dir,
       roots: { cdiDir: config.cdiDir, envDir: config.envDir },
       hardware,
+      cgroups: nodeCgroups(log),
       log: log.child({ nodeId: identity.nodeId }),
     });
     agent.start();
     log.info({ nodeId: identity.nodeId, gateway: identity.gateway }, 'bcd node running');
     waitForSignal(() => agent.stop());
+  });
+
+common(program.command('site'))
+  .description(
+    "Run the site agent: joins its site once with a site token (role site), then serves the site's boot lease and its machines' BMCs over Redfish when it holds the lease (a standby otherwise).",
+  )
+  .requiredOption('--gateway <host:port>', 'the gateway address')
+  .requiredOption('--ca-file <file>', "the control plane's CA certificate (PEM)")
+  .option('--token <token>', 'a site join token (bcst_…), needed only for the first start')
+  .option('--name <name>', 'the agent name to ask for (default: the hostname)')
+  .action(async (flags) => {
+    const config = parseDaemonConfig(flags);
+    const log = createLogger({ level: config.logLevel, name: 'bcd-site' });
+    const hardware = new NvidiaSmiHardware();
+    await hardware.refresh().catch(() => {});
+    const site = await startSiteAgent({
+      gatewayAddress: flags.gateway,
+      caCertificatePem: readFileSync(flags.caFile, 'utf8'),
+      ...(flags.token ? { token: flags.token } : {}),
+      dir: config.dir,
+      name: flags.name ?? hardware.evidence().hostname,
+      hardware,
+      log,
+    });
+    console.log(`site agent ${site.identity.nodeName} (${site.identity.nodeId}) of site ${site.identity.siteId}`);
+    waitForSignal(() => site.stop());
   });
 
 common(program.command('status'))

@@ -1,10 +1,12 @@
-import { execFile } from 'node:child_process';
+import { execFile, execFileSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { cpus, hostname, networkInterfaces, totalmem } from 'node:os';
 import { promisify } from 'node:util';
 import type { GpuInventory, GpusSection, HostSection } from '../domain/inventory-sections.ts';
+import type { MigLayoutSettings } from '../domain/node-spec.ts';
 import type { HardwareEvidence } from '../proto/gen/agent/v1/agent.ts';
 import type { Hardware } from './hardware.ts';
+import { migLayoutCommands, readMigInventory } from './mig.ts';
 
 const run = promisify(execFile);
 
@@ -103,13 +105,31 @@ export class NvidiaSmiHardware implements Hardware {
     });
     const topo = await run('nvidia-smi', ['topo', '-m']).catch(() => ({ stdout: '' }));
     const topology = parseTopology(topo.stdout);
-    this.cached = {
-      gpus: parseGpuQuery(query.stdout).map(({ serial: _serial, ...g }) => ({
+    this.cached = this.withMig(
+      parseGpuQuery(query.stdout).map(({ serial: _serial, ...g }) => ({
         ...g,
         nvlinkDomain: topology.get(g.index)?.nvlinkDomain ?? null,
         numaNode: topology.get(g.index)?.numaNode ?? -1,
       })),
+    );
+  }
+
+  private withMig(gpus: GpusSection['gpus']): GpusSection {
+    const mig = gpus.length > 0 ? readMigInventory() : new Map();
+    return { gpus: gpus.map((g) => (mig.has(g.uuid) ? { ...g, mig: mig.get(g.uuid) } : g)) };
+  }
+
+  /** Applies a `mig-layout` with nvidia-smi (synchronously: the spec's status waits for it). */
+  applyMigLayout(settings: MigLayoutSettings): void {
+    const indexOf = (uuid: string) => {
+      const gpu = this.cached.gpus.find((g) => g.uuid === uuid);
+      if (!gpu) throw new Error(`no GPU ${uuid}`);
+      return gpu.index;
     };
+    for (const args of migLayoutCommands(settings, indexOf)) {
+      execFileSync('nvidia-smi', args, { stdio: 'ignore', timeout: 120_000 });
+    }
+    this.cached = this.withMig(this.cached.gpus.map(({ mig: _mig, ...g }) => g));
   }
 
   evidence(): HardwareEvidence {

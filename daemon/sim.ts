@@ -1,9 +1,24 @@
 import { createHash } from 'node:crypto';
 import path from 'node:path';
 import type { Logger } from '../core/logger.ts';
-import { NodeAgent } from './agent.ts';
+import type { ReleaseTrust } from '../domain/release-manifest.ts';
+import { currentProtocolVersion } from '../domain/release-version.ts';
+import { agentVersion, NodeAgent } from './agent.ts';
+import { removeSimulatorCgroups, simulatorCgroups } from './cgroups-sim.ts';
+import type { CgroupDriver } from './cgroups.ts';
 import { defaultSimShape, SimHardware, type SimShape } from './hardware.ts';
 import { identityExists, joinWithToken, loadIdentity } from './identity.ts';
+import { SelfUpdater, type SimBehaviour } from './self-update.ts';
+
+/** The simulated bcd every node of a fleet starts as (slot a), and how its updates behave. */
+export interface SimBcdOptions {
+  version?: string;
+  protocolVersion?: number;
+  /** The release signers these nodes pin (none: every update is refused). */
+  trust?: ReleaseTrust;
+  /** Versions told to crash at start or report unhealthy (mutable while the fleet runs). */
+  faults?: Map<string, SimBehaviour>;
+}
 
 export interface SimulatedNode {
   nodeId: string;
@@ -11,6 +26,8 @@ export interface SimulatedNode {
   dir: string;
   agent: NodeAgent;
   hardware: SimHardware;
+  /** Where the node makes its holds' slices. */
+  cgroups?: CgroupDriver;
 }
 
 export interface SimulatedFleet {
@@ -53,6 +70,8 @@ export async function startSimulatedFleet(input: {
   maxBackoffMs?: number;
   /** How fast agents start their sessions (default 250 a second). */
   startsPerSecond?: number;
+  /** The simulated bcd "binary": its version, protocol, release pins and per-version faults. */
+  bcd?: SimBcdOptions;
 }): Promise<SimulatedFleet> {
   const shape = { ...defaultSimShape, ...input.shape };
   const prefix = input.namePrefix ?? 'sim';
@@ -76,11 +95,22 @@ export async function startSimulatedFleet(input: {
             requestedName: name,
             agentVersion: '0.1.0-sim',
           });
+      const selfUpdate = new SelfUpdater({
+        stateDir: dir,
+        baseVersion: input.bcd?.version ?? agentVersion,
+        baseProtocolVersion: input.bcd?.protocolVersion ?? currentProtocolVersion,
+        trust: input.bcd?.trust ?? null,
+        log: input.log.child({ nodeId: identity.nodeId, node: name, component: 'self-update' }),
+        ...(input.bcd?.faults ? { behaviourOf: (v: string) => input.bcd?.faults?.get(v) } : {}),
+      });
+      const cgroups = simulatorCgroups(hardware, { dir, name });
       const agent = new NodeAgent({
+        selfUpdate,
         identity,
         stateDir: dir,
         roots: { cdiDir: path.join(dir, 'cdi'), envDir: path.join(dir, 'allocations') },
         hardware,
+        cgroups,
         log: input.log.child({ nodeId: identity.nodeId, node: name }),
         ...(input.minBackoffMs !== undefined ? { minBackoffMs: input.minBackoffMs } : {}),
         ...(input.maxBackoffMs !== undefined ? { maxBackoffMs: input.maxBackoffMs } : {}),
@@ -90,7 +120,7 @@ export async function startSimulatedFleet(input: {
       const wait = startedAt + launched++ * gap - Date.now();
       if (wait > 0) await new Promise((r) => setTimeout(r, wait));
       agent.start();
-      nodes[index] = { nodeId: identity.nodeId, name: identity.nodeName, dir, agent, hardware };
+      nodes[index] = { nodeId: identity.nodeId, name: identity.nodeName, dir, agent, hardware, cgroups };
     }
   };
   const started: SimulatedNode[] = [];
@@ -106,6 +136,7 @@ export async function startSimulatedFleet(input: {
     nodes: started,
     stop: async () => {
       await Promise.all(started.map((n) => n.agent.stop()));
+      for (const n of started) if (n.cgroups) removeSimulatorCgroups(n.cgroups);
     },
   };
 }

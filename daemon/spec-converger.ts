@@ -1,13 +1,21 @@
 import type { Logger } from '../core/logger.ts';
 import { attestedReportPurpose, signAllocationReport } from '../domain/attestation.ts';
-import { applySpecPatch, type DeviceAssignment, nodeSpecSchema } from '../domain/node-spec.ts';
+import {
+  applySpecPatch,
+  canonicalJson,
+  type DeviceAssignment,
+  type MigLayoutSettings,
+  nodeSpecSchema,
+} from '../domain/node-spec.ts';
 import type {
   AgentMessage,
   AllocationReport,
   NodeSpecUpdate,
   SpecStatus,
 } from '../proto/gen/agent/v1/agent.ts';
-import { convergeDevices, type DeviceRoots, type HeldAllocation } from './devices.ts';
+import type { CgroupDriver } from './cgroups.ts';
+import { convergeDevices, type DeviceRoots, type HeldAllocation, sweepSlices } from './devices.ts';
+import type { Hardware } from './hardware.ts';
 import type { NodeIdentity } from './identity.ts';
 import type { Journal } from './journal.ts';
 
@@ -30,6 +38,12 @@ export class SpecConverger {
       identity: NodeIdentity;
       log: Logger;
       send(message: AgentMessage): void;
+      /** What the holds are checked against (atoms present and healthy, host memory). */
+      hardware?: Hardware;
+      /** Where slices are made; without it limits travel in the env file only. */
+      cgroups?: CgroupDriver | null;
+      /** The GPUs changed (a MIG layout was applied): send the inventory before the status. */
+      inventoryChanged?(): void;
     },
   ) {
     this.generation = options.journal.convergedGeneration;
@@ -68,6 +82,8 @@ export class SpecConverger {
         next = applySpecPatch(this.spec, JSON.parse(update.patchJson.toString('utf8')));
       }
       const parsed = nodeSpecSchema.parse(next);
+      const layout = parsed.host?.units.find((u) => u.unit === 'mig-layout');
+      if (layout) this.convergeMigLayout(layout.settings);
       this.converge(parsed.devices, generation);
       this.spec = next;
       this.generation = generation;
@@ -82,10 +98,73 @@ export class SpecConverger {
     }
   }
 
+  /**
+   * The host converger's `mig-layout` unit: applies the layout when the GPUs differ from it, then
+   * the inventory goes out again, before the spec's status, so the control plane learns the new
+   * instances before it learns this generation converged.
+   */
+  private convergeMigLayout(settings: MigLayoutSettings): void {
+    const hardware = this.options.hardware;
+    if (!hardware?.applyMigLayout) throw new Error('this node cannot apply a mig-layout');
+    const current = hardware.gpus().gpus;
+    const differs = settings.gpus.some((want) => {
+      const gpu = current.find((g) => g.uuid === want.uuid);
+      if (!gpu) throw new Error(`mig-layout names GPU ${want.uuid}, which this node does not have`);
+      const have = gpu.mig?.mode === 'enabled' ? gpu.mig.instances.map((i) => i.profile) : null;
+      return canonicalJson(have) !== canonicalJson(want.profiles);
+    });
+    if (!differs) return;
+    hardware.applyMigLayout(settings);
+    this.options.log.info({ gpus: settings.gpus.length }, 'mig-layout applied');
+    this.options.inventoryChanged?.();
+  }
+
+  /** One pass without a new spec: re-checks the holds against the hardware and sweeps empty slices. */
+  pass(): void {
+    if (!this.spec) {
+      if (this.options.cgroups) sweepSlices(this.options.cgroups, new Set(this.held.keys()));
+      return;
+    }
+    try {
+      this.converge(nodeSpecSchema.parse(this.spec).devices, this.generation);
+    } catch (err) {
+      this.options.log.warn({ err }, 'converge pass failed');
+    }
+  }
+
   private converge(assignments: readonly DeviceAssignment[], generation: number): void {
-    const { held, released } = convergeDevices(this.options.roots, assignments);
+    const hardware = this.options.hardware;
+    const { held, released, failed } = convergeDevices(this.options.roots, assignments, {
+      ...(hardware
+        ? { gpus: hardware.gpus().gpus, hostMemoryBytes: hardware.host().memoryGiB * 1024 ** 3 }
+        : {}),
+      cgroups: this.options.cgroups ?? null,
+    });
     this.held = new Map(held.map((h) => [h.allocationId, h]));
+    const failing = new Set(failed.map((f) => f.allocationId));
+    // A hold refused for its devices: the control plane must learn their health too, or it would
+    // place the reservation on them again.
+    if (
+      failed.some(
+        (f) =>
+          f.reason === 'device-unavailable' &&
+          this.reported.get(f.allocationId) !== `failed:${f.reason}:${f.message}`,
+      )
+    ) {
+      this.options.inventoryChanged?.();
+    }
+    for (const failure of failed) {
+      const key = `failed:${failure.reason}:${failure.message}`;
+      if (this.reported.get(failure.allocationId) === key) continue;
+      this.report(
+        failure.allocationId,
+        generation,
+        { $case: 'failed', value: { reason: failure.reason, message: failure.message } },
+        key,
+      );
+    }
     for (const hold of held) {
+      if (failing.has(hold.allocationId)) continue;
       if (this.reported.get(hold.allocationId) === 'bound') continue;
       this.report(hold.allocationId, generation, {
         $case: 'bound',
@@ -107,6 +186,7 @@ export class SpecConverger {
     allocationId: string,
     generation: number,
     kind: NonNullable<AllocationReport['kind']>,
+    key: string = kind.$case,
   ): void {
     const report: AllocationReport = {
       purpose: attestedReportPurpose,
@@ -116,7 +196,7 @@ export class SpecConverger {
       atMs: Date.now(),
       kind,
     };
-    this.reported.set(allocationId, kind.$case);
+    this.reported.set(allocationId, key);
     this.options.send({
       body: { $case: 'report', value: signAllocationReport(report, this.options.identity.privateKeyPem) },
     });

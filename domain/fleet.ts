@@ -17,6 +17,7 @@ export const provisionStates = [
   'ready',
   'deploying',
   'deployed',
+  'cleaning',
   'retiring',
   'retired',
 ] as const;

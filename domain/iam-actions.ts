@@ -6,8 +6,8 @@
  */
 export const iamActionTable = {
   reservations: ['create', 'read', 'extend', 'release'],
-  capacity: ['read'],
-  pools: ['read'],
+  capacity: ['read', 'hold'],
+  pools: ['read', 'declare-kinds'],
   nodes: [
     'read',
     'join',
@@ -18,7 +18,12 @@ export const iamActionTable = {
     'retire',
     'revoke-certificates',
     'approve-reclaim',
+    'maintenance',
+    'provision',
+    'configure',
   ],
+  images: ['read', 'manage'],
+  profiles: ['read', 'manage'],
   events: ['read'],
   webhooks: ['read', 'manage'],
   admin: ['read', 'write'],

@@ -11,6 +11,8 @@ export type IdPrefix =
   | 'rsv'
   | 'cmd'
   | 'jt'
+  | 'st'
+  | 'dt'
   | 'cert'
   | 'evt'
   | 'hold'

@@ -15,18 +15,57 @@ export const deviceAssignmentSchema = z.looseObject({
   /** The booking's end, epoch milliseconds. */
   until: z.number().int().nonnegative(),
   binding: z.enum(['hold', 'kubernetes']).default('hold'),
+  /** A spot preemption's notice deadline, epoch milliseconds: bcd tells the workload (a file and BCD_PREEMPT_AT). */
+  preemptAt: z.number().int().nonnegative().optional(),
   limits: z
     .strictObject({
       cpuMillis: z.number().int().nonnegative().optional(),
       memoryBytes: z.number().int().nonnegative().optional(),
       hugepages1Gi: z.number().int().nonnegative().optional(),
+      /** The cpuset: CPUs of the devices' NUMA nodes, never the host's reserved ones (domain/host-limits.ts). */
+      cpus: z
+        .string()
+        .max(32 * 1024)
+        .optional(),
+      mems: z.string().max(1024).optional(),
+    })
+    .optional(),
+  /** A time-slice or MPS pool's sharing settings, exported to the workload (domain/sharing.ts). */
+  sharing: z
+    .strictObject({
+      mode: z.enum(['time-slice', 'mps']),
+      replicas: z.number().int().min(1).max(64),
+      mpsThreadPercentage: z.number().int().min(1).max(100).optional(),
     })
     .optional(),
 });
 export type DeviceAssignment = z.infer<typeof deviceAssignmentSchema>;
 
+/** MIG profiles per GPU (by UUID), in creation order: the `mig-layout` config unit's settings. */
+export const migLayoutSettingsSchema = z.strictObject({
+  gpus: z
+    .array(
+      z.strictObject({
+        uuid: z.string().regex(/^GPU-[A-Za-z0-9-]{1,200}$/),
+        profiles: z.array(z.string().regex(/^[1-7]g\.\d{1,4}gb(\+me)?$/)).max(7),
+      }),
+    )
+    .max(64),
+});
+export type MigLayoutSettings = z.infer<typeof migLayoutSettingsSchema>;
+
+/** One concern of the host's configuration (glossary: Config unit). bcd converges `mig-layout`. */
+export const configUnitSchema = z.discriminatedUnion('unit', [
+  z.strictObject({ unit: z.literal('mig-layout'), settings: migLayoutSettingsSchema }),
+]);
+export type ConfigUnit = z.infer<typeof configUnitSchema>;
+
+export const hostConfigSchema = z.looseObject({ units: z.array(configUnitSchema).max(32).default([]) });
+export type HostConfig = z.infer<typeof hostConfigSchema>;
+
 export const nodeSpecSchema = z.looseObject({
   devices: z.array(deviceAssignmentSchema).max(256).default([]),
+  host: hostConfigSchema.optional(),
 });
 export type NodeSpec = z.infer<typeof nodeSpecSchema>;
 

@@ -1,4 +1,5 @@
 import { assertNever } from './errors.ts';
+import { exhaustionOf } from './holds.ts';
 import type { DeviceClass, HostResourceAmounts, Topology } from './reservation-request.ts';
 
 /**
@@ -63,7 +64,8 @@ export type Rejection =
   | 'selector'
   | 'devices'
   | 'nvlink'
-  | 'host-resources';
+  | 'host-resources'
+  | 'reservations-exhausted';
 
 export interface NodeFit {
   nodeId: string;
@@ -168,6 +170,9 @@ export function fitNode(node: PlacerNode, request: PlacementRequest, window: Int
     if (available < amount) return { rejection: 'host-resources' };
     resources[key] = amount;
   }
+  // A host left with less than one core or one GiB publishes that it takes no work (holds.ts).
+  if (exhaustionOf({ cpuCores: hostFree(node, 'vcpu', window), ramGiB: hostFree(node, 'memoryGiB', window) }))
+    return { rejection: 'reservations-exhausted' };
   return {
     fit: {
       nodeId: node.id,
@@ -239,6 +244,8 @@ function phrase(rejection: Rejection, n: number, request: PlacementRequest, labe
       return `${n} ${lack} ${request.count} free ${noun}`;
     case 'nvlink':
       return `${n} ${lack} ${request.count} free ${noun} in one NVLink domain`;
+    case 'reservations-exhausted':
+      return `${n} ${have} less than 1 core or 1 GiB left (reservations_exhausted)`;
     case 'host-resources': {
       const r = request.resources;
       return `${n} ${lack} the host resources (${r.vcpu} vCPU, ${r.memoryGiB} GiB memory${r.hugepages1Gi ? `, ${r.hugepages1Gi} 1Gi huge pages` : ''})`;
@@ -251,10 +258,36 @@ function phrase(rejection: Rejection, n: number, request: PlacementRequest, labe
 /** `0 of 12 nodes fit: 9 lack 4 free GPUs in one NVLink domain, 3 are cordoned` (largest reason first). */
 export function summarizeNoFit(plan: PlacementPlan, request: PlacementRequest): string {
   if (plan.nodes === 0) return '0 of 0 nodes fit: the pool has no nodes';
-  const parts = (Object.entries(plan.rejections) as Array<[Rejection, number]>)
+  return `${plan.fits.length} of ${plan.nodes} node${plan.nodes === 1 ? '' : 's'} fit: ${rejectionReasons(plan, request)}`;
+}
+
+/** Why the nodes a plan rejected do not fit, largest reason first: `9 lack 4 free GPUs, 3 are cordoned`. */
+export function rejectionReasons(plan: PlacementPlan, request: PlacementRequest): string {
+  return (Object.entries(plan.rejections) as Array<[Rejection, number]>)
     .sort((a, b) => b[1] - a[1])
-    .map(([rejection, n]) => phrase(rejection, n, request, plan.missingLabel));
-  return `${plan.fits.length} of ${plan.nodes} node${plan.nodes === 1 ? '' : 's'} fit: ${parts.join(', ')}`;
+    .map(([rejection, n]) => phrase(rejection, n, request, plan.missingLabel))
+    .join(', ');
+}
+
+/**
+ * The only instants a fit can begin at within [from, from + horizonMs]: `from` and the ends of the
+ * nodes' bookings, in order, at most `maxCandidates` of them.
+ */
+export function candidateStarts(
+  nodes: readonly PlacerNode[],
+  from: number,
+  horizonMs: number,
+  maxCandidates = 400,
+): number[] {
+  const ends = new Set<number>([from]);
+  for (const node of nodes) {
+    for (const d of node.devices)
+      for (const b of d.bookings) if (b.end > from && b.end <= from + horizonMs) ends.add(b.end);
+    for (const row of Object.values(node.host)) {
+      for (const b of row?.bookings ?? []) if (b.end > from && b.end <= from + horizonMs) ends.add(b.end);
+    }
+  }
+  return [...ends].sort((a, b) => a - b).slice(0, maxCandidates);
 }
 
 /**
@@ -270,16 +303,7 @@ export function earliestStart(
   horizonMs: number,
   maxCandidates = 400,
 ): number | null {
-  const ends = new Set<number>([from]);
-  for (const node of nodes) {
-    for (const d of node.devices)
-      for (const b of d.bookings) if (b.end > from && b.end <= from + horizonMs) ends.add(b.end);
-    for (const row of Object.values(node.host)) {
-      for (const b of row?.bookings ?? []) if (b.end > from && b.end <= from + horizonMs) ends.add(b.end);
-    }
-  }
-  const candidates = [...ends].sort((a, b) => a - b).slice(0, maxCandidates);
-  for (const start of candidates) {
+  for (const start of candidateStarts(nodes, from, horizonMs, maxCandidates)) {
     const window = { start, end: start + durationMs };
     if (nodes.some((node) => 'fit' in fitNode(node, request, window))) return start;
   }

@@ -1,4 +1,5 @@
 import { assertNever } from './errors.ts';
+import { lostMembers, memberName } from './gang-lifecycle.ts';
 import type { Condition, ReservationSnapshot } from './reservation-lifecycle-types.ts';
 import type { ReservationState } from './reservation-states.ts';
 
@@ -30,7 +31,14 @@ export function activeConditions(s: ReservationSnapshot): Condition[] {
   const exposed = [...new Set(s.allocations.filter((a) => a.foreignGpuExposure).map((a) => a.nodeId))].sort();
   const unhealthy = [...new Set(s.allocations.flatMap((a) => a.unhealthyAtoms ?? []))].sort();
   if (lost) {
-    out.push({ ...degradedLost, since: since('Degraded', 'BindingLost') });
+    const members = (s.gangSize ?? 1) > 1 ? lostMembers(s) : [];
+    out.push({
+      ...degradedLost,
+      ...(members.length > 0
+        ? { message: `${degradedLost.message}: gang ${members.map(memberName).join(', ')}` }
+        : {}),
+      since: since('Degraded', 'BindingLost'),
+    });
   } else if (exposed.length > 0) {
     out.push({
       type: 'Degraded',

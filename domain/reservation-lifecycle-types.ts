@@ -4,6 +4,7 @@
  * themselves are `reservation-states.ts`.
  */
 
+import type { RepairMoment } from './booking-repair.ts';
 import type { ReservationState, TerminalState } from './reservation-states.ts';
 
 /** Every moment the lifecycle owns, in milliseconds. Pool policy `timers` and workflow input override. */
@@ -58,6 +59,10 @@ export interface AllocationView {
   foreignGpuExposure?: boolean;
   /** Booked atoms that are unhealthy (stable ids). */
   unhealthyAtoms?: string[];
+  /** Its member number in a gang (0..size-1). */
+  gangIndex?: number;
+  /** How often this gang member was re-placed on its own. */
+  memberAttempt?: number;
 }
 
 /** What PostgreSQL says about one reservation, all times epoch milliseconds of compute_now(). */
@@ -85,6 +90,12 @@ export interface ReservationSnapshot {
   timers: LifecycleTimers;
   /** What the reservation is, for the workflow's memo. */
   summary: string;
+  /** A gang's size (absent or 1: one node). */
+  gangSize?: number;
+  /** A spot reservation under a preemption notice: when it is released (epoch ms). */
+  preemptAt?: number;
+  /** Booked ahead of a future start (a calendar reservation): BookingRepair checks it before. */
+  calendar?: boolean;
 }
 
 /** What the workflow was asked since it last acted (signals and updates set these). */
@@ -102,6 +113,8 @@ export interface LifecycleMemory {
   lastPlaceAttemptAt: number | null;
   /** compute_now() up to which usage has been metered. */
   meteredThrough: number | null;
+  /** The BookingRepair moments already run (a calendar reservation's). */
+  repairsDone?: RepairMoment[];
 }
 
 export type LifecycleAction =
@@ -114,4 +127,12 @@ export type LifecycleAction =
   | { kind: 'end'; state: TerminalState; reason: string; condition?: Condition }
   | { kind: 'setConditions'; conditions: Condition[] }
   | { kind: 'syncAssignments' }
+  | {
+      kind: 'replaceGangMembers';
+      /** The members (allocation ids) that did not bind, each re-placed on its own. */
+      allocationIds: string[];
+      reason: 'NodeDidNotBind' | 'NodeRejectedBinding';
+      bindDeadline: number;
+    }
+  | { kind: 'repairBookings'; moment: RepairMoment }
   | { kind: 'meterUsage' };

@@ -5,7 +5,9 @@
  * workflow can run it deterministically and tests can run it without Temporal.
  */
 
+import { dueRepairMoment } from './booking-repair.ts';
 import { assertNever } from './errors.ts';
+import { gangBindingAction } from './gang-lifecycle.ts';
 import { activeConditions, sameConditions } from './reservation-lifecycle-conditions.ts';
 import type {
   LifecycleAction,
@@ -45,17 +47,46 @@ function endFor(s: ReservationSnapshot, intents: LifecycleIntents): LifecycleAct
   if (s.leaseExpiresAt !== null && s.now >= s.leaseExpiresAt) {
     return { kind: 'end', state: 'released', reason: 'lease-lapsed' };
   }
+  if (s.preemptAt !== undefined && s.now >= s.preemptAt) {
+    // The preemption workflow releases it at the deadline; its own lifecycle only backs that up.
+    if (s.now >= s.preemptAt + preemptionBackstopMs) {
+      return { kind: 'end', state: 'released', reason: 'preempted' };
+    }
+    return { kind: 'wait', until: s.preemptAt + preemptionBackstopMs, reason: 'preemption' };
+  }
   if (s.end !== null && s.now >= s.end) return { kind: 'end', state: 'released', reason: 'expired' };
   return null;
 }
 
-function bindFailure(
+/** How long after a spot reservation's notice deadline its lifecycle releases it, should the preemption workflow not have. */
+export const preemptionBackstopMs = 60_000;
+
+/** A pending or placed reservation whose pool was archived or withdrawn from its tenant fails. */
+function poolGone(): LifecycleAction {
+  return {
+    kind: 'end',
+    state: 'failed',
+    reason: 'pool-gone',
+    condition: {
+      type: 'Unschedulable',
+      reason: 'PoolGone',
+      message: 'the pool is archived or no longer offered to the tenant; reserve in another pool',
+    },
+  };
+}
+
+/**
+ * A failed binding attempt: `rebind` (pending again, every booking released) or, at the last
+ * attempt, `end` as failed. `detail` replaces the default account of what went wrong.
+ */
+export function bindFailure(
   s: ReservationSnapshot,
   reason: 'NodeDidNotBind' | 'NodeRejectedBinding',
+  detail?: string,
 ): LifecycleAction {
   const failures = s.bindAttempts + 1;
   const what = reason === 'NodeDidNotBind' ? 'did not bind in time' : 'refused the binding';
-  const message = `the node ${what} (attempt ${failures} of ${s.timers.maxBindFailures})`;
+  const message = `${detail ?? `the node ${what}`} (attempt ${failures} of ${s.timers.maxBindFailures})`;
   if (failures >= s.timers.maxBindFailures) {
     return {
       kind: 'end',
@@ -100,18 +131,7 @@ export function decide(
     }
     case 'pending': {
       if (intents.cancel || intents.release) return { kind: 'end', state: 'cancelled', reason: 'cancel' };
-      if (!s.poolAvailable) {
-        return {
-          kind: 'end',
-          state: 'failed',
-          reason: 'pool-gone',
-          condition: {
-            type: 'Unschedulable',
-            reason: 'PoolGone',
-            message: 'the pool is archived or no longer offered',
-          },
-        };
-      }
+      if (!s.poolAvailable) return poolGone();
       const pendingSince = s.pendingSince ?? s.now;
       const maxPendingAt = pendingSince + t.maxPendingMs;
       if (s.now >= maxPendingAt) {
@@ -133,9 +153,14 @@ export function decide(
     }
     case 'placed': {
       if (intents.cancel) return { kind: 'end', state: 'cancelled', reason: 'cancel' };
+      // Archived or withdrawn before the start: the booking goes; once binding, it runs to its end.
+      if (!s.poolAvailable) return poolGone();
       const ending = endFor(s, intents);
       if (ending) return ending;
       const start = s.start ?? s.now;
+      // A calendar reservation's bookings are checked (and repaired) before it binds.
+      const repair = dueRepairMoment(s, t.preStartMs, memory.repairsDone ?? []);
+      if (repair) return { kind: 'repairBookings', moment: repair };
       if (s.now >= start) return { kind: 'beginBinding', bindDeadline: s.now + t.bindTimeoutMs };
       const preStart = start - t.preStartMs > s.now ? start - t.preStartMs : null;
       return {
@@ -148,6 +173,8 @@ export function decide(
       const ending = endFor(s, intents);
       if (ending) return ending;
       if (s.allocations.length === 0) return bindFailure(s, 'NodeRejectedBinding');
+      const gang = gangBindingAction(s, bindFailure);
+      if (gang) return gang;
       if (
         s.allocations.some((a) => a.state === 'failed' || a.state === 'released' || a.state === 'releasing')
       ) {

@@ -37,30 +37,36 @@ export const storedRequestSchema = z.strictObject({
   leaseSeconds: reservationRequestShape.leaseSeconds,
   projectId: reservationRequestShape.projectId,
   spot: reservationRequestShape.spot,
+  gang: reservationRequestShape.gang,
 });
 
 /** The validated request as stored: durations in milliseconds, defaults filled in. */
 export type NormalizedRequest = z.infer<typeof storedRequestSchema>;
 
-/** How far ahead a calendar reservation may start. */
-export const maxStartAheadMs = 365 * 86_400_000;
+/** How far ahead a calendar reservation may start when its pool's policy does not say (90 days). */
+export const defaultStartHorizonDays = 90;
 /** How far in the past a requested start may lie (clock skew, a slow client); it then starts now. */
 export const startGraceMs = 5 * 60_000;
 
 /**
  * Whether a requested start lies within the horizon at `now` (the control plane's clock): at most
- * 365 days ahead and at most 5 minutes past. Answers the INVALID_INPUT to throw, naming the bound,
- * or null when it is within.
+ * the pool's `horizonDays` ahead (its policy `calendar.horizonDays`, default 90) and at most 5
+ * minutes past. Answers the INVALID_INPUT to throw, naming the bound, or null when it is within.
  */
-export function startOutOfHorizon(start: number, now: number): ComputeError | null {
-  if (start >= now - startGraceMs && start <= now + maxStartAheadMs) return null;
+export function startOutOfHorizon(
+  start: number,
+  now: number,
+  horizonDays: number = defaultStartHorizonDays,
+): ComputeError | null {
+  const aheadMs = horizonDays * 86_400_000;
+  if (start >= now - startGraceMs && start <= now + aheadMs) return null;
   const at = (ms: number) => (Number.isFinite(new Date(ms).getTime()) ? new Date(ms).toISOString() : `${ms}`);
   return new ComputeError(
     'INVALID_INPUT',
     start < now
       ? `start: ${at(start)} is in the past; a start may lie at most 5 minutes before now (${at(now)}): leave start out to start now`
-      : `start: ${at(start)} is too far ahead; a reservation may start at most 365 days from now (${at(now)})`,
-    { field: 'start', now, earliest: now - startGraceMs, latest: now + maxStartAheadMs },
+      : `start: ${at(start)} is too far ahead; in this pool a reservation may start at most ${horizonDays} days from now (${at(now)}, latest ${at(now + aheadMs)}; pool policy calendar.horizonDays)`,
+    { field: 'start', now, earliest: now - startGraceMs, latest: now + aheadMs, horizonDays },
   );
 }
 
@@ -70,10 +76,10 @@ export function startOutOfHorizon(start: number, now: number): ComputeError | nu
  * INVALID_INPUT names the field; UNSUPPORTED for what this version does not serve.
  */
 export function normalizeRequest(input: PreviewInput): NormalizedRequest {
-  if (input.gang) {
+  if (input.spot && input.binding === 'node') {
     throw new ComputeError(
-      'UNSUPPORTED',
-      'gang: gang reservations are not served yet; reserve one node at a time',
+      'INVALID_INPUT',
+      "spot: a binding: 'node' lease cannot be spot (a preempted machine cannot be taken back at a notice); leave spot out or book a hold",
     );
   }
   if (input.binding === 'instance') {
@@ -108,6 +114,14 @@ export function normalizeRequest(input: PreviewInput): NormalizedRequest {
     ...(input.leaseSeconds !== undefined ? { leaseSeconds: input.leaseSeconds } : {}),
     ...(input.projectId !== undefined ? { projectId: input.projectId } : {}),
     ...(input.spot ? { spot: true } : {}),
+    ...(input.gang
+      ? {
+          gang: {
+            size: input.gang.size,
+            ...(input.gang.topologyKey !== undefined ? { topologyKey: input.gang.topologyKey } : {}),
+          },
+        }
+      : {}),
   };
 }
 
@@ -158,7 +172,7 @@ export function authzAttributes(input: {
   resources: HostResourceAmounts;
   durationMs?: number;
 }): Record<string, unknown> {
-  const gang = 1;
+  const gang = input.request.gang?.size ?? 1;
   const whole = input.request.devices.filter((d) => d.class === 'gpu').reduce((n, d) => n + d.count, 0);
   const slices = input.request.devices.filter((d) => d.class !== 'gpu').reduce((n, d) => n + d.count, 0);
   const durationMs = input.durationMs ?? input.request.durationMs;

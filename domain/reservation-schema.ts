@@ -92,8 +92,20 @@ export const reservationRequestShape = {
   leaseSeconds: z.number().int().min(60).max(86_400).optional(),
   projectId: z.string().min(1).max(100).optional(),
   spot: z.boolean().optional(),
+  /**
+   * A gang: `size` distinct nodes, each with the `devices` request, placed all or nothing over one
+   * window; with `topologyKey` (a node label such as `fabric.domain`) all on one value of it.
+   */
   gang: z
-    .strictObject({ size: z.number().int().min(2).max(64), topologyKey: z.string().max(200).optional() })
+    .strictObject({
+      size: z.number().int().min(2).max(64),
+      topologyKey: z
+        .string()
+        .min(1)
+        .max(200)
+        .regex(/^[A-Za-z0-9][A-Za-z0-9._/-]*$/, "a node label key such as 'fabric.domain'")
+        .optional(),
+    })
     .optional(),
   node: z
     .strictObject({ profileId: z.string().min(1), profileVersion: z.number().int().positive().optional() })
@@ -104,17 +116,31 @@ export const reservationRequestShape = {
  * `node` (what to deploy on the reserved machine) only with `binding: 'node'`: refused by the
  * schema, and stated in its JSON Schema (`dependentSchemas`), so the OpenAPI document says so too.
  */
-function nodeOnlyWithNodeBinding<T extends z.ZodType<{ node?: unknown; binding?: string | undefined }>>(
-  schema: T,
-): T {
-  return schema
-    .refine((v) => v.node === undefined || v.binding === 'node', {
-      message: "only a binding: 'node' reservation takes node",
-      path: ['node'],
-    })
-    .meta({
-      dependentSchemas: { node: { required: ['binding'], properties: { binding: { const: 'node' } } } },
-    });
+function nodeOnlyWithNodeBinding<
+  T extends z.ZodType<{ node?: unknown; binding?: string | undefined; spot?: boolean | undefined }>,
+>(schema: T): T {
+  return (
+    schema
+      .refine((v) => v.node === undefined || v.binding === 'node', {
+        message: "only a binding: 'node' reservation takes node",
+        path: ['node'],
+      })
+      // Spot is preempted at a notice; a whole machine with root on it cannot be taken back so.
+      .refine((v) => !(v.spot === true && v.binding === 'node'), {
+        message: "a binding: 'node' lease cannot be spot; leave spot out or book a hold",
+        path: ['spot'],
+      })
+      .meta({
+        dependentSchemas: { node: { required: ['binding'], properties: { binding: { const: 'node' } } } },
+        allOf: [
+          {
+            if: { properties: { spot: { const: true } }, required: ['spot'] },
+            // biome-ignore lint/suspicious/noThenProperty: JSON Schema's if/then, not a promise
+            then: { properties: { binding: { not: { const: 'node' } } } },
+          },
+        ],
+      })
+  );
 }
 
 export const createReservationInput = nodeOnlyWithNodeBinding(

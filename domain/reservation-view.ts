@@ -21,11 +21,27 @@ export const reservationViewSchema = z.object({
       message: z.string(),
       since: z.number().optional(),
       earliestStart: z.number().optional(),
+      /** Preempted/SpotPreempted: when the spot reservation is released (epoch ms), and by which reservation. */
+      deadline: z.number().optional(),
+      preemptedBy: z.string().optional(),
     }),
   ),
   allocations: z.array(
-    z.object({ id: z.string(), nodeId: z.string(), state: z.string(), deviceIds: z.array(z.string()) }),
+    z.object({
+      id: z.string(),
+      nodeId: z.string(),
+      state: z.string(),
+      deviceIds: z.array(z.string()),
+      /** The node's name, and for a gang the member's number (0..size-1). */
+      nodeName: z.string().optional(),
+      gangIndex: z.number().optional(),
+    }),
   ),
+  /** A gang: its size, topology key and the value its members share; null for one node. */
+  gang: z
+    .object({ size: z.number(), topologyKey: z.string().nullable(), topologyValue: z.string().nullable() })
+    .nullable()
+    .optional(),
   binding: z.record(z.string(), z.unknown()).nullable(),
   lease: z.object({ seconds: z.number(), expiresAt: z.number().nullable() }).nullable(),
   hostShare: z.record(z.string(), z.number()).nullable(),
@@ -38,6 +54,34 @@ export const reservationViewSchema = z.object({
   version: z.number(),
   createdAt: z.number(),
   updatedAt: z.number(),
+  /**
+   * BookingRepairs of a calendar reservation that moved members or found no place for them, oldest
+   * first: each move from node to node with the reason, or the bad members and the placer's summary.
+   */
+  repairs: z.array(
+    z.object({
+      at: z.number(),
+      moment: z.enum(['pre-start', 'start']),
+      outcome: z.enum(['repaired', 'failed']),
+      moves: z.array(
+        z.object({
+          gangIndex: z.number(),
+          reason: z.string(),
+          fromAllocationId: z.string(),
+          fromNodeId: z.string(),
+          fromNodeName: z.string(),
+          fromDeviceIds: z.array(z.string()),
+          toAllocationId: z.string(),
+          toNodeId: z.string(),
+          toNodeName: z.string(),
+          toDeviceIds: z.array(z.string()),
+        }),
+      ),
+      bad: z.array(z.object({ allocationId: z.string(), nodeId: z.string(), reason: z.string() })),
+      message: z.string().nullable(),
+      workflowId: z.string().nullable(),
+    }),
+  ),
 });
 
 export type ReservationView = z.infer<typeof reservationViewSchema>;

@@ -1,5 +1,6 @@
 import type { Db } from '../core/database.ts';
 import type { Logger } from '../core/logger.ts';
+import { createOutageLog } from '../core/outage-log.ts';
 import {
   type OutboxCursor,
   type OutboxEvent,
@@ -40,6 +41,7 @@ export interface OutboxHubOptions {
 export function createOutboxHub(deps: { db: Db; log: Logger }, options: OutboxHubOptions = {}) {
   const pollMs = options.pollMs ?? 250;
   const maxQueue = options.maxQueue ?? 10_000;
+  const outage = createOutageLog(deps.log, `event streams wait; the outbox hub retries every ${pollMs} ms`);
   const live = new Set<LiveFollower>();
   let head: OutboxCursor | null = null;
   let starting: Promise<OutboxCursor> | null = null;
@@ -76,8 +78,9 @@ export function createOutboxHub(deps: { db: Db; log: Logger }, options: OutboxHu
         head = page.cursor;
         if (page.events.length < 500) break;
       }
+      outage.reachable('database');
     } catch (err) {
-      deps.log.warn({ err }, 'outbox hub read failed; retrying');
+      if (!outage.failed(err, 'outbox hub')) deps.log.warn({ err }, 'outbox hub read failed; retrying');
     }
     if (followers > 0) timer = setTimeout(() => void poll(), pollMs);
     else head = null;

@@ -1,6 +1,7 @@
 import { type Config, requireDeploymentSecret } from '../core/config.ts';
 import type { Db } from '../core/database.ts';
 import type { Logger } from '../core/logger.ts';
+import { createOutageLog } from '../core/outage-log.ts';
 import { type OutboxCursor, type OutboxEvent, outboxHead, readOutbox } from '../db/events/outbox-read.ts';
 import {
   advanceWebhookCursor,
@@ -77,10 +78,12 @@ export function startWebhookDispatcher(
   const { db } = deps;
   const sealer = createSealer(requireDeploymentSecret(deps.config, 'the webhook dispatcher'));
   const log = deps.log.child({ component: 'webhooks' });
+  const pollMs = options.pollMs ?? 500;
+  // While PostgreSQL is down: one line when it goes, one when it is back, not a stack per poll.
+  const outage = createOutageLog(log, `webhook deliveries wait; the dispatcher retries every ${pollMs} ms`);
   const allowHosts = deps.config.BETTER_COMPUTE_WEBHOOK_ALLOW_HOSTS ?? [];
   const owner = options.owner ?? newId('wf');
   const resolve = options.resolve ?? systemResolver;
-  const pollMs = options.pollMs ?? 500;
   const timeoutMs = options.timeoutMs ?? 10_000;
   const maxAttempts = options.maxAttempts ?? 8;
   const backoffMs = options.backoffMs ?? defaultBackoff;
@@ -218,7 +221,11 @@ export function startWebhookDispatcher(
     const saturated = claimed.length === free;
     for (const subscription of claimed) {
       const work = drain(subscription, head)
-        .catch((err: unknown) => log.error({ err, webhookId: subscription.id }, 'webhook dispatch failed'))
+        .catch((err: unknown) => {
+          if (!outage.failed(err, 'delivery')) {
+            log.error({ err, webhookId: subscription.id }, 'webhook dispatch failed');
+          }
+        })
         .finally(() => {
           running.delete(subscription.id);
           if (saturated) wakeEarly?.();
@@ -233,10 +240,17 @@ export function startWebhookDispatcher(
       if (sealed > 0) log.info({ sealed }, 'webhook secrets stored in plaintext were sealed');
     } catch (err) {
       // Not fatal: a claimed subscription's secret is sealed when it is opened (openWebhookSecret).
-      log.error({ err }, 'sealing webhook secrets stored in plaintext failed');
+      if (!outage.failed(err, 'sealing'))
+        log.error({ err }, 'sealing webhook secrets stored in plaintext failed');
     }
     while (!stopping.signal.aborted) {
-      await tick().catch((err: unknown) => log.error({ err }, 'webhook dispatcher tick failed'));
+      // Every tick reads the outbox head first: one that returns proves the database answers.
+      await tick().then(
+        () => outage.reachable('database'),
+        (err: unknown) => {
+          if (!outage.failed(err, 'poll')) log.error({ err }, 'webhook dispatcher tick failed');
+        },
+      );
       await new Promise<void>((resolve) => {
         const done = () => {
           clearTimeout(timer);

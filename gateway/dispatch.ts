@@ -17,6 +17,7 @@ import {
 import type { CommandLane } from '../domain/fleet.ts';
 import type { GatewayContext } from './context.ts';
 import type { NodeSession } from './session.ts';
+import { renewSiteBootLeases } from './site-agents.ts';
 import { wakeReservationsOnNodes } from './wake.ts';
 
 /**
@@ -32,21 +33,32 @@ export class Dispatcher {
   constructor(private readonly ctx: GatewayContext) {}
 
   start(): void {
-    const every = (name: string, ms: number, task: () => Promise<void>) => {
+    /** `probe`: the task always queries PostgreSQL, so its success ends an outage. */
+    const every = (name: string, ms: number, task: () => Promise<void>, probe = false) => {
       this.timers.push(
         setInterval(() => {
           if (this.running.has(name)) return;
           this.running.add(name);
           task()
-            .catch((err: unknown) => this.ctx.log.warn({ err, loop: name }, 'gateway loop failed'))
+            .then(
+              () => {
+                if (probe) this.ctx.outage.reachable('database');
+              },
+              (err: unknown) => {
+                if (!this.ctx.outage.failed(err, name)) {
+                  this.ctx.log.warn({ err, loop: name }, 'gateway loop failed');
+                }
+              },
+            )
             .finally(() => this.running.delete(name));
         }, ms),
       );
     };
     every('deliver', this.ctx.options.deliveryIntervalMs, () => this.deliver());
     every('heartbeats', Math.min(1_000, this.ctx.options.leaseMs / 4), () => this.flushHeartbeats());
-    every('liveness', Math.min(2_000, this.ctx.options.leaseMs / 4), () => this.sweepLiveness());
+    every('liveness', Math.min(2_000, this.ctx.options.leaseMs / 4), () => this.sweepLiveness(), true);
     every('certificates', this.ctx.options.certificateCheckMs, () => this.recheckCertificates());
+    every('site-leases', Math.min(1_000, this.ctx.options.leaseMs / 4), () => renewSiteBootLeases(this.ctx));
   }
 
   stop(): void {

@@ -2,6 +2,8 @@ import { type handleUnaryCall, Metadata, status } from '@grpc/grpc-js';
 import type { Transaction } from 'kysely';
 import type { Database, Db } from '../core/database.ts';
 import type { Logger } from '../core/logger.ts';
+import type { OutageLog } from '../core/outage-log.ts';
+import { isSiteJoinToken } from '../db/metal/site-tokens.ts';
 import {
   findPeerCertificate,
   findReclaimPublicKeys,
@@ -33,6 +35,9 @@ import type {
 } from '../proto/gen/agent/v1/agent.ts';
 import { checkJoinRequest, checkRenewRequest } from './message-bounds.ts';
 import { normalizeNodeName } from './node-name.ts';
+import { joinSiteAgent } from './site-join.ts';
+import { joinRamdisk } from './ramdisk-join.ts';
+import { isDiscoveryToken } from '../domain/metal-discovery.ts';
 import { verifiedPeer } from './tls.ts';
 import { KeyedTokenBuckets, TokenBucket } from './token-bucket.ts';
 
@@ -55,18 +60,23 @@ export interface JoinServiceOptions {
   certificateTtlMs: number;
   /** The throttle in front of Join (none: unthrottled). */
   throttle?: JoinThrottle;
+  /** Answers UNAVAILABLE, logged once per outage, while PostgreSQL is out of reach. */
+  outage?: OutageLog;
 }
 
 /**
- * A ComputeError as a gRPC status, from the one table of codes; anything else is INTERNAL. A
- * refusal that says when to come back (`details.retryAfterMs`) carries `grpc-retry-pushback-ms`;
- * one about a field names it in `bc-error-field`.
+ * A ComputeError as a gRPC status, from the one table of codes; PostgreSQL or Temporal out of
+ * reach is UNAVAILABLE (noted in `outage`); anything else is INTERNAL. A refusal that says when to
+ * come back (`details.retryAfterMs`) carries `grpc-retry-pushback-ms`; one about a field names it
+ * in `bc-error-field`.
  */
 export function toGrpcError(
-  error: unknown,
+  thrown: unknown,
   log: Logger,
+  outage?: OutageLog,
 ): { code: number; details: string; metadata: Metadata } {
   const metadata = new Metadata();
+  const error = isComputeError(thrown) ? thrown : (outage?.unavailable(thrown, 'join') ?? thrown);
   if (isComputeError(error)) {
     metadata.set('bc-error-code', error.code);
     const retryAfterMs = error.details?.retryAfterMs;
@@ -161,6 +171,8 @@ async function proofVerifies(
  */
 export async function joinNode(options: JoinServiceOptions, request: JoinRequest): Promise<JoinResponse> {
   checkJoinRequest(request);
+  if (isSiteJoinToken(request.token)) return joinSiteAgent(options, request);
+  if (isDiscoveryToken(request.token)) return joinRamdisk(options, request);
   const csr = await readCsr(request.csrPem);
   const evidence = request.evidence;
   const hardware = computeHardwareKey({
@@ -338,7 +350,7 @@ export function createJoinService(options: JoinServiceOptions): JoinServiceServe
             { peer, code: error.code, err: error.message, details: error.details },
             'join refused',
           );
-        callback(toGrpcError(error, options.log));
+        callback(toGrpcError(error, options.log, options.outage));
       },
     );
   };
@@ -348,7 +360,7 @@ export function createJoinService(options: JoinServiceOptions): JoinServiceServe
       (error) => {
         if (isComputeError(error))
           options.log.warn({ peer: call.getPeer(), code: error.code }, 'renewal refused');
-        callback(toGrpcError(error, options.log));
+        callback(toGrpcError(error, options.log, options.outage));
       },
     );
   };

@@ -40,6 +40,7 @@ export const messageBounds = {
   specStatus: { error: 8 * 1024 },
   commandResult: { commandId: 100, resultBytes: 64 * 1024, resultDepth: 32, error: 8 * 1024 },
   report: { bodyBytes: 16 * 1024, keyId: 128, signatureBytes: 512 },
+  updateStatus: { releaseId: 100, version: 100, state: 32, message: 2 * 1024 },
 } as const;
 
 function tooLarge(field: string, limit: number, unit: string): ComputeError {
@@ -160,6 +161,14 @@ export function checkAgentMessage(message: AgentMessage): void {
       bytes('report.body', body.value.body, b.bodyBytes);
       text('report.keyId', body.value.keyId, b.keyId);
       bytes('report.signature', body.value.signature, b.signatureBytes);
+      return;
+    }
+    case 'updateStatus': {
+      const b = messageBounds.updateStatus;
+      text('updateStatus.releaseId', body.value.releaseId, b.releaseId);
+      text('updateStatus.version', body.value.version, b.version);
+      text('updateStatus.state', body.value.state, b.state);
+      text('updateStatus.message', body.value.message, b.message);
       return;
     }
     default:

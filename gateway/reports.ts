@@ -1,3 +1,4 @@
+import { waitAtMost } from '../core/bounded-wait.ts';
 import type { Db } from '../core/database.ts';
 import type { ReservationLifecycle } from '../core/deps.ts';
 import type { Logger } from '../core/logger.ts';
@@ -18,6 +19,9 @@ export const maxReportBytes = 16 * 1024;
  * changing nothing. The signature is not judged here: the worker verifies it before a binding
  * counts.
  */
+/** How long a report's ack waits for the lifecycle's wake-up after the report is stored. */
+export const reportSignalWaitMs = 1_000;
+
 export async function acceptAllocationReport(
   deps: { db: Db; log: Logger; lifecycle?: ReservationLifecycle },
   input: { nodeId: string; epoch: number; report: AttestedReport },
@@ -55,11 +59,14 @@ export async function acceptAllocationReport(
     'allocation report stored',
   );
   if (reservationId && deps.lifecycle) {
-    await deps.lifecycle
+    // The report is stored: the node's ack never waits on a Temporal that is down for longer than
+    // reportSignalWaitMs. A lifecycle that misses the wake-up judges stored reports at its next look.
+    const signalled = deps.lifecycle
       .signal(reservationId, { type: 'allocationReport', allocationId, kind })
       .catch((err: unknown) =>
         deps.log.warn({ err, reservationId, allocationId }, 'lifecycle signal failed'),
       );
+    await waitAtMost(signalled, reportSignalWaitMs);
   }
   return { allocationId, kind };
 }

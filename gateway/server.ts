@@ -2,8 +2,9 @@ import { Server, type ServerDuplexStream, status } from '@grpc/grpc-js';
 import { ulid } from 'ulid';
 import { requireDeploymentSecret } from '../core/config.ts';
 import type { Deps } from '../core/deps.ts';
+import { createOutageLog } from '../core/outage-log.ts';
 import { loadSigningCertificateAuthority } from '../db/nodes/certificate-authority.ts';
-import { findPeerCertificate } from '../db/nodes/certificates.ts';
+import { findPeerCertificate, type PeerCertificateRow } from '../db/nodes/certificates.ts';
 import { issueServerCertificate } from '../domain/pki.ts';
 import { createSealer } from '../domain/sealing.ts';
 import {
@@ -43,7 +44,7 @@ export interface StartedGateway {
   stop(): Promise<void>;
 }
 
-const sessionRoles = new Set(['node', 'node-tenant']);
+const sessionRoles = new Set(['node', 'node-tenant', 'site', 'ramdisk']);
 
 /**
  * Starts the gateway: JoinService and the session service on one TLS port served with the
@@ -85,12 +86,18 @@ export async function startGateway(
     hosts: [host, 'localhost', '127.0.0.1', '::1'],
   });
   const registry = new SessionRegistry(options);
+  const outage = createOutageLog(
+    log,
+    'node sessions and joins are answered UNAVAILABLE (the nodes retry) and the gateway retries its loops',
+  );
   const ctx: GatewayContext = {
     db: deps.db,
     log,
+    outage,
     options,
     registry,
     rates: new NodeRateLimits(options),
+    sealer,
     ...(deps.lifecycle ? { lifecycle: deps.lifecycle } : {}),
     ...(deps.onCommandCompleted ? { onCommandCompleted: deps.onCommandCompleted } : {}),
   };
@@ -113,6 +120,7 @@ export async function startGateway(
       trustDomain,
       certificateTtlMs: options.certificateTtlMs,
       throttle: joinThrottle,
+      outage,
     }),
   );
   server.addService(AgentServiceService, {
@@ -174,7 +182,17 @@ async function acceptSession(ctx: GatewayContext, call: ServerDuplexStream<Agent
   };
   const peer = verifiedPeer(call);
   if (!peer) return refuse(status.UNAUTHENTICATED, 'no client certificate from the control plane CA');
-  const cert = await findPeerCertificate(ctx.db, peer.serial).catch(() => null);
+  let cert: PeerCertificateRow | null;
+  try {
+    cert = await findPeerCertificate(ctx.db, peer.serial);
+  } catch (error) {
+    const unavailable = ctx.outage.unavailable(error, 'session');
+    if (unavailable) {
+      call.emit('error', { code: status.UNAVAILABLE, details: unavailable.message });
+      return;
+    }
+    cert = null;
+  }
   if (!cert) return refuse(status.UNAUTHENTICATED, 'unknown certificate', { serial: peer.serial });
   const who = { serial: peer.serial, nodeId: cert.nodeId };
   if (cert.revoked) return refuse(status.UNAUTHENTICATED, 'certificate revoked', who);

@@ -1,4 +1,5 @@
 import type { Db } from '../core/database.ts';
+import { completeSiteAgentCommand } from '../db/metal/site-leases.ts';
 import { completeDeliveredCommand, findNodeCommandSeq } from '../db/nodes/commands.ts';
 import {
   findNodeEpoch,
@@ -7,8 +8,10 @@ import {
   setObservedGeneration,
 } from '../db/nodes/sessions.ts';
 import { ComputeError } from '../domain/errors.ts';
+import type { NodeRole } from '../domain/fleet.ts';
 import { CommandOutcome, type CommandResult } from '../proto/gen/agent/v1/agent.ts';
 import { sessionFenced } from './fence.ts';
+import { afterSiteResultStored, refuseStaleSiteResult } from './site-agents.ts';
 
 const outcomeState: Partial<Record<CommandOutcome, 'succeeded' | 'failed' | 'expired'>> = {
   [CommandOutcome.COMMAND_OUTCOME_SUCCEEDED]: 'succeeded',
@@ -38,7 +41,10 @@ export async function recordCommandResult(
   db: Db,
   session: SessionFence,
   result: CommandResult,
+  peer?: { role: NodeRole; siteId: string },
 ): Promise<boolean> {
+  // A site agent's bmc.* results count only under the boot lease epoch they were sent with.
+  const site = peer?.role === 'site';
   const state = outcomeState[result.outcome];
   if (!state) throw new ComputeError('INVALID_INPUT', 'command result without an outcome');
   let payload: Record<string, unknown> | null = null;
@@ -51,7 +57,7 @@ export async function recordCommandResult(
       throw new ComputeError('INVALID_INPUT', 'command result is not JSON');
     }
   }
-  const stored = await completeDeliveredCommand(db, {
+  const stored = await (site ? completeSiteAgentCommand : completeDeliveredCommand)(db, {
     nodeId: session.nodeId,
     epoch: session.epoch,
     commandId: result.commandId,
@@ -60,7 +66,11 @@ export async function recordCommandResult(
     result: payload,
     error: result.error ? result.error.slice(0, 2000) : null,
   });
-  if (stored) return true;
+  if (stored) {
+    if (site) await afterSiteResultStored(db, result.commandId);
+    return true;
+  }
+  if (site) await refuseStaleSiteResult(db, { nodeId: session.nodeId, siteId: peer.siteId }, result.commandId);
   const seq = await findNodeCommandSeq(db, session.nodeId, result.commandId);
   if (seq === null) throw new ComputeError('NOT_FOUND', `unknown command ${result.commandId}`);
   if (seq !== Number(result.seq)) {

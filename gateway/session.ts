@@ -21,8 +21,10 @@ import type { RegisteredSession } from './registry.ts';
 import { acceptAllocationReport } from './reports.ts';
 import { openSession, welcomeFor } from './session-open.ts';
 import { recordCommandResult, recordObservedGeneration } from './session-records.ts';
+import { commandPayloadForWire } from './site-agents.ts';
 import { SpecSender } from './spec-sender.ts';
 import { TokenBucket } from './token-bucket.ts';
+import { recordUpdateStatus } from './update-status.ts';
 import { wakeReservationsOnNodes } from './wake.ts';
 
 type Stream = ServerDuplexStream<AgentMessage, ControlMessage>;
@@ -136,6 +138,14 @@ export class NodeSession implements RegisteredSession {
       this.refuse(error.code, error.message, subject);
       return;
     }
+    const unavailable = this.ctx.outage.unavailable(error, 'session message');
+    if (unavailable) {
+      // Not the node's fault: neither a warn line nor a count toward its refusal limit.
+      this.send({
+        body: { $case: 'refusal', value: { code: unavailable.code, message: unavailable.message, subject } },
+      });
+      return;
+    }
     this.log.error({ err: error, subject }, 'session message failed');
     this.refuse('INTERNAL', 'internal error', subject);
   }
@@ -201,11 +211,16 @@ export class NodeSession implements RegisteredSession {
         }
         this.admitted = true;
         await this.open(body.value);
-      } catch (error) {
+      } catch (thrown) {
+        const unavailable = isComputeError(thrown)
+          ? null
+          : this.ctx.outage.unavailable(thrown, 'session open');
+        const error = unavailable ?? thrown;
         const code = isComputeError(error) ? errorCodeTraits[error.code].grpcStatus : status.INTERNAL;
         const message = isComputeError(error) ? error.message : 'internal error';
         if (!isComputeError(error)) this.log.error({ err: error }, 'session open failed');
-        this.log.warn({ code, reason: message }, 'session refused at Hello');
+        // An outage is logged once by ctx.outage; the node reconnects when it is over.
+        this.log[unavailable ? 'debug' : 'warn']({ code, reason: message }, 'session refused at Hello');
         this.end(code, message);
       }
       return;
@@ -282,6 +297,9 @@ export class NodeSession implements RegisteredSession {
         }
         return;
       }
+      case 'updateStatus':
+        await recordUpdateStatus(this.ctx.db, this, body.value);
+        return;
       default:
         return assertNever(body);
     }
@@ -336,7 +354,7 @@ export class NodeSession implements RegisteredSession {
           seq: command.seq,
           kind: command.kind,
           lane: laneToProto[command.lane],
-          payloadJson: Buffer.from(JSON.stringify(command.payload)),
+          payloadJson: Buffer.from(JSON.stringify(commandPayloadForWire(this.ctx, command))),
           notBeforeMs: command.notBefore?.getTime() ?? 0,
           notAfterMs: command.notAfter?.getTime() ?? 0,
           minGeneration: command.minGeneration ?? 0,
@@ -374,7 +392,7 @@ export class NodeSession implements RegisteredSession {
     if (known && known.seq !== Number(result.seq)) {
       throw new ComputeError('INVALID_INPUT', `command ${id} has seq ${known.seq}, not ${result.seq}`);
     }
-    const stored = await recordCommandResult(this.ctx.db, this, { ...result, commandId: id });
+    const stored = await recordCommandResult(this.ctx.db, this, { ...result, commandId: id }, this.peer);
     this.inFlight.delete(id);
     if (stored) this.ctx.onCommandCompleted?.(id);
   }

@@ -7,7 +7,7 @@ import type { GatewayContext } from './context.ts';
  * acts on the difference, so a lost one costs at most the workflow's own recheck interval.
  */
 async function wake(
-  ctx: Pick<GatewayContext, 'db' | 'log' | 'lifecycle'>,
+  ctx: Pick<GatewayContext, 'db' | 'log' | 'lifecycle' | 'outage'>,
   nodeIds: readonly string[],
   reason: string,
 ): Promise<void> {
@@ -16,20 +16,27 @@ async function wake(
   const reservationIds = await findLiveReservationsOnNodes(ctx.db, nodeIds);
   await Promise.all(
     reservationIds.map((reservationId) =>
-      lifecycle
-        .signal(reservationId, { type: 'wake', reason })
-        .catch((err: unknown) => ctx.log.warn({ err, reservationId, reason }, 'lifecycle wake failed')),
+      lifecycle.signal(reservationId, { type: 'wake', reason }).then(
+        () => ctx.outage.reachable('temporal'),
+        (err: unknown) => {
+          if (!ctx.outage.failed(err, 'lifecycle wake')) {
+            ctx.log.warn({ err, reservationId, reason }, 'lifecycle wake failed');
+          }
+        },
+      ),
     ),
   );
 }
 
 /** Never rejects: a failed wake-up is logged (the workflow's own recheck covers it). */
 export async function wakeReservationsOnNodes(
-  ctx: Pick<GatewayContext, 'db' | 'log' | 'lifecycle'>,
+  ctx: Pick<GatewayContext, 'db' | 'log' | 'lifecycle' | 'outage'>,
   nodeIds: readonly string[],
   reason: string,
 ): Promise<void> {
-  await wake(ctx, nodeIds, reason).catch((err: unknown) =>
-    ctx.log.warn({ err, nodeIds: nodeIds.slice(0, 20), reason }, 'lifecycle wake-ups failed'),
-  );
+  await wake(ctx, nodeIds, reason).catch((err: unknown) => {
+    if (!ctx.outage.failed(err, 'lifecycle wake')) {
+      ctx.log.warn({ err, nodeIds: nodeIds.slice(0, 20), reason }, 'lifecycle wake-ups failed');
+    }
+  });
 }

@@ -3,7 +3,10 @@ import { sql } from 'kysely';
 import type { Logger } from '../core/logger.ts';
 import { startSimulatedFleet } from '../daemon/sim.ts';
 import { createJoinToken } from '../db/nodes/join-tokens.ts';
+import { labelPoolInRuns } from '../db/nodes/labels.ts';
 import { bootstrapPlatform } from '../iam/bootstrap.ts';
+import type { ReleaseTrust } from '../domain/release-manifest.ts';
+import { devReleaseVersions } from './dev-releases.ts';
 import { seedDemo } from './seed-demo.ts';
 import type { ControlPlane } from './serve.ts';
 
@@ -17,6 +20,8 @@ export async function seedDevStack(input: {
   sim: number;
   dataDir: string;
   log: Logger;
+  /** The release signers the simulated bcds pin. */
+  releaseTrust?: ReleaseTrust;
 }) {
   const { plane, sim, log } = input;
   const { db } = plane.deps;
@@ -42,9 +47,38 @@ export async function seedDevStack(input: {
       nodes: sim,
       rootDir: path.join(input.dataDir, 'sim'),
       log: log.child({ component: 'sim' }),
+      bcd: { version: devReleaseVersions.current, ...(input.releaseTrust ? { trust: input.releaseTrust } : {}) },
     });
-    stopFleet = fleet.stop;
+    // One simulated H100 server in MIG mode (seven 1g.10gb instances per GPU) for pool h100-mig.
+    const migPool = demo.pools.find((p) => p.name === 'h100-mig')!;
+    const migToken = await createJoinToken(db, {
+      poolId: migPool.id,
+      ttlSeconds: 600,
+      maxUses: 1,
+      createdBy: boot.rootAdminIdentityId,
+    });
+    const migFleet = await startSimulatedFleet({
+      gatewayAddress: plane.gateway.address,
+      caCertificatePem: plane.gateway.caCertificatePem,
+      joinToken: migToken.token,
+      nodes: 1,
+      namePrefix: 'mig',
+      shape: { gpus: 2, vcpu: 64, memoryGiB: 512, migProfiles: Array(7).fill('1g.10gb') },
+      rootDir: path.join(input.dataDir, 'sim-mig'),
+      log: log.child({ component: 'sim' }),
+    });
+    stopFleet = async () => {
+      await Promise.all([fleet.stop(), migFleet.stop()]);
+    };
     await waitForReadyNodes(plane, pool.id, sim, log);
+    await waitForReadyNodes(plane, migPool.id, 1, log);
+    // Two fabric domains, so a newcomer can try a gang with --topology-key fabric.domain.
+    const domains = await labelPoolInRuns(db, {
+      poolId: pool.id,
+      key: 'fabric.domain',
+      values: ['fabric-a', 'fabric-b'],
+    });
+    log.info({ domains }, 'labelled the simulated fleet with fabric.domain');
   }
   const { rows } = await sql<{ nodes: string; gpus: string }>`
     SELECT count(DISTINCT n.id) AS nodes, count(d.id) AS gpus
@@ -55,7 +89,12 @@ export async function seedDevStack(input: {
       root: demo.tenants.root,
       acme: { id: demo.tenants.acme.id, token: demo.tenants.acme.token },
     },
-    pools: [{ ...pool, nodes: Number(rows[0]!.nodes), gpus: Number(rows[0]!.gpus) }],
+    pools: [
+      { ...pool, nodes: Number(rows[0]!.nodes), gpus: Number(rows[0]!.gpus) },
+      ...demo.pools
+        .filter((p) => p.name === 'h100-mig')
+        .map((p) => ({ ...p, nodes: sim > 0 ? 1 : 0, gpus: sim > 0 ? 2 : 0 })),
+    ],
     stop: stopFleet,
   };
 }

@@ -9,6 +9,7 @@ import { createDb } from '../db/pool.ts';
 import { devWebhookAllowHosts } from '../domain/webhook-target.ts';
 import { defaultToolsDir, startTemporalDevServer, waitForTemporal } from '../temporal/dev-server.ts';
 import { devDeploymentSecret } from './dev-secret.ts';
+import { devReleaseSigner, seedDevReleases } from './dev-releases.ts';
 import { seedDevStack } from './dev-seed.ts';
 import { startControlPlane } from './serve.ts';
 import { startWatchdog, supervise } from './supervise.ts';
@@ -22,6 +23,10 @@ export interface DevStackInfo {
   gatewayAddress: string | null;
   tenants: { root: { id: string; token: string }; acme: { id: string; token: string } };
   pools: Array<{ id: string; name: string; gpuModel: string; nodes: number; gpus: number }>;
+  /** The bcd release the simulated fleet runs (`current`) and a newer signed one ready to roll out. */
+  releases: Array<{ id: string; version: string; current: boolean }>;
+  /** The dev release signer's key file (for `releases sign`) and its pin. */
+  releaseSigner: { keyFile: string; pin: string };
 }
 
 export interface DevStack {
@@ -133,11 +138,14 @@ export async function startDevStack(options: {
 
     // Webhooks to this machine over http are for development: the dev stack allows them unless told.
     const allowHosts = config.BETTER_COMPUTE_WEBHOOK_ALLOW_HOSTS ?? [...devWebhookAllowHosts];
+    const signer = devReleaseSigner(dataDir);
     const planeConfig: Config = {
       ...config,
       BETTER_COMPUTE_WEBHOOK_ALLOW_HOSTS: allowHosts,
       // BETTER_COMPUTE_SECRET if set, else the one generated into the data directory on first run.
       BETTER_COMPUTE_SECRET: config.BETTER_COMPUTE_SECRET ?? devDeploymentSecret(dataDir, log),
+      // The dev release signer is pinned by the control plane and by every simulated bcd.
+      BETTER_COMPUTE_RELEASE_PINS: [...config.BETTER_COMPUTE_RELEASE_PINS, signer.pin],
     };
     const plane = await startControlPlane({
       mode: 'all',
@@ -148,8 +156,22 @@ export async function startDevStack(options: {
     });
     stops.push(plane.stop);
 
-    const demo = await seedDevStack({ plane, sim: options.sim, dataDir, log });
+    const demo = await seedDevStack({
+      plane,
+      sim: options.sim,
+      dataDir,
+      log,
+      releaseTrust: { pins: [signer.pin], threshold: 1 },
+    });
     stops.push(demo.stop);
+    const releases = await seedDevReleases({
+      plane,
+      dataDir,
+      rootToken: demo.tenants.root.token,
+      poolId: demo.pools[0]!.id,
+      signer,
+      log,
+    });
 
     const info: DevStackInfo = {
       apiUrl: plane.apiUrl!,
@@ -159,6 +181,8 @@ export async function startDevStack(options: {
       gatewayAddress: plane.gateway?.address ?? null,
       tenants: demo.tenants,
       pools: demo.pools,
+      releases,
+      releaseSigner: { keyFile: signer.keyFile, pin: signer.pin },
     };
     // Written whole and renamed into place, so a script waiting for dev.json never reads half of it.
     const devJson = path.join(dataDir, 'dev.json');

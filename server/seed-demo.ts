@@ -86,13 +86,40 @@ export async function seedDemo(
     tenantId: 'acme',
     quota: { gpu: options.acmeGpuQuota ?? Math.max(8, gpus) },
   });
+  // The workload kinds a hold of the demo pool can take (capacity hold --kind notebook …).
+  for (const kind of [
+    { name: 'notebook', cpuCores: 2, ramGiB: 4 },
+    { name: 'diagnostics', cpuCores: 1, ramGiB: 1 },
+  ]) {
+    await compute.api.holds['kinds.set'](cred, { tenantId: who.tenantId, pool: pool.id, ...kind });
+  }
+
+  // A MIG pool: its GPUs are split into 1g.10gb instances (reserve --pool h100-mig --mig 1g.10gb).
+  // Small per-GPU shares, so a request's own --cpus/--memory are what the node enforces.
+  const migPool =
+    pools.find((p) => p.name === 'h100-mig' && p.ownerTenantId === who.tenantId) ??
+    (await admin.createPool(cred, {
+      siteId: site.id,
+      name: 'h100-mig',
+      gpuModel: 'h100',
+      sharingMode: 'mig',
+      policy: { perGpu: { vcpu: 0, memoryGiB: 0 } },
+    }));
+  await admin.offer(cred, {
+    poolId: migPool.id,
+    tenantId: 'acme',
+    quota: { 'gpu.mig': 14, vcpu: 16, memoryGiB: 64 },
+  });
 
   return {
     tenants: {
       root: { id: who.tenantId, token: rootToken },
       acme: { id: 'acme', token: acmeToken.token, identityId: acmeAdmin.id },
     },
-    pools: [{ id: pool.id, name: pool.name, gpuModel: pool.gpuModel, nodes, gpus: nodes * 8 }],
+    pools: [
+      { id: pool.id, name: pool.name, gpuModel: pool.gpuModel, nodes, gpus: nodes * 8 },
+      { id: migPool.id, name: migPool.name, gpuModel: migPool.gpuModel, nodes: 0, gpus: 0 },
+    ],
     siteId: site.id,
   };
 }

@@ -1,8 +1,14 @@
 import { type Client, WorkflowUpdateFailedError } from '@temporalio/client';
-import { ActivityFailure, ApplicationFailure, WorkflowNotFoundError } from '@temporalio/common';
+import {
+  ActivityFailure,
+  ApplicationFailure,
+  WorkflowExecutionAlreadyStartedError,
+  WorkflowNotFoundError,
+} from '@temporalio/common';
 import type { LifecycleSignal, ReservationLifecycle } from '../core/deps.ts';
 import { assertNever, ComputeError, isErrorCode } from '../domain/errors.ts';
 import type { LifecycleTimers } from '../domain/reservation-lifecycle.ts';
+import { preemptionWorkflowType } from '../workflows/preemption/messages.ts';
 import {
   allocationReportSignal,
   cancelUpdate,
@@ -188,6 +194,30 @@ export function createTemporalLifecycle(
     async renew(reservationId: string) {
       const result = await update(reservationId, () => handle(reservationId).executeUpdate(renewUpdate));
       return { leaseExpiresAt: new Date(result.leaseExpiresAt) };
+    },
+
+    async preempt(preemption) {
+      try {
+        await client.workflow.start(preemptionWorkflowType, {
+          workflowId: preemption.id,
+          taskQueue: options.taskQueue,
+          args: [
+            {
+              ...preemption,
+              ...(options.activityTimeoutMs ? { activityTimeoutMs: options.activityTimeoutMs } : {}),
+            },
+          ],
+          typedSearchAttributes: [
+            { key: searchAttributes.tenant, value: preemption.tenantId },
+            { key: searchAttributes.pool, value: preemption.poolId },
+            { key: searchAttributes.reservation, value: preemption.reservationId },
+            { key: searchAttributes.state, value: 'notice' },
+          ],
+          memo: { preemption },
+        });
+      } catch (error) {
+        if (!(error instanceof WorkflowExecutionAlreadyStartedError)) throw error;
+      }
     },
 
     async wakePool(poolId: string) {

@@ -8,10 +8,15 @@ import {
   Worker,
   type WorkflowBundleWithSourceMap,
 } from '@temporalio/worker';
+import { createBookingRepairActivities } from '../activities/booking-repair.ts';
 import { createDraftCleanupActivities } from '../activities/draft-cleanup.ts';
+import { createGangActivities } from '../activities/gang.ts';
+import { createOperatorSignalActivities } from '../activities/operator-signals.ts';
 import { createPlacementActivities } from '../activities/placement.ts';
+import { createPreemptionActivities } from '../activities/preemption.ts';
 import { createReportActivities } from '../activities/reports.ts';
 import { createReservationActivities } from '../activities/reservation.ts';
+import { createRolloutActivities } from '../activities/rollout.ts';
 import { createSweeperActivities } from '../activities/sweeper.ts';
 import { createUsageActivities } from '../activities/usage.ts';
 import { createAdmissionCaches } from '../core/admission-caches.ts';
@@ -76,7 +81,8 @@ export function installTemporalRuntime(log: Logger): void {
 export interface WorkerDeps {
   db: Db;
   log: Logger;
-  iam: Pick<IamPort, 'recordUsage'>;
+  /** Billing, and (when present) the administration a `confirm` signal decides through. */
+  iam: Pick<IamPort, 'recordUsage'> & Partial<Pick<IamPort, 'admin'>>;
   /** The Temporal frontend, e.g. 127.0.0.1:7233. */
   address: string;
   namespace?: string;
@@ -119,10 +125,20 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
     taskQueue: deps.taskQueue,
     ...(deps.timers ? { timers: deps.timers } : {}),
   };
+  const caches = createAdmissionCaches();
   const activities = {
     ...createReservationActivities({ db: deps.db, log }),
-    ...createPlacementActivities({ db: deps.db, log, caches: createAdmissionCaches() }),
+    ...createPlacementActivities({
+      db: deps.db,
+      log,
+      caches,
+      lifecycle: createTemporalLifecycle(temporal.client, lifecycle),
+    }),
+    ...createPreemptionActivities({ db: deps.db, log }),
+    ...createGangActivities({ db: deps.db, log }),
+    ...createBookingRepairActivities({ db: deps.db, log, caches }),
     ...createReportActivities({ db: deps.db, log }),
+    ...createRolloutActivities({ db: deps.db, log }),
     ...createUsageActivities({ db: deps.db, log, iam: deps.iam }),
     ...createSweeperActivities({
       db: deps.db,
@@ -130,6 +146,7 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
       lifecycle: createTemporalLifecycle(temporal.client, lifecycle),
     }),
     ...createDraftCleanupActivities({ db: deps.db, log }),
+    ...createOperatorSignalActivities({ db: deps.db, log, temporal: temporal.client, iam: deps.iam }),
   };
   const worker = await Worker.create({
     connection,

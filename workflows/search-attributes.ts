@@ -8,6 +8,11 @@ export const searchAttributes = {
   tenant: defineSearchAttributeKey('ComputeTenant', 'KEYWORD'),
   pool: defineSearchAttributeKey('ComputePool', 'KEYWORD'),
   state: defineSearchAttributeKey('ComputeState', 'KEYWORD'),
+  /** On a spot preemption's workflow: the regular reservation that preempts; on a BookingRepair: the one repaired. */
+  reservation: defineSearchAttributeKey('ComputeReservation', 'KEYWORD'),
+  /** On a rollout's workflow: its release, and its wave as `2/4` (state is `state`). */
+  release: defineSearchAttributeKey('ComputeRelease', 'KEYWORD'),
+  wave: defineSearchAttributeKey('ComputeWave', 'KEYWORD'),
 } as const;
 
 /** The same keys in the CLI's `--search-attribute Name=Type` form. */

@@ -10,6 +10,7 @@ import {
   offerPool,
 } from '../../db/nodes/fleet.ts';
 import { ComputeError } from '../../domain/errors.ts';
+import { poolPolicySchema } from '../../domain/pool-policy.ts';
 import { defineMethod } from '../method.ts';
 import { iamAdmin, requireRootAdmin } from './guard.ts';
 
@@ -17,24 +18,6 @@ const tenantId = z
   .string()
   .regex(/^[a-z0-9][a-z0-9_-]{0,62}$/, "a tenant id: lower-case letters, digits, '-' or '_'");
 const name = z.string().regex(/^[a-z0-9][a-z0-9.-]{0,62}$/, "a name: lower-case letters, digits, '.' or '-'");
-
-export const poolPolicySchema = z.strictObject({
-  perGpu: z
-    .strictObject({
-      vcpu: z.number().min(0).max(4096).optional(),
-      memoryGiB: z.number().min(0).max(65_536).optional(),
-    })
-    .optional(),
-  admission: z.strictObject({ budgetCheck: z.enum(['off', 'meter']).optional() }).optional(),
-  kubernetes: z.boolean().optional(),
-  tenantRoot: z.boolean().optional(),
-  maxPendingSeconds: z
-    .number()
-    .int()
-    .min(60)
-    .max(30 * 86_400)
-    .optional(),
-});
 
 const quotaSchema = z.partialRecord(
   z.enum(['gpu', 'gpu.mig', 'gpu.slot', 'vcpu', 'memoryGiB']),
@@ -78,6 +61,7 @@ const poolOut = z.object({
   gpuModel: z.string(),
   sharingMode: z.string(),
   policy: z.record(z.string(), z.unknown()),
+  policyVersion: z.number(),
   archived: z.boolean(),
 });
 
@@ -115,7 +99,7 @@ const createPool = defineMethod({
       policy: input.policy ?? {},
     };
     const id = await insertPool(ctx.deps.db, pool);
-    return { id, ...pool, archived: false };
+    return { id, ...pool, policyVersion: 1, archived: false };
   },
 });
 

@@ -1,3 +1,4 @@
+import { waitAtMost } from '../../core/bounded-wait.ts';
 import type { ResourceRef } from '../../core/iam-port.ts';
 import { admissionContext } from '../../db/events/audit.ts';
 import { type CallerAudit, findTenantReservation } from '../../db/reservations/reservations.ts';
@@ -86,13 +87,7 @@ export async function afterCommit(ctx: MethodContext, what: string, fn: () => Pr
   // The answer waits for Temporal at most afterCommitWaitMs (a Temporal or a worker that is down
   // would hold it for 20 s and more); the call goes on in the background, and a lifecycle that
   // missed it is started by the orphan sweeper or re-reads the truth at its next timer.
-  let timer: NodeJS.Timeout | undefined;
-  // wall time: how long an answer waits after its commit, not a decision
-  const waited = new Promise<void>((resolve) => {
-    timer = setTimeout(resolve, afterCommitWaitMs);
-  });
-  await Promise.race([call, waited]);
-  clearTimeout(timer);
+  await waitAtMost(call, afterCommitWaitMs);
 }
 
 /** The calling principal as a reservation's audit row records it (its admission context). */

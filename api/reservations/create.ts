@@ -1,5 +1,6 @@
 import type { Reservation } from '../../core/database.ts';
 import { withPlacementTransaction } from '../../db/allocations/placement.ts';
+import { rethrowRecordingDemand } from '../../db/holds/demand.ts';
 import { readAuthzResource } from '../../db/iam/authz.ts';
 import { awaitConfirmation, denyDraft, expireLateConfirmation } from '../../db/reservations/admission.ts';
 import { type PoolForTenant, poolForTenant, writeDraft } from '../../db/reservations/draft.ts';
@@ -184,12 +185,14 @@ export const create = defineMethod({
         audit: callerAudit(ctx, action),
         ...(ctx.deps.caches ? { caches: ctx.deps.caches } : {}),
       }),
-    );
+    ).catch((error: unknown) => rethrowRecordingDemand(ctx.deps.db, row, error));
     if (outcome) {
       const state = outcome.outcome === 'placed' ? 'placed' : 'pending';
       await afterCommit(ctx, 'start', () =>
         ctx.deps.lifecycle?.start({ id: row.id, tenantId: row.tenant_id, poolId: row.pool_id, state }),
       );
+      const preemption = outcome.outcome === 'placed' ? outcome.preemption : undefined;
+      if (preemption) await afterCommit(ctx, 'preempt', () => ctx.deps.lifecycle?.preempt?.(preemption));
     }
     const view = await readReservationView(ctx.deps.db, row.id);
     if (!view) {

@@ -114,13 +114,14 @@ export const renew = defineMethod({
     await ctx.deps.iam.require(ctx.principal, action, reservationResource(row), {
       requestId: ctx.requestId,
     });
-    if (ctx.deps.lifecycle?.renew) {
-      await ctx.deps.lifecycle.renew(row.id);
-    } else {
-      const renewed = await renewLeaseNow(ctx.deps.db, row.id);
-      if (!renewed)
-        throw new ComputeError('INVALID_STATE', `reservation ${row.id} ended before its lease was renewed`);
-    }
+    // The lease moves in PostgreSQL (guarded by state, raising the version), then the lifecycle is
+    // woken to re-read its deadline: a worker that is down never holds the answer (afterCommit).
+    const renewed = await renewLeaseNow(ctx.deps.db, row.id);
+    if (!renewed)
+      throw new ComputeError('INVALID_STATE', `reservation ${row.id} ended before its lease was renewed`);
+    await afterCommit(ctx, 'renew', () =>
+      ctx.deps.lifecycle?.signal(row.id, { type: 'wake', reason: 'renewed' }),
+    );
     return (await readReservationView(ctx.deps.db, row.id))!;
   },
 });

@@ -4,6 +4,7 @@ import { apiAction, parse, withConnection } from '../command.ts';
 import { formatTime, renderFields, renderTable } from '../output.ts';
 import { type RequestOptions, requestFromOptions, withRequestOptions } from '../reservation-request.ts';
 import { resolvePool, tenantOf } from '../tenant.ts';
+import { registerHoldCommands } from './holds.ts';
 
 /** `capacity [--pool P]`, `capacity --preview …` (the flags of reserve). */
 export function registerCapacityCommands(program: Command) {
@@ -40,9 +41,18 @@ export function registerCapacityCommands(program: Command) {
           fields.push(['host share', `${p.resources.vcpu} vCPU, ${p.resources.memoryGiB} GiB`]);
           if (p.message) fields.push(['why not', p.message]);
           if (!p.fits) fields.push(['earliest start', formatTime(p.earliestStart) ?? 'none within 14 days']);
+          if (p.gang?.topologyValue) fields.push(['topology value', p.gang.topologyValue]);
+          const members = (p.gang?.members ?? []).map(
+            (m, i) => `  ${i}  ${m.nodeName} (${m.nodeId})  ${m.deviceIds.length} device(s)`,
+          );
+          const values = (p.gang?.values ?? []).map(
+            (v) => `  ${v.value ?? '(any node)'}: ${v.rejected ?? `${v.fitting} of ${v.nodes} nodes fit`}`,
+          );
           const quota = p.quota.map((q) => `${q.resource}: needs ${q.needed}, ${q.used} of ${q.limit} used`);
           return [
             renderFields(fields),
+            ...(members.length ? ['gang members:', ...members] : []),
+            ...(values.length ? ['topology values:', ...values] : []),
             ...(quota.length ? ['quota:', ...quota.map((q) => `  ${q}`)] : []),
           ].join('\n');
         });
@@ -71,6 +81,7 @@ export function registerCapacityCommands(program: Command) {
     }),
   );
   registerNodeCapacityCommand(capacity);
+  registerHoldCommands(capacity);
   return capacity;
 }
 
@@ -120,6 +131,14 @@ function registerNodeCapacityCommand(capacity: Command) {
                         }`,
                 },
                 { header: 'WHY NOT', value: (n) => n.refusals.join('; ') },
+                {
+                  // Calendar bookings that start later; AT RISK when the node takes no new work.
+                  header: 'CALENDAR',
+                  value: (n) =>
+                    n.calendarBookings.count === 0
+                      ? ''
+                      : `${n.calendarBookings.count} from ${formatTime(n.calendarBookings.nextStart)}${n.calendarBookings.atRisk ? ' AT RISK' : ''}`,
+                },
                 {
                   header: 'HEARTBEAT',
                   value: (n) =>

@@ -3,6 +3,7 @@ import type { Methods } from '../../api/registry.ts';
 import type { MethodOutput } from '../../client/index.ts';
 import { apiAction, parse, required, withConnection } from '../command.ts';
 import { formatAge, formatTime, renderFields, renderTable } from '../output.ts';
+import { registerNodeMigCommand } from './nodes-mig.ts';
 
 type NodeView = MethodOutput<Methods, 'nodes', 'get'>;
 
@@ -57,6 +58,15 @@ function renderNode(n: NodeView): string {
   if (n.devices?.length) {
     lines.push('devices:');
     for (const d of n.devices) lines.push(`  ${d.id}  ${d.class}  ${d.stableId}  ${d.health}`);
+  }
+  if (n.calendarBookings?.length) {
+    // Booked ahead: BookingRepair moves them before their start while the node refuses work.
+    lines.push(`calendar bookings${refusal(n) ? ' (at risk: the node takes no new work)' : ''}:`);
+    for (const b of n.calendarBookings) {
+      lines.push(
+        `  ${formatTime(b.start)} → ${formatTime(b.end)}  ${b.reservationId}  ${b.tenantId}  ${b.atoms} atom(s)`,
+      );
+    }
   }
   return lines.join('\n');
 }
@@ -130,7 +140,7 @@ export function registerNodeCommands(program: Command) {
         out.result(
           result,
           (r) =>
-            `${r.node.name} (${r.node.id}): ${refusal(r.node) ?? 'accepts work'}; ${r.liveAllocations} live allocation(s)`,
+            `${r.node.name} (${r.node.id}): ${refusal(r.node) ?? 'accepts work'}; ${r.liveAllocations} live allocation(s), ${r.calendarBookings} calendar booking(s)${r.message ? `\n${r.message}` : ''}`,
         );
       }),
     );
@@ -197,6 +207,7 @@ export function registerNodeCommands(program: Command) {
       );
     }),
   );
+  registerNodeMigCommand(nodes);
 
   const joinTokens = program.command('join-tokens').description('Tokens that let a new server join a pool.');
   withConnection(

@@ -59,6 +59,7 @@ export async function readPoolCapacity(
               AND NOT EXISTS (SELECT 1 FROM node_conditions c WHERE c.node_id = n.id AND c.effect = 'NoSchedule')) AS ok
       FROM visible v JOIN nodes n ON n.pool_id = v.id
       JOIN devices d ON d.node_id = n.id AND d.class = v.class AND d.bookable AND d.removed_at IS NULL
+        AND d.bookable_from_generation <= COALESCE(n.observed_generation, 0)
     ), booked AS (
       SELECT b.device_id, bool_or(b.during @> compute_now()) AS now, bool_or(lower(b.during) > compute_now()) AS later
       FROM allocations a JOIN nodes n ON n.id = a.node_id JOIN visible v ON v.id = n.pool_id

@@ -103,7 +103,9 @@ export async function loadPlacerNodes(
            (SELECT json_object_agg(l.key, l.value) FROM node_labels l
              WHERE l.node_id = n.id AND (l.key NOT LIKE 'bc.dev/%' OR l.source = 'system')) AS labels,
            (SELECT json_agg(json_build_object('id', d.id, 'a', d.attributes, 'h', d.health = 'healthy')) FROM devices d
-             WHERE d.node_id = n.id AND d.class = ${input.deviceClass} AND d.bookable AND d.removed_at IS NULL) AS devices,
+             WHERE d.node_id = n.id AND d.class = ${input.deviceClass} AND d.bookable AND d.removed_at IS NULL
+               -- an atom a new NodeSpec generation made counts once the node reported converging it
+               AND d.bookable_from_generation <= COALESCE(n.observed_generation, 0)) AS devices,
            (SELECT json_agg(json_build_object('d', b.device_id, 's', lower(b.during), 'e', upper(b.during)))
               FROM allocations a JOIN device_bookings b ON b.allocation_id = a.id
              WHERE a.node_id = n.id AND a.state NOT IN (${literalList(endedAllocationStates)}) AND a.during && ${horizon}
@@ -111,7 +113,9 @@ export async function loadPlacerNodes(
            (SELECT json_object_agg(h.resource, h.allocatable) FROM host_resources h
              WHERE h.node_id = n.id AND h.resource IN ('vcpu', 'memoryGiB', 'hugepages1Gi')) AS host,
            (SELECT json_agg(json_build_object('r', s.resource, 'n', s.amount, 's', lower(s.during), 'e', upper(s.during)))
-              FROM scalar_bookings s WHERE s.node_id = n.id AND s.resource IN ('vcpu', 'memoryGiB', 'hugepages1Gi')
+              FROM (SELECT node_id, resource, amount, during FROM scalar_bookings
+                    UNION ALL SELECT node_id, resource, amount, during FROM hold_bookings) s
+             WHERE s.node_id = n.id AND s.resource IN ('vcpu', 'memoryGiB', 'hugepages1Gi')
                AND s.during && ${horizon}) AS scalars
     FROM nodes n WHERE n.pool_id = ${input.poolId} ${only} ORDER BY n.name`.execute(db);
   return rows.map((n) => {

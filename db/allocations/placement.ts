@@ -90,18 +90,27 @@ function noFitOutcome(
     counterOfferHorizonMs,
   );
   const summary = summarizeNoFit(plan, input.request);
-  const message =
-    earliest !== null && earliest > input.window.start
-      ? `${summary}; the earliest start that fits within 14 days is ${new Date(earliest).toISOString()}`
-      : earliest === null
-        ? `${summary}; nothing fits within the next 14 days`
-        : summary;
-  return { message, earliestStart: earliest };
+  return { message: withCounterOffer(summary, earliest, input.window.start), earliestStart: earliest };
 }
 
-async function tryBook(
+/** A NoFit summary with its counter-offer: the earliest start within 14 days, or that none fits. */
+export function withCounterOffer(summary: string, earliest: number | null, start: number): string {
+  return earliest !== null && earliest > start
+    ? `${summary}; the earliest start that fits within 14 days is ${new Date(earliest).toISOString()}`
+    : earliest === null
+      ? `${summary}; nothing fits within the next 14 days`
+      : summary;
+}
+
+/**
+ * Books one fit in the caller's transaction: its atoms' locks tried (never waited for) and their
+ * bookings re-checked under them, then the allocation inserted through the EXCLUDE constraint
+ * and the scalar guard. 'locked' (a concurrent placement holds an atom) or 'stale' (an atom was
+ * booked since the plan) change nothing; PlacementContention when the scalar guard refused.
+ */
+export async function tryBook(
   trx: Trx,
-  input: { fit: NodeFit; window: Interval; reservationId: string },
+  input: { fit: NodeFit; window: Interval; reservationId: string; allocationId?: string | undefined },
 ): Promise<'booked' | 'locked' | 'stale'> {
   const { fit, window } = input;
   const start = new Date(window.start);
@@ -112,7 +121,7 @@ async function tryBook(
   if (devices === 'booked') return 'stale';
   try {
     await insertAllocationWithBookings(trx, {
-      allocationId: newId('alloc'),
+      allocationId: input.allocationId ?? newId('alloc'),
       reservationId: input.reservationId,
       nodeId: fit.nodeId,
       deviceIds: fit.deviceIds,
@@ -147,6 +156,10 @@ export async function findAndBook(
     reservationId: string;
     /** Admission's caches; without them the schedulable list is read once for this call. */
     caches?: AdmissionCaches;
+    /** Nodes not to book (BookingRepair: the bad nodes and those a gang member already holds). */
+    excludeNodeIds?: readonly string[];
+    /** The new allocation's id (default a fresh one), so the caller can refer to it. */
+    allocationId?: string;
   },
 ): Promise<
   { placed: true; fit: NodeFit } | { placed: false; message: string; earliestStart: number | null }
@@ -161,12 +174,14 @@ export async function findAndBook(
   let contended = false;
   for (let round = 0; round < 3; round++) {
     const whole = !large || round === 2;
-    const nodes = await loadPlacerNodes(trx, {
+    const loaded = await loadPlacerNodes(trx, {
       poolId: input.poolId,
       deviceClass: input.request.deviceClass,
       horizon: whole ? horizon : input.window,
       ...(whole ? {} : { sample: await sampleNodeIds(trx, input.poolId, caches), recentAllocations: 12 }),
     });
+    const excluded = new Set(input.excludeNodeIds ?? []);
+    const nodes = excluded.size > 0 ? loaded.filter((n) => !excluded.has(n.id)) : loaded;
     const plan = planPlacement(nodes, input.request, input.window, input.reservationId);
     if (plan.fits.length === 0) {
       if (!whole) continue;
@@ -175,7 +190,12 @@ export async function findAndBook(
       return { placed: false, message: outcome.message, earliestStart: outcome.earliestStart };
     }
     for (const fit of plan.fits.slice(0, 16)) {
-      const outcome = await tryBook(trx, { fit, window: input.window, reservationId: input.reservationId });
+      const outcome = await tryBook(trx, {
+        fit,
+        window: input.window,
+        reservationId: input.reservationId,
+        allocationId: input.allocationId,
+      });
       if (outcome === 'booked') return { placed: true, fit };
       if (outcome === 'locked') contended = true;
     }

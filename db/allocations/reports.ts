@@ -16,7 +16,15 @@ export interface ReportJudgement {
   kind: 'bound' | 'failed' | 'released' | null;
   verdict: AttestationVerdict | null;
   /** What the judgement did to the allocation. */
-  outcome: 'bound' | 'failed' | 'released' | 'rejected' | 'binding-lost' | 'unchanged' | 'no-report';
+  outcome:
+    | 'bound'
+    | 'failed'
+    | 'released'
+    | 'rejected'
+    | 'binding-lost'
+    | 'restored'
+    | 'unchanged'
+    | 'no-report';
 }
 
 /**
@@ -40,7 +48,16 @@ export async function judgeAllocationReport(trx: Trx, allocationId: string): Pro
   const allocation = await trx
     .selectFrom('allocations as a')
     .leftJoin('reservations as r', 'r.id', 'a.reservation_id')
-    .select(['a.id', 'a.node_id', 'a.reservation_id', 'a.state', 'a.bound_at', 'r.tenant_id', 'r.pool_id'])
+    .select([
+      'a.id',
+      'a.node_id',
+      'a.reservation_id',
+      'a.state',
+      'a.bound_at',
+      'a.binding_lost_at',
+      'r.tenant_id',
+      'r.pool_id',
+    ])
     .where('a.id', '=', allocationId)
     .forUpdate('a')
     .executeTakeFirstOrThrow();
@@ -76,6 +93,12 @@ export async function judgeAllocationReport(trx: Trx, allocationId: string): Pro
       : {}),
   });
   const live = isHoldingAllocation(allocation.state);
+  // A bound allocation the node says it can no longer honour (a GPU fell off, host admission) is
+  // not failed: it keeps its booking and the reservation shows Degraded/BindingLost until the
+  // node reports it bound again (principle 7: nothing is released for node trouble).
+  if (verdict.ok && report.kind === 'failed' && allocation.state === 'bound') {
+    return { ...base, kind: 'failed', verdict, outcome: 'binding-lost' };
+  }
   if (verdict.ok && report.kind !== 'bound') {
     if (live) {
       await trx
@@ -91,6 +114,36 @@ export async function judgeAllocationReport(trx: Trx, allocationId: string): Pro
     return { ...base, kind: report.kind, verdict, outcome: live ? report.kind : 'unchanged' };
   }
   if (verdict.ok && verdict.binding) {
+    if (allocation.state === 'bound' && allocation.binding_lost_at && allocation.reservation_id) {
+      // The node reports the allocation bound again, genuinely: the lost binding is restored.
+      await trx
+        .updateTable('allocations')
+        .set({
+          binding_lost_at: null,
+          binding: JSON.stringify({
+            nodeId: allocation.node_id,
+            cdiDevices: verdict.binding.cdiDevices,
+            envFile: verdict.binding.envFile,
+            ...(verdict.binding.cgroupParent ? { cgroupParent: verdict.binding.cgroupParent } : {}),
+          }),
+          updated_at: sql<Date>`compute_now()`,
+        })
+        .where('id', '=', allocationId)
+        .execute();
+      await insertOutboxEvent(trx, {
+        type: 'reservation.binding-restored',
+        subject: `reservation/${allocation.reservation_id}`,
+        tenantId: allocation.tenant_id,
+        data: {
+          reservationId: allocation.reservation_id,
+          allocationId,
+          nodeId: allocation.node_id,
+          reportId: String(report.id),
+          poolId: allocation.pool_id,
+        },
+      });
+      return { ...base, kind: 'bound', verdict, outcome: 'restored' };
+    }
     if (!live || allocation.state === 'bound')
       return { ...base, kind: 'bound', verdict, outcome: 'unchanged' };
     await trx

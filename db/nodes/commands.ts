@@ -1,6 +1,6 @@
 import { type Selectable, sql, type Transaction } from 'kysely';
 import type { Database, Db, NodeCommandsTable } from '../../core/database.ts';
-import { commandKinds, isCommandKind } from '../../domain/command-kinds.ts';
+import { type CommandKind, commandKinds, isCommandKind } from '../../domain/command-kinds.ts';
 import { ComputeError } from '../../domain/errors.ts';
 import { type CommandLane, type CommandState, inFlightCommandStates } from '../../domain/fleet.ts';
 import { newId } from '../../domain/ids.ts';
@@ -17,8 +17,9 @@ export interface EnqueuedCommand {
 /**
  * Writes a durable command for one node in the caller's transaction, with the node's next `seq`
  * (taken under the node's row lock, so seqs are gap-free and ordered). The gateway delivers it in
- * order within its lane. INVALID_INPUT for an unknown kind or a payload its kind refuses;
- * NOT_FOUND for an unknown node. Not idempotent by itself: call it once per state change.
+ * order within its lane. INVALID_INPUT for an unknown kind, a payload its kind refuses, or a
+ * control-plane-only kind without `byControlPlane`; INVALID_STATE for a node whose role the kind
+ * does not run on; NOT_FOUND for an unknown node. Not idempotent by itself: call it once per state change.
  */
 export async function enqueueNodeCommand(
   trx: Trx,
@@ -31,6 +32,8 @@ export async function enqueueNodeCommand(
     /** A not_after this many seconds after the database's clock (instead of `notAfter`). */
     notAfterSeconds?: number;
     minGeneration?: number | null;
+    /** Set by the control plane's own callers only: allows the kinds marked `controlPlaneOnly`. */
+    byControlPlane?: boolean;
   },
 ): Promise<EnqueuedCommand> {
   if (!isCommandKind(input.kind)) {
@@ -38,7 +41,14 @@ export async function enqueueNodeCommand(
       kinds: Object.keys(commandKinds),
     });
   }
-  const kind = commandKinds[input.kind];
+  const kind: CommandKind = commandKinds[input.kind];
+  if (kind.controlPlaneOnly && !input.byControlPlane) {
+    throw new ComputeError(
+      'INVALID_INPUT',
+      `kind: ${input.kind} is queued only by the control plane (it carries the BMC's sealed credential and the site's boot lease epoch): use the metal API (metal.power, metal.bootDevice, metal.virtualMedia, metal.inventory)`,
+      { field: 'kind' },
+    );
+  }
   const parsed = kind.payload.safeParse(input.payload ?? {});
   if (!parsed.success) {
     throw new ComputeError(
@@ -50,9 +60,16 @@ export async function enqueueNodeCommand(
     .updateTable('nodes')
     .set({ next_command_seq: sql<string>`next_command_seq + 1` })
     .where('id', '=', input.nodeId)
-    .returning(sql<string>`next_command_seq - 1`.as('seq'))
+    .returning([sql<string>`next_command_seq - 1`.as('seq'), 'role'])
     .executeTakeFirst();
   if (!node) throw new ComputeError('NOT_FOUND', `node ${input.nodeId} does not exist`);
+  if (!kind.roles.includes(node.role)) {
+    throw new ComputeError(
+      'INVALID_STATE',
+      `node ${input.nodeId} has role ${node.role}; ${input.kind} runs only on a node of role ${kind.roles.join(' or ')}`,
+      { role: node.role, roles: [...kind.roles] },
+    );
+  }
   const id = newId('cmd');
   await trx
     .insertInto('node_commands')

@@ -105,6 +105,8 @@ export interface PoolRow {
   gpuModel: string;
   sharingMode: PoolSharingMode;
   policy: Record<string, unknown>;
+  /** Raised by every policy change (admin.setPoolPolicy). */
+  policyVersion: number;
   archived: boolean;
 }
 
@@ -116,6 +118,7 @@ const poolColumns = [
   'gpu_model',
   'sharing_mode',
   'policy',
+  'policy_version',
   'archived_at',
 ] as const;
 
@@ -128,6 +131,7 @@ function poolRow(row: Pick<Selectable<PoolsTable>, (typeof poolColumns)[number]>
     gpuModel: row.gpu_model,
     sharingMode: row.sharing_mode,
     policy: row.policy,
+    policyVersion: row.policy_version,
     archived: row.archived_at !== null,
   };
 }
@@ -163,6 +167,7 @@ export async function listPoolsWithOffers(db: Db): Promise<Array<PoolRow & { off
       'p.gpu_model',
       'p.sharing_mode',
       'p.policy',
+      'p.policy_version',
       'p.archived_at',
       sql<string[]>`ARRAY(SELECT tenant_id FROM pool_offers o WHERE o.pool_id = p.id ORDER BY tenant_id)`.as(
         'offered',

@@ -1,5 +1,6 @@
 import { sql, type Transaction } from 'kysely';
 import type { Database, Db } from '../../core/database.ts';
+import { hostReserveVcpu } from '../../domain/host-limits.ts';
 import { newId } from '../../domain/ids.ts';
 import {
   type GpusSection,
@@ -7,6 +8,7 @@ import {
   hostSectionSchema,
   sectionHash,
 } from '../../domain/inventory-sections.ts';
+import { poolReplicas } from '../../domain/sharing.ts';
 import { setNodeCondition } from './nodes.ts';
 
 type Trx = Transaction<Database>;
@@ -47,28 +49,129 @@ export async function applyNodeInventory(
   await checkGpuCount(trx, nodeId);
 }
 
+/**
+ * One device row, inserted or brought up to date; answers its id. A new atom is bookable only from
+ * `fromGeneration` (the node's NodeSpec generation now: the node must converge it first).
+ */
+async function upsertDevice(
+  trx: Trx,
+  nodeId: string,
+  device: {
+    class: 'gpu' | 'gpu.mig' | 'gpu.slot';
+    stableId: string;
+    health: string;
+    bookable: boolean;
+    parentId: string | null;
+    attributes: Record<string, unknown>;
+    fromGeneration: number;
+  },
+): Promise<string> {
+  const { rows } = await sql<{ id: string }>`
+    INSERT INTO devices (id, node_id, class, stable_id, health, attributes, bookable, parent_id, bookable_from_generation)
+    VALUES (${newId('dev')}, ${nodeId}, ${device.class}, ${device.stableId}, ${device.health},
+            ${JSON.stringify(device.attributes)}::jsonb, ${device.bookable}, ${device.parentId}, ${device.fromGeneration})
+    ON CONFLICT (node_id, stable_id) DO UPDATE SET
+      health = EXCLUDED.health, attributes = EXCLUDED.attributes, bookable = EXCLUDED.bookable,
+      parent_id = EXCLUDED.parent_id, class = EXCLUDED.class,
+      bookable_from_generation = CASE WHEN devices.removed_at IS NULL AND devices.bookable = EXCLUDED.bookable
+        THEN devices.bookable_from_generation ELSE EXCLUDED.bookable_from_generation END,
+      removed_at = NULL
+    RETURNING id`.execute(trx);
+  return rows[0]!.id;
+}
+
+/**
+ * The atoms of the node's GPUs for its pool's sharing mode (domain/sharing.ts): a whole GPU in an
+ * exclusive pool; in MIG mode an unbookable parent plus one `gpu.mig` atom per instance, with its
+ * profile; in a time-slice or MPS pool an unbookable parent plus `policy.sharing.replicas`
+ * `gpu.slot` atoms (`<uuid>-slot-<n>`). Atoms gone from the inventory are marked removed.
+ */
 async function applyGpus(trx: Trx, nodeId: string, section: GpusSection): Promise<void> {
   const gpus = section.gpus;
+  const pool = await trx
+    .selectFrom('nodes as n')
+    .leftJoin('pools as p', 'p.id', 'n.pool_id')
+    .where('n.id', '=', nodeId)
+    .select(['p.sharing_mode', 'p.policy', 'n.spec_generation'])
+    .executeTakeFirst();
+  const mode = pool?.sharing_mode ?? 'exclusive';
+  const policy = (pool?.policy ?? {}) as Record<string, unknown>;
+  const fromGeneration = Number(pool?.spec_generation ?? 0);
+  const present: string[] = [];
   for (const gpu of gpus) {
-    const attributes = JSON.stringify({
+    const base = {
       model: gpu.model,
       memoryMiB: gpu.memoryMiB,
       nvlinkDomain: gpu.nvlinkDomain,
       numaNode: gpu.numaNode,
       index: gpu.index,
       ...(gpu.pciBusId ? { pciBusId: gpu.pciBusId } : {}),
+    };
+    const migOn = gpu.mig?.mode === 'enabled';
+    const slotted = mode === 'time-slice' || mode === 'mps';
+    const parentId = await upsertDevice(trx, nodeId, {
+      class: 'gpu',
+      stableId: gpu.uuid,
+      health: gpu.health,
+      bookable: !migOn && !slotted,
+      parentId: null,
+      attributes: { ...base, ...(migOn ? { migMode: 'enabled' } : {}) },
+      fromGeneration: 0,
     });
-    await sql`
-      INSERT INTO devices (id, node_id, class, stable_id, health, attributes)
-      VALUES (${newId('dev')}, ${nodeId}, 'gpu', ${gpu.uuid}, ${gpu.health}, ${attributes}::jsonb)
-      ON CONFLICT (node_id, stable_id) DO UPDATE SET
-        health = EXCLUDED.health, attributes = EXCLUDED.attributes, removed_at = NULL`.execute(trx);
+    present.push(gpu.uuid);
+    if (migOn) {
+      for (const instance of gpu.mig!.instances) {
+        await upsertDevice(trx, nodeId, {
+          class: 'gpu.mig',
+          stableId: instance.uuid,
+          health: gpu.health,
+          bookable: true,
+          parentId,
+          attributes: {
+            model: gpu.model,
+            profile: instance.profile,
+            memoryMiB: instance.memoryMiB,
+            gpuInstanceId: instance.gpuInstanceId,
+            computeInstanceId: instance.computeInstanceId,
+            parentUuid: gpu.uuid,
+            nvlinkDomain: null,
+            numaNode: gpu.numaNode,
+            index: gpu.index * 8 + instance.gpuInstanceId,
+          },
+          fromGeneration,
+        });
+        present.push(instance.uuid);
+      }
+    } else if (slotted) {
+      const replicas = poolReplicas(mode, policy);
+      for (let slot = 0; slot < replicas; slot++) {
+        const stableId = `${gpu.uuid}-slot-${slot}`;
+        await upsertDevice(trx, nodeId, {
+          class: 'gpu.slot',
+          stableId,
+          health: gpu.health,
+          bookable: true,
+          parentId,
+          attributes: {
+            model: gpu.model,
+            sharing: mode,
+            slot,
+            replicas,
+            parentUuid: gpu.uuid,
+            nvlinkDomain: null,
+            numaNode: gpu.numaNode,
+            index: gpu.index * 64 + slot,
+          },
+          fromGeneration: 0,
+        });
+        present.push(stableId);
+      }
+    }
   }
-  const uuids = gpus.map((g) => g.uuid);
   await sql`
     UPDATE devices SET removed_at = compute_now()
-    WHERE node_id = ${nodeId} AND class = 'gpu' AND removed_at IS NULL
-      AND NOT (stable_id = ANY(${uuids}::text[]))`.execute(trx);
+    WHERE node_id = ${nodeId} AND class IN ('gpu', 'gpu.mig', 'gpu.slot') AND removed_at IS NULL
+      AND NOT (stable_id = ANY(${present}::text[]))`.execute(trx);
   await trx
     .deleteFrom('node_labels')
     .where('node_id', '=', nodeId)
@@ -85,16 +188,27 @@ async function applyGpus(trx: Trx, nodeId: string, section: GpusSection): Promis
   }
 }
 
+/**
+ * The host's resource rows: capacity as reported, allocatable vCPU without the host's reserved
+ * CPUs (the pool's `policy.hostReserve.vcpu`, default 2), which never go into a cpuset.
+ */
 async function applyHost(trx: Trx, nodeId: string, host: HostSection): Promise<void> {
-  const resources: Array<['vcpu' | 'memoryGiB' | 'hugepages1Gi', number]> = [
-    ['vcpu', host.vcpu],
-    ['memoryGiB', host.memoryGiB],
-    ['hugepages1Gi', host.hugepages1Gi],
+  const pool = await trx
+    .selectFrom('nodes as n')
+    .leftJoin('pools as p', 'p.id', 'n.pool_id')
+    .where('n.id', '=', nodeId)
+    .select(['p.policy'])
+    .executeTakeFirst();
+  const reserve = host.vcpu > 0 ? hostReserveVcpu((pool?.policy ?? {}) as Record<string, unknown>) : 0;
+  const resources: Array<['vcpu' | 'memoryGiB' | 'hugepages1Gi', number, number]> = [
+    ['vcpu', host.vcpu, Math.max(0, host.vcpu - reserve)],
+    ['memoryGiB', host.memoryGiB, host.memoryGiB],
+    ['hugepages1Gi', host.hugepages1Gi, host.hugepages1Gi],
   ];
-  for (const [resource, amount] of resources) {
+  for (const [resource, amount, allocatable] of resources) {
     await sql`
       INSERT INTO host_resources (node_id, resource, capacity, allocatable)
-      VALUES (${nodeId}, ${resource}, ${amount}, ${amount})
+      VALUES (${nodeId}, ${resource}, ${amount}, ${allocatable})
       ON CONFLICT (node_id, resource) DO UPDATE SET capacity = EXCLUDED.capacity, allocatable = EXCLUDED.allocatable`.execute(
       trx,
     );

@@ -255,6 +255,8 @@ export async function reclaimJoinedNode(
     .updateTable('nodes')
     .set({
       reclaim_approved_until: null,
+      // A bare machine's node reclaimed by its deployed bcd leaves the ramdisk role.
+      role: sql<NodeRole>`CASE WHEN role = 'ramdisk' THEN 'node' ELSE role END`,
       ...(input.hardwareKey ? { hardware_key: input.hardwareKey } : {}),
       updated_at: sql<Date>`compute_now()`,
     })

@@ -14,6 +14,7 @@ export interface NodeDetail {
   cordonReason: string | null;
   draining: boolean;
   maintenance: boolean;
+  maintenanceReason: string | null;
   connectivity: Connectivity;
   epoch: number;
   lastHeartbeatAt: Date | null;
@@ -73,6 +74,7 @@ export async function readNodeDetails(
         cordonReason: n.cordon_reason,
         draining: n.draining,
         maintenance: n.maintenance,
+        maintenanceReason: n.maintenance_reason,
         connectivity: n.connectivity,
         epoch: Number(n.epoch),
         lastHeartbeatAt: n.last_heartbeat_at,

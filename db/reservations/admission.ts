@@ -1,5 +1,6 @@
 import { sql, type Transaction } from 'kysely';
 import type { Database } from '../../core/database.ts';
+import { terminalEventTypes } from '../../domain/event-types.ts';
 import { isUndecided } from '../../domain/reservation-states.ts';
 import { insertAuditEvent } from '../events/audit.ts';
 import { insertOutboxEvent } from '../events/outbox.ts';
@@ -55,7 +56,8 @@ export async function awaitConfirmation(
 
 /**
  * IAM denied the draft: it becomes `denied` (terminal, `end_reason` = the refusal's message) with
- * a `denied` audit row carrying the admission context. A reservation no longer awaiting a decision
+ * its terminal event `reservation.denied` (data: `reason`) and a `denied` audit row carrying the
+ * admission context, in the caller's transaction. A reservation no longer awaiting a decision
  * changes nothing, so a repeated refusal writes nothing twice.
  */
 export async function denyDraft(
@@ -78,6 +80,10 @@ export async function denyDraft(
     })
     .where('id', '=', locked.id)
     .execute();
+  await insertOutboxEvent(
+    trx,
+    reservationStateEvent(locked, terminalEventTypes.denied, 'denied', { reason: input.reason }),
+  );
   await insertAuditEvent(trx, {
     tenantId: locked.tenant_id,
     actorIdentityId: input.audit.actorIdentityId,

@@ -7,11 +7,13 @@ import { reservationDraftId } from '../../domain/ids.ts';
 import {
   authzAttributes,
   type HostResourceAmounts,
-  maxStartAheadMs,
   type NormalizedRequest,
   startGraceMs,
   startOutOfHorizon,
 } from '../../domain/reservation-request.ts';
+import { calendarHorizonDays, readPoolPolicy } from '../../domain/pool-policy.ts';
+import type { PoolSharingMode } from '../../domain/fleet.ts';
+import { atomWorth } from '../../domain/sharing.ts';
 import { preparedMarker } from '../pool.ts';
 
 type Trx = Transaction<Database>;
@@ -134,13 +136,13 @@ export async function resolveRequestForPool(
     );
   }
   const perGpu = await poolPerGpuShare(db, { id: pool.id, policy: pool.policy }, caches);
-  const replicas = Number((pool.policy.sharing as { replicas?: number } | undefined)?.replicas ?? 0);
-  const equivalent =
-    device.class === 'gpu'
-      ? 1
-      : device.class === 'gpu.mig'
-        ? 1 / 7
-        : 1 / (replicas || (pool.sharing_mode === 'mps' ? 10 : 4));
+  // One definition of what a shared atom is worth (domain/sharing.ts), here its host share.
+  const equivalent = atomWorth({
+    deviceClass: device.class,
+    mode: pool.sharing_mode as PoolSharingMode,
+    policy: pool.policy,
+    profile: typeof device.selector?.attributes?.profile === 'string' ? device.selector.attributes.profile : undefined,
+  }).hostShare;
   const share = {
     vcpu: Math.floor(perGpu.vcpu * device.count * equivalent),
     memoryGiB: Math.floor(perGpu.memoryGiB * device.count * equivalent),
@@ -160,7 +162,8 @@ export type DraftResult =
 
 /**
  * Transaction 1, as one statement (atomic on its own, so no BEGIN/COMMIT round trips): the pool's
- * offer and the requested start's horizon (at most 365 days ahead, at most 5 minutes past, by
+ * offer and the requested start's horizon (at most the pool's calendar.horizonDays ahead, default
+ * 90, at most 5 minutes past, by
  * compute_now()) re-checked, the draft inserted with its deterministic id and its authz projection
  * row (the seed's attributes), parented to the pool and owned by the caller. A key already taken
  * inserts nothing (a concurrent first call waits for the other to commit) and answers the stored
@@ -224,6 +227,8 @@ export async function writeDraft(
     resources: booked,
   });
   const start = request.start !== undefined ? new Date(request.start).toISOString() : null;
+  // The pool's calendar horizon (policy calendar.horizonDays, default 90 days).
+  const horizonDays = calendarHorizonDays(readPoolPolicy(pool.policy));
   // In whole milliseconds on both sides, so startOutOfHorizon below judges exactly as this did.
   const { rows } = await sql<
     Reservation & { offered: boolean; in_horizon: boolean; checked_at: string }
@@ -232,7 +237,7 @@ export async function writeDraft(
     horizon AS (
       SELECT ${request.start ?? null}::bigint IS NULL
              OR ${request.start ?? null}::bigint BETWEEN now_ms - ${startGraceMs}::bigint
-                                             AND now_ms + ${maxStartAheadMs}::bigint AS ok
+                                             AND now_ms + ${horizonDays * 86_400_000}::bigint AS ok
       FROM clock
     ), offered AS (
       SELECT 1 FROM pools p
@@ -242,11 +247,12 @@ export async function writeDraft(
     ), r AS (
       INSERT INTO reservations (id, tenant_id, pool_id, owner_identity_id, idempotency_key, request, request_hash,
                                 state, requested_start, duration_ms, binding_kind, spot, lease_seconds, project_id,
-                                host_share)
+                                host_share, gang_size)
       SELECT ${id}, ${input.tenantId}, ${pool.id}, ${input.principal.identityId}, ${input.idempotencyKey},
              ${JSON.stringify(request)}::jsonb, ${input.hash}, 'draft', ${start}::timestamptz,
              ${request.durationMs}::bigint, ${request.binding}, ${request.spot ?? false}::boolean,
-             ${request.leaseSeconds ?? null}::integer, ${request.projectId ?? null}::text, ${JSON.stringify(share)}::jsonb
+             ${request.leaseSeconds ?? null}::integer, ${request.projectId ?? null}::text, ${JSON.stringify(share)}::jsonb,
+             ${request.gang?.size ?? 1}::integer
       WHERE EXISTS (SELECT 1 FROM offered) AND (SELECT ok FROM horizon)
       ON CONFLICT DO NOTHING
       RETURNING *
@@ -273,7 +279,7 @@ export async function writeDraft(
     caches?.pools.clear();
     throw new ComputeError('NOT_FOUND', `poolId: pool ${pool.id} is not offered to tenant ${input.tenantId}`);
   }
-  const outside = request.start !== undefined && startOutOfHorizon(request.start, Number(result.checked_at));
+  const outside = request.start !== undefined && startOutOfHorizon(request.start, Number(result.checked_at), horizonDays);
   if (!result.in_horizon && outside) throw outside;
   throw new ComputeError('INTERNAL', `reservation ${id} could be neither inserted nor found`);
 }

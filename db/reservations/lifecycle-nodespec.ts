@@ -2,6 +2,7 @@ import { sql, type Transaction } from 'kysely';
 import type { Database } from '../../core/database.ts';
 import { holdingAllocationStates } from '../../domain/fleet.ts';
 import type { DeviceAssignment } from '../../domain/node-spec.ts';
+import { holdTermsOf } from '../allocations/hold-terms.ts';
 import { setNodeDevicesAssignment } from '../nodes/nodes.ts';
 
 type Trx = Transaction<Database>;
@@ -49,10 +50,19 @@ export async function assignReservationDevices(
     .selectFrom('allocations as a')
     .leftJoin('device_bookings as b', 'b.allocation_id', 'a.id')
     .leftJoin('devices as d', 'd.id', 'b.device_id')
+    .innerJoin('reservations as r', 'r.id', 'a.reservation_id')
     .where('a.reservation_id', '=', reservationId)
     .where('a.superseded_at', 'is', null)
     .where('a.state', 'in', holdingAllocationStates)
-    .select(['a.id', 'a.node_id', 'd.id as device_id', 'd.stable_id', sql<Date>`upper(a.during)`.as('until')])
+    .select([
+      'a.id',
+      'a.node_id',
+      'd.id as device_id',
+      'd.stable_id',
+      sql<Date>`upper(a.during)`.as('until'),
+      // A spot reservation under a preemption notice: the node tells the workload when it ends.
+      'r.preempt_notice_until',
+    ])
     .orderBy('a.id')
     .orderBy('d.stable_id')
     .execute();
@@ -66,12 +76,21 @@ export async function assignReservationDevices(
       stableIds: [],
       until: new Date(row.until).getTime(),
       binding,
+      ...(row.preempt_notice_until ? { preemptAt: new Date(row.preempt_notice_until).getTime() } : {}),
     };
     node.set(row.id, assignment);
     if (row.device_id && row.stable_id) {
       assignment.deviceIds.push(row.device_id);
       assignment.stableIds.push(row.stable_id);
     }
+  }
+  // What the node enforces beside the devices: limits and cpuset, and a shared pool's settings.
+  const terms = await holdTermsOf(
+    trx,
+    [...byNode.values()].flatMap((m) => [...m.keys()]),
+  );
+  for (const node of byNode.values()) {
+    for (const [id, assignment] of node) node.set(id, { ...assignment, ...terms.get(id) });
   }
   const nodeIds = [...byNode.keys()].sort();
   for (const nodeId of nodeIds) {

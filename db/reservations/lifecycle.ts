@@ -7,6 +7,7 @@ import {
   type LifecycleTimers,
   type ReservationSnapshot,
 } from '../../domain/reservation-lifecycle.ts';
+import { readPoolPolicy } from '../../domain/pool-policy.ts';
 import { liveStates, type ReservationState } from '../../domain/reservation-states.ts';
 import { parseStoredRequest } from './stored.ts';
 
@@ -26,10 +27,9 @@ export function effectiveTimers(
   overrides: Partial<LifecycleTimers> = {},
 ): LifecycleTimers {
   const timers = { ...defaultTimers };
-  const fromPolicy = (policy.timers ?? {}) as Record<string, unknown>;
-  if (typeof policy.maxPendingSeconds === 'number' && policy.maxPendingSeconds > 0) {
-    timers.maxPendingMs = policy.maxPendingSeconds * 1000;
-  }
+  const read = readPoolPolicy(policy);
+  const fromPolicy: Partial<Record<keyof LifecycleTimers, number>> = read.timers ?? {};
+  if (read.maxPendingSeconds !== undefined) timers.maxPendingMs = read.maxPendingSeconds * 1000;
   for (const key of timerKeys) {
     const value = fromPolicy[key];
     if (typeof value === 'number' && value > 0) timers[key] = value;
@@ -76,7 +76,9 @@ export async function readReservationSnapshot(
       'p.archived_at',
       'p.owner_tenant_id',
       sql<Date | null>`lower(r.during)`.as('start'),
+      sql<boolean>`r.requested_start IS NOT NULL AND r.requested_start > r.created_at`.as('calendar'),
       sql<Date | null>`upper(r.during)`.as('end'),
+      'r.preempt_notice_until',
       sql<Date>`compute_now()`.as('now'),
       sql<boolean>`p.archived_at IS NULL AND (p.owner_tenant_id = r.tenant_id OR EXISTS (
         SELECT 1 FROM pool_offers o WHERE o.pool_id = r.pool_id AND o.tenant_id = r.tenant_id))`.as(
@@ -96,6 +98,8 @@ export async function readReservationSnapshot(
       'a.state',
       'a.bound_at',
       'a.binding_lost_at',
+      'a.gang_index',
+      'a.member_attempt',
       'n.connectivity',
       sql<Date>`upper(a.during)`.as('until'),
       sql<
@@ -149,6 +153,7 @@ export async function readReservationSnapshot(
         ...(a.connectivity === 'unreachable' ? { nodeUnreachable: true } : {}),
         ...(a.foreign_gpu_exposure ? { foreignGpuExposure: true } : {}),
         ...(a.unhealthy_atoms?.length ? { unhealthyAtoms: a.unhealthy_atoms } : {}),
+        ...(row.gang_size > 1 ? { gangIndex: a.gang_index, memberAttempt: a.member_attempt } : {}),
       }),
     ),
     poolAvailable: row.pool_available,
@@ -156,6 +161,9 @@ export async function readReservationSnapshot(
     summary: `${row.tenant_id}: ${devices} ${row.gpu_model} (${row.binding_kind}${
       row.gang_size > 1 ? `, gang of ${row.gang_size}` : ''
     }) in ${row.pool_id}`,
+    ...(row.gang_size > 1 ? { gangSize: row.gang_size } : {}),
+    ...(row.preempt_notice_until ? { preemptAt: ms(row.preempt_notice_until)! } : {}),
+    ...(row.calendar ? { calendar: true } : {}),
   };
 }
 

@@ -5,9 +5,11 @@ import { ComputeError } from '../../domain/errors.ts';
 import type { EventType } from '../../domain/event-types.ts';
 import { newId } from '../../domain/ids.ts';
 import { isUndecided } from '../../domain/reservation-states.ts';
-import { findAndBook, placementRequestOf } from '../allocations/placement.ts';
+import { findAndBookRequest } from '../allocations/gang-placement.ts';
+import { recordUnmetDemand, reservationDemand } from '../holds/demand.ts';
 import { preparedMarker } from '../pool.ts';
 import { reservationStateEvent } from './lifecycle-events.ts';
+import { type PreemptionSummary, preemptSpotFor } from './preemption.ts';
 import { chargeQuota, precheckQuotaFree, quotaNeeds } from './quota.ts';
 import { type CallerAudit, lockReservationForPlacement } from './reservations.ts';
 import { parseStoredHostShare, parseStoredRequest } from './stored.ts';
@@ -63,7 +65,16 @@ async function updateWithRecords(
 }
 
 export type PlaceOutcome =
-  | { outcome: 'placed'; nodeId: string; deviceIds: string[]; start: number; end: number; version: number }
+  | {
+      outcome: 'placed';
+      nodeId: string;
+      deviceIds: string[];
+      start: number;
+      end: number;
+      version: number;
+      /** Spot reservations this placement preempted: start the preemption workflow after commit. */
+      preemption?: PreemptionSummary;
+    }
   | { outcome: 'pending'; message: string; earliestStart: number | null; version: number }
   | { outcome: 'unchanged'; state: string | null };
 
@@ -107,17 +118,24 @@ export async function placeLockedReservation(
   const reservationId = row.id;
   const request = parseStoredRequest(reservationId, row.request);
   const requested = row.requested_start?.getTime() ?? now;
-  const start = Math.max(now, requested);
   const durationMs = Number(row.duration_ms);
-  const window = { start, end: start + durationMs };
-  const result = await findAndBook(trx, {
+  const asked = { start: Math.max(now, requested), end: Math.max(now, requested) + durationMs };
+  const found = await findAndBookRequest(trx, request, {
     poolId: row.pool_id,
-    request: placementRequestOf(request),
-    window,
+    window: asked,
     durationMs,
     reservationId,
     ...(options.caches ? { caches: options.caches } : {}),
   });
+  // A regular request that does not fit may preempt spot reservations (from their notice deadline).
+  const preempted = found.placed
+    ? null
+    : await preemptSpotFor(trx, { row, request, now, window: asked, earliestStart: found.earliestStart });
+  const result = preempted
+    ? { placed: true as const, fit: preempted.fit, fits: [preempted.fit], topologyValue: null }
+    : found;
+  const window = preempted?.window ?? asked;
+  const start = window.start;
   if (result.placed) {
     const update = trx
       .updateTable('reservations')
@@ -126,6 +144,7 @@ export async function placeLockedReservation(
         state: 'placed',
         during: `[${new Date(start).toISOString()},${new Date(window.end).toISOString()})`,
         conditions: '[]',
+        gang_topology_value: result.topologyValue,
         pending_since: null,
         lease_expires_at: row.lease_seconds
           ? sql<Date>`compute_now() + make_interval(secs => lease_seconds)`
@@ -137,9 +156,19 @@ export async function placeLockedReservation(
       .returning('version');
     const updated = await updateWithRecords(trx, reservationId, update, {
       event: reservationStateEvent(row, 'reservation.placed', 'placed', {
-        nodeIds: [result.fit.nodeId],
+        nodeIds: result.fits.map((f) => f.nodeId),
+        ...(request.gang ? { gang: { ...request.gang, topologyValue: result.topologyValue } } : {}),
         start,
         end: window.end,
+        ...(preempted
+          ? {
+              preemption: {
+                deadline: preempted.summary.deadline,
+                noticed: preempted.summary.noticed,
+                requeued: preempted.summary.requeued,
+              },
+            }
+          : {}),
       }),
       audit: options.audit && { ...options.audit, context: { ...options.audit.context, outcome: 'placed' } },
     });
@@ -150,6 +179,7 @@ export async function placeLockedReservation(
       start,
       end: window.end,
       version: updated.version,
+      ...(preempted ? { preemption: preempted.summary } : {}),
     };
   }
   const previous = (row.conditions as Array<{ type: string; message: string; since?: number }>).find(
@@ -183,6 +213,8 @@ export async function placeLockedReservation(
       : undefined,
     audit: options.audit && { ...options.audit, context: { ...options.audit.context, outcome: 'pending' } },
   });
+  // Unmet demand, once per reservation however often its placement is retried.
+  await recordUnmetDemand(trx, reservationDemand(row, 'pending', result.message));
   return {
     outcome: 'pending',
     message: result.message,

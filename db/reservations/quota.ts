@@ -9,7 +9,8 @@ type Trx = Transaction<Database>;
 /**
  * What a request charges: its atoms by class (`gpu`, `gpu.mig`, `gpu.slot`), and only the host
  * resources booked above the pool's per-GPU share (`vcpu`, `memoryGiB`; 1 GiB huge pages count as
- * memory). The share rides on the GPUs.
+ * memory). The share rides on the GPUs. A gang asks for all of it on each of its nodes, so it
+ * charges everything times its size (one charge for the whole gang).
  */
 export function quotaNeeds(
   request: NormalizedRequest,
@@ -17,9 +18,10 @@ export function quotaNeeds(
   share: HostResourceAmounts,
 ): Record<string, number> {
   const needs: Record<string, number> = {};
-  for (const d of request.devices) needs[d.class] = (needs[d.class] ?? 0) + d.count;
-  const vcpu = booked.vcpu - share.vcpu;
-  const memory = booked.memoryGiB + booked.hugepages1Gi - share.memoryGiB;
+  const members = request.gang?.size ?? 1;
+  for (const d of request.devices) needs[d.class] = (needs[d.class] ?? 0) + d.count * members;
+  const vcpu = (booked.vcpu - share.vcpu) * members;
+  const memory = (booked.memoryGiB + booked.hugepages1Gi - share.memoryGiB) * members;
   if (vcpu > 0) needs.vcpu = vcpu;
   if (memory > 0) needs.memoryGiB = memory;
   return needs;

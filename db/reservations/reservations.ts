@@ -104,7 +104,11 @@ export async function releaseReservation(
     trx,
     reservationStateEvent(
       row,
-      state === 'released' ? 'reservation.released' : 'reservation.cancelled',
+      state === 'cancelled'
+        ? 'reservation.cancelled'
+        : reason === 'preempted'
+          ? 'reservation.preempted'
+          : 'reservation.released',
       state,
       { reason },
     ),

@@ -1,12 +1,11 @@
 import { sql, type Transaction } from 'kysely';
 import type { Database, Db } from '../../core/database.ts';
 import type { UsageRecord } from '../../core/iam-port.ts';
+import type { PoolSharingMode } from '../../domain/fleet.ts';
 import { endedStates } from '../../domain/reservation-states.ts';
+import { atomMeter, atomWorth } from '../../domain/sharing.ts';
 
 type Trx = Transaction<Database>;
-
-/** GPUs' worth of one booked atom: a MIG instance is 1/7 of a GPU, a time-slice slot 1/4. */
-const gpuWorth: Record<string, number> = { gpu: 1, 'gpu.mig': 1 / 7, 'gpu.slot': 1 / 4 };
 
 export interface UsageWindow {
   allocationId: string;
@@ -14,6 +13,11 @@ export interface UsageWindow {
   meter: string;
   quantity: number;
   idempotencyKey: string;
+}
+
+/** The meter a reservation's GPU-hours are billed on: `gpu.<model>.hours`, or `gpu.<model>.spot.hours` for spot. */
+export function usageMeter(gpuModel: string, spot: boolean): string {
+  return `gpu.${gpuModel.toLowerCase()}${spot ? '.spot' : ''}.hours`;
 }
 
 /**
@@ -64,37 +68,59 @@ export async function meterReservationUsage(
     allocation_id: string;
     tenant_id: string;
     gpu_model: string;
+    spot: boolean;
+    sharing_mode: PoolSharingMode;
+    policy: Record<string, unknown> | null;
     bill_from: Date;
     bill_to: Date;
     now: Date;
     final: boolean;
-    classes: string[] | null;
+    atoms: Array<{ c: string; p: string | null }> | null;
   }>`
-    SELECT a.id AS allocation_id, r.tenant_id, p.gpu_model,
+    SELECT a.id AS allocation_id, r.tenant_id, p.gpu_model, r.spot, p.sharing_mode, p.policy,
       greatest(a.bound_at, lower(a.during)) AS bill_from,
       least(coalesce(a.released_at, 'infinity'), upper(a.during), compute_now()) AS bill_to,
       compute_now() AS now,
       (a.released_at IS NOT NULL OR upper(a.during) <= compute_now()
         OR r.state IN (${sql.join(endedStates.map((s) => sql.lit(s)))})) AS final,
-      (SELECT array_agg(d.class) FROM device_bookings b JOIN devices d ON d.id = b.device_id
-        WHERE b.allocation_id = a.id) AS classes
+      (SELECT json_agg(json_build_object('c', d.class, 'p', d.attributes->>'profile'))
+        FROM device_bookings b JOIN devices d ON d.id = b.device_id WHERE b.allocation_id = a.id) AS atoms
     FROM allocations a
     JOIN reservations r ON r.id = a.reservation_id
     JOIN pools p ON p.id = r.pool_id
     WHERE a.reservation_id = ${reservationId} AND a.bound_at IS NOT NULL`.execute(trx);
   let written = 0;
   for (const row of rows) {
-    const gpus = (row.classes ?? []).reduce((sum, c) => sum + (gpuWorth[c] ?? 0), 0);
-    const windows = closedWindows({
-      allocationId: row.allocation_id,
-      meter: `gpu.${row.gpu_model.toLowerCase()}.hours`,
-      gpus,
-      from: new Date(row.bill_from).getTime(),
-      to: new Date(row.bill_to).getTime(),
-      now: new Date(row.now).getTime(),
-      final: row.final,
-      windowMs,
-    });
+    // One meter per atom kind (domain/sharing.ts), each in GPU-hours: hours × the atom's billing weight.
+    const perMeter = new Map<string, number>();
+    for (const atom of row.atoms ?? []) {
+      const meter =
+        atom.c === 'gpu'
+          ? usageMeter(row.gpu_model, row.spot)
+          : atomMeter(row.gpu_model, atom.c, atom.p ?? undefined).replace(
+              /\.hours$/,
+              row.spot ? '.spot.hours' : '.hours',
+            );
+      const { billingWeight } = atomWorth({
+        deviceClass: atom.c,
+        mode: row.sharing_mode,
+        policy: row.policy ?? {},
+        profile: atom.p ?? undefined,
+      });
+      perMeter.set(meter, (perMeter.get(meter) ?? 0) + billingWeight);
+    }
+    const windows = [...perMeter].flatMap(([meter, gpus]) =>
+      closedWindows({
+        allocationId: row.allocation_id,
+        meter,
+        gpus,
+        from: new Date(row.bill_from).getTime(),
+        to: new Date(row.bill_to).getTime(),
+        now: new Date(row.now).getTime(),
+        final: row.final,
+        windowMs,
+      }),
+    );
     if (windows.length === 0) continue;
     const result = await trx
       .insertInto('usage_windows')

@@ -4,6 +4,7 @@ import type { Condition } from '../../domain/reservation-lifecycle.ts';
 import { endedStates, type ReservationState } from '../../domain/reservation-states.ts';
 import { operationOf, type ReservationView } from '../../domain/reservation-view.ts';
 import { preparedMarker } from '../pool.ts';
+import { readReservationRepairs } from './repair.ts';
 
 interface Row {
   id: string;
@@ -24,9 +25,13 @@ interface Row {
   version: number;
   created_at: Date;
   updated_at: Date;
+  gang_size: number;
+  gang_topology_value: string | null;
   allocations: Array<{
     id: string;
     nodeId: string;
+    nodeName: string;
+    gangIndex: number;
     state: string;
     deviceIds: string[];
     binding: Record<string, unknown> | null;
@@ -39,9 +44,10 @@ export async function readReservationViews(db: Db, ids: readonly string[]): Prom
   const { rows } = await sql<Row>`${sql.raw(preparedMarker)}
     SELECT r.id, r.tenant_id, r.pool_id, r.state, r.request, lower(r.during) AS start, upper(r.during) AS "end",
            r.owner_identity_id, r.idempotency_key, r.project_id, r.conditions, r.lease_seconds, r.lease_expires_at,
-           r.host_share, r.end_reason, r.version, r.created_at, r.updated_at,
+           r.host_share, r.end_reason, r.version, r.created_at, r.updated_at, r.gang_size, r.gang_topology_value,
            COALESCE((SELECT jsonb_agg(jsonb_build_object(
                'id', a.id, 'nodeId', a.node_id, 'state', a.state, 'binding', a.binding,
+               'nodeName', (SELECT n.name FROM nodes n WHERE n.id = a.node_id), 'gangIndex', a.gang_index,
                'deviceIds', COALESCE((SELECT jsonb_agg(b.device_id ORDER BY b.device_id) FROM device_bookings b
                                       WHERE b.allocation_id = a.id), '[]'::jsonb)) ORDER BY a.gang_index, a.id)
              FROM allocations a WHERE a.reservation_id = r.id
@@ -49,6 +55,7 @@ export async function readReservationViews(db: Db, ids: readonly string[]): Prom
                AND a.state <> 'failed'), '[]'::jsonb) AS allocations
     FROM reservations r WHERE r.id = ANY(${ids as string[]}::text[])`.execute(db);
   const byId = new Map(rows.map((r) => [r.id, r]));
+  const repairs = await readReservationRepairs(db, ids);
   return ids.flatMap((id) => {
     const r = byId.get(id);
     if (!r) return [];
@@ -65,7 +72,17 @@ export async function readReservationViews(db: Db, ids: readonly string[]): Prom
         idempotencyKey: r.idempotency_key,
         projectId: r.project_id,
         conditions: r.conditions,
-        allocations: r.allocations.map(({ binding: _b, ...a }) => a),
+        allocations: r.allocations.map(({ binding: _b, gangIndex, ...a }) =>
+          r.gang_size > 1 ? { ...a, gangIndex } : a,
+        ),
+        gang:
+          r.gang_size > 1
+            ? {
+                size: r.gang_size,
+                topologyKey: (r.request.gang as { topologyKey?: string } | undefined)?.topologyKey ?? null,
+                topologyValue: r.gang_topology_value,
+              }
+            : null,
         binding: r.state === 'active' && bound?.binding ? { nodeId: bound.nodeId, ...bound.binding } : null,
         lease: r.lease_seconds
           ? { seconds: r.lease_seconds, expiresAt: r.lease_expires_at?.getTime() ?? null }
@@ -76,6 +93,7 @@ export async function readReservationViews(db: Db, ids: readonly string[]): Prom
         version: r.version,
         createdAt: r.created_at.getTime(),
         updatedAt: r.updated_at.getTime(),
+        repairs: repairs.get(r.id) ?? [],
       },
     ];
   });

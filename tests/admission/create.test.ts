@@ -188,7 +188,8 @@ describe('reservations.create', () => {
       [{ leaseSeconds: 10 }, 'INVALID_INPUT', 'leaseSeconds'],
       [{ idempotencyKey: '' }, 'INVALID_INPUT', 'idempotencyKey'],
       [{ binding: 'instance' }, 'UNSUPPORTED', 'binding'],
-      [{ gang: { size: 2 } }, 'UNSUPPORTED', 'gang'],
+      [{ gang: { size: 1 } }, 'INVALID_INPUT', 'gang.size'],
+      [{ gang: { size: 2, topologyKey: '' } }, 'INVALID_INPUT', 'gang.topologyKey'],
       [{ devices: [{ class: 'gpu.mig', count: 1 }] }, 'INVALID_INPUT', 'devices[0].class'],
       [{ binding: 'kubernetes' }, 'INVALID_INPUT', 'binding'],
       [{ binding: 'node' }, 'INVALID_INPUT', 'binding'],
@@ -259,10 +260,22 @@ describe('reservations.create', () => {
     const again = await h.call(acme.token, 'reservations/create', base('long-1', { duration: '5d' }));
     expect(again.body.error.code).toBe('ACCESS_DENIED');
     const { rows } = await sql<{
+      id: string;
       state: string;
-    }>`SELECT state FROM reservations WHERE idempotency_key = 'long-1'`.execute(h.t.db);
+    }>`SELECT id, state FROM reservations WHERE idempotency_key = 'long-1'`.execute(h.t.db);
     expect(rows[0]!.state).toBe('denied');
     expect(policy.version).toBe(1);
+    // Its terminal event, in the denial's transaction, once (the repeated refusal writes nothing).
+    const { rows: events } = await sql<{
+      type: string;
+      data: Record<string, unknown>;
+    }>`SELECT type, data FROM outbox_events WHERE subject = ${`reservation/${rows[0]!.id}`}`.execute(h.t.db);
+    expect(events).toEqual([
+      {
+        type: 'reservation.denied',
+        data: expect.objectContaining({ state: 'denied', reason: refused.body.error.message }),
+      },
+    ]);
   });
 
   it('enforces "at most 8 H100s for at most 72 hours in these regions" as one policy', async () => {

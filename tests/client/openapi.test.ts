@@ -2,6 +2,7 @@ import { Validator } from '@seriousme/openapi-schema-validator';
 import { Ajv2020 } from 'ajv/dist/2020.js';
 import { beforeAll, describe, expect, test } from 'vitest';
 import { methods } from '../../api/registry.ts';
+import { operatorCommandKindNames } from '../../domain/command-kinds.ts';
 import { useTestApi } from '../support/api.ts';
 
 const api = useTestApi();
@@ -74,6 +75,28 @@ describe('the OpenAPI document served by the API', () => {
     expect(validate('NodesCordonInput', { nodeId: `node_${'0'.repeat(26)}`, reason: 'a\u0000b' })).toBe(
       false,
     );
+  });
+
+  test("states each command kind's payload: nodes.command is one variant per kind an operator may queue", () => {
+    const ajv = new Ajv2020({ strict: false });
+    ajv.addSchema({ $id: 'doc', components: document.components }, 'doc');
+    const schema =
+      document.paths['/api/compute/nodes/command'].post.requestBody.content['application/json'].schema;
+    const validate = (value: unknown) => ajv.validate({ $ref: `doc${schema.$ref}` }, value);
+    const resolved = document.components.schemas[String(schema.$ref).split('/').at(-1)!];
+    expect(
+      resolved.oneOf.map(
+        (variant: { properties: { kind: { const: string } } }) => variant.properties.kind.const,
+      ),
+    ).toEqual(operatorCommandKindNames);
+    const nodeId = `node_${'0'.repeat(26)}`;
+    expect(validate({ nodeId, kind: 'gpu.reset', payload: { gpuUuid: 'GPU-1' } })).toBe(true);
+    expect(validate({ nodeId, kind: 'gpu.reset' })).toBe(false); // its payload names the GPU
+    expect(validate({ nodeId, kind: 'gpu.reset', payload: { level: 'full' } })).toBe(false);
+    expect(validate({ nodeId, kind: 'diag.nvml' })).toBe(true); // a payload that may be empty may be left out
+    expect(validate({ nodeId, kind: 'diag.nvml', payload: { level: 'slow' } })).toBe(false);
+    expect(validate({ nodeId, kind: 'inventory.refresh', payload: { extra: 1 } })).toBe(false);
+    expect(validate({ nodeId, kind: 'bmc.power', payload: { action: 'on' } })).toBe(false); // the control plane's own
   });
 
   test('its schemas are the zod schemas: strict inputs refuse unknown fields, defaults are optional', () => {

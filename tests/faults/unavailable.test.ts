@@ -3,7 +3,7 @@ import type { AddressInfo } from 'node:net';
 import { Metadata, status } from '@grpc/grpc-js';
 import { ServiceError } from '@temporalio/client';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { asUnavailable } from '../../api/dependency-unavailable.ts';
+import { asUnavailable } from '../../core/dependency-unavailable.ts';
 import { ComputeClientError, ComputeConnectionError, createComputeClient } from '../../client/index.ts';
 import { parseConfig } from '../../core/config.ts';
 import { freePort } from '../../db/local-postgres.ts';

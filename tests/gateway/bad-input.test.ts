@@ -100,6 +100,7 @@ describe('bad input on sessions', () => {
           value: {
             nodeId: node.nodeId,
             agentVersion: 'raw',
+            protocolVersion: 0,
             capabilities: [],
             journalId: journalOf(node.dir),
             lastAckedSeq: 0,

@@ -1,5 +1,6 @@
 import { sql } from 'kysely';
 import { beforeAll, describe, expect, it } from 'vitest';
+import { createOutageLog } from '../../core/outage-log.ts';
 import type { RegisteredNode } from '../../db/nodes/fleet.ts';
 import { Dispatcher } from '../../gateway/dispatch.ts';
 import { NodeRateLimits } from '../../gateway/node-rate-limits.ts';
@@ -27,6 +28,7 @@ describe('the heartbeat flush and the liveness sweep', () => {
     const dispatcher = new Dispatcher({
       db: t.db,
       log: testLogger(),
+      outage: createOutageLog(testLogger(), 'retrying'),
       options,
       registry,
       rates: new NodeRateLimits(options),

@@ -37,6 +37,7 @@ export async function openRawSession(
         value: {
           nodeId: identity.nodeId,
           agentVersion: 'raw',
+          protocolVersion: 0,
           capabilities: [],
           journalId,
           lastAckedSeq: 0,

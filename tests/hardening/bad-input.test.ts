@@ -427,20 +427,23 @@ describe('bad input to every method of the registry', () => {
         return problem;
       };
 
-      for (const principal of ['member', 'root'] as const) {
-        for (const input of fixedInputs(c)) await attempt({ principal, ...input });
-        await fc
-          .assert(
-            fc.asyncProperty(generatedInput(c), async (input) => {
-              tally.generated++;
-              return (await attempt({ principal, ...input })) === null;
-            }),
-            { numRuns: runsPerMethod, seed, endOnFailure: true },
-          )
-          .catch((error: Error) => {
-            failures.push(`${principal} fast-check: ${error.message.split('\n').slice(0, 4).join(' | ')}`);
-          });
-      }
+      // Both principals at once (each one's inputs in order): half the wall time under load.
+      await Promise.all(
+        (['member', 'root'] as const).map(async (principal) => {
+          for (const input of fixedInputs(c)) await attempt({ principal, ...input });
+          await fc
+            .assert(
+              fc.asyncProperty(generatedInput(c), async (input) => {
+                tally.generated++;
+                return (await attempt({ principal, ...input })) === null;
+              }),
+              { numRuns: runsPerMethod, seed, endOnFailure: true },
+            )
+            .catch((error: Error) => {
+              failures.push(`${principal} fast-check: ${error.message.split('\n').slice(0, 4).join(' | ')}`);
+            });
+        }),
+      );
       expect(failures).toEqual([]);
 
       if (succeeded === 0) {

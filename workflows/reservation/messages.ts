@@ -4,6 +4,7 @@
  * on, each with a validator so bad input never enters history; queries read the last look.
  */
 import { defineQuery, defineSignal, defineUpdate } from '@temporalio/workflow';
+import type { RepairMoment } from '../../domain/booking-repair.ts';
 import type { LifecycleTimers, ReservationSnapshot } from '../../domain/reservation-lifecycle.ts';
 
 export const reservationWorkflowType = 'reservationLifecycle';
@@ -26,6 +27,8 @@ export interface ReservationWorkflowInput {
     confirmation: 'approved' | 'denied' | null;
     lastState: string | null;
     reportsPending?: boolean;
+    /** The BookingRepair moments already run. */
+    repairsDone?: RepairMoment[];
   };
 }
 

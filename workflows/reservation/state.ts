@@ -48,6 +48,7 @@ export class LifecycleHolder {
     this.memory = {
       lastPlaceAttemptAt: carried?.lastPlaceAttemptAt ?? null,
       meteredThrough: carried?.meteredThrough ?? null,
+      ...(carried?.repairsDone ? { repairsDone: carried.repairsDone } : {}),
     };
     this.lastState = carried?.lastState ?? null;
     this.reportsPending = carried?.reportsPending ?? true;
@@ -89,6 +90,7 @@ export class LifecycleHolder {
       confirmation: this.intents.confirmation,
       lastState: this.lastState,
       reportsPending: this.reportsPending,
+      ...(this.memory.repairsDone ? { repairsDone: this.memory.repairsDone } : {}),
     };
   }
 

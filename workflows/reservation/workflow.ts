@@ -1,9 +1,12 @@
+import { WorkflowExecutionAlreadyStartedError } from '@temporalio/common';
 import {
   ActivityFailure,
   ApplicationFailure,
   allHandlersFinished,
+  ChildWorkflowFailure,
   condition,
   continueAsNew,
+  executeChild,
   log,
   proxyActivities,
   setHandler,
@@ -12,6 +15,8 @@ import {
   upsertSearchAttributes,
   workflowInfo,
 } from '@temporalio/workflow';
+// biome-ignore lint/style/noRestrictedImports: a type-only import, erased before bundling
+import type { GangActivities } from '../../activities/gang.ts';
 // biome-ignore lint/style/noRestrictedImports: a type-only import, erased before bundling
 import type { PlacementActivities } from '../../activities/placement.ts';
 // biome-ignore lint/style/noRestrictedImports: a type-only import, erased before bundling
@@ -22,12 +27,16 @@ import type { ReservationActivities } from '../../activities/reservation.ts';
 import type { SweeperActivities } from '../../activities/sweeper.ts';
 // biome-ignore lint/style/noRestrictedImports: a type-only import, erased before bundling
 import type { UsageActivities } from '../../activities/usage.ts';
+import { bookingRepairWorkflowId, type RepairMoment } from '../../domain/booking-repair.ts';
 import { assertNever } from '../../domain/errors.ts';
 import {
+  bindFailure,
   decide,
   type LifecycleAction,
   type ReservationSnapshot,
 } from '../../domain/reservation-lifecycle.ts';
+import { type BookingRepairInput, bookingRepairWorkflowType } from '../booking-repair/messages.ts';
+import type { bookingRepair } from '../booking-repair/workflow.ts';
 import { searchAttributes } from '../search-attributes.ts';
 import {
   allocationReportSignal,
@@ -41,12 +50,14 @@ import {
   snapshotQuery,
   wakeSignal,
 } from './messages.ts';
+import { handleOperatorSignals } from './operator-signals.ts';
 import { LifecycleHolder } from './state.ts';
 
 type Activities = ReservationActivities &
   ReportActivities &
   UsageActivities &
   PlacementActivities &
+  GangActivities &
   Pick<SweeperActivities, 'wakePoolPending'>;
 
 /** The activity proxies; `startToCloseTimeout` bounds how long a crashed worker holds a step. */
@@ -160,6 +171,7 @@ export async function reservationLifecycle(input: ReservationWorkflowInput): Pro
     { validator: (update) => holder.validateConfirmation(update) },
   );
   setHandler(snapshotQuery, () => holder.snapshot);
+  handleOperatorSignals(reservationId, holder, { activityTimeoutMs: input.activityTimeoutMs });
 
   const historyFull = () => {
     const info = workflowInfo();
@@ -283,8 +295,26 @@ async function act(
     case 'syncAssignments':
       await acts.syncAssignments(guard);
       return;
+    case 'replaceGangMembers': {
+      const result = await acts.replaceGangMembers({
+        ...guard,
+        allocationIds: action.allocationIds,
+        reason: action.reason,
+        bindDeadline: action.bindDeadline,
+      });
+      // No node left for a member: the whole attempt fails, as a single-node binding would.
+      if (result.noNodeLeft !== undefined) {
+        const failure = bindFailure(s, action.reason, result.noNodeLeft);
+        if (failure.kind === 'rebind' || failure.kind === 'end')
+          await act(acts, reservationId, s, failure, holder);
+      }
+      return;
+    }
     case 'setConditions':
       await acts.setReservationConditions({ ...guard, conditions: action.conditions });
+      return;
+    case 'repairBookings':
+      await runBookingRepair(s, action.moment, holder);
       return;
     case 'meterUsage':
       holder.memory.meteredThrough = s.now;
@@ -293,4 +323,39 @@ async function act(
     default:
       return assertNever(action);
   }
+}
+
+/**
+ * Runs one BookingRepair as a child workflow (its own run in the Temporal UI, filterable by
+ * ComputeReservation) and remembers the moment as done, whatever it found: a repair that could not
+ * run leaves the bind deadline as the backstop, as before calendar repairs existed.
+ */
+async function runBookingRepair(
+  s: ReservationSnapshot,
+  moment: RepairMoment,
+  holder: LifecycleHolder,
+): Promise<void> {
+  const args: BookingRepairInput = { reservationId: s.id, moment };
+  try {
+    await executeChild<typeof bookingRepair>(bookingRepairWorkflowType, {
+      workflowId: bookingRepairWorkflowId(s.id, moment),
+      args: [args],
+      typedSearchAttributes: [
+        { key: searchAttributes.tenant, value: s.tenantId },
+        { key: searchAttributes.pool, value: s.poolId },
+        { key: searchAttributes.reservation, value: s.id },
+        { key: searchAttributes.state, value: 'checking' },
+      ],
+      memo: { reservation: s.summary, moment },
+    });
+  } catch (error) {
+    if (!(error instanceof ChildWorkflowFailure || error instanceof WorkflowExecutionAlreadyStartedError))
+      throw error;
+    log.warn('a booking repair did not complete; the bind deadline stays the backstop', {
+      reservationId: s.id,
+      moment,
+      error: error.message,
+    });
+  }
+  holder.memory.repairsDone = [...(holder.memory.repairsDone ?? []), moment];
 }

@@ -215,6 +215,11 @@ export interface Hello {
   lastAckedSeq: number;
   observedGeneration: number;
   inventory: SectionHash[];
+  /**
+   * The session protocol bcd speaks (0: a bcd older than this field, protocol 1). The gateway
+   * accepts its own protocol and the two before it, and refuses a newer one.
+   */
+  protocolVersion: number;
 }
 
 export interface LaneCredit {
@@ -350,6 +355,19 @@ export interface Refusal {
   subject: string;
 }
 
+/**
+ * bcd's report on its own update (protocol 3): after restarting into a new slot it reports
+ * healthy or unhealthy, and rolled-back (with why) when it went back to its previous slot by itself.
+ */
+export interface UpdateStatus {
+  releaseId: string;
+  /** The version bcd runs now. */
+  version: string;
+  /** healthy | unhealthy | rolled-back | committed */
+  state: string;
+  message: string;
+}
+
 export interface AgentMessage {
   body:
     | { $case: "hello"; value: Hello }
@@ -358,6 +376,7 @@ export interface AgentMessage {
     | { $case: "specStatus"; value: SpecStatus }
     | { $case: "commandResult"; value: CommandResult }
     | { $case: "report"; value: AttestedReport }
+    | { $case: "updateStatus"; value: UpdateStatus }
     | undefined;
 }
 
@@ -1315,6 +1334,7 @@ function createBaseHello(): Hello {
     lastAckedSeq: 0,
     observedGeneration: 0,
     inventory: [],
+    protocolVersion: 0,
   };
 }
 
@@ -1340,6 +1360,9 @@ export const Hello: MessageFns<Hello> = {
     }
     for (const v of message.inventory) {
       SectionHash.encode(v!, writer.uint32(58).fork()).join();
+    }
+    if (message.protocolVersion !== 0) {
+      writer.uint32(64).uint32(message.protocolVersion);
     }
     return writer;
   },
@@ -1413,6 +1436,14 @@ export const Hello: MessageFns<Hello> = {
             message.inventory.push(SectionHash.decode(reader, reader.uint32()));
             continue;
           }
+          case 8: {
+            if (tag !== 64) {
+              break;
+            }
+
+            message.protocolVersion = reader.uint32();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1458,6 +1489,11 @@ export const Hello: MessageFns<Hello> = {
       inventory: globalThis.Array.isArray(object?.inventory)
         ? object.inventory.map((e: any) => SectionHash.fromJSON(e))
         : [],
+      protocolVersion: isSet(object.protocolVersion)
+        ? globalThis.Number(object.protocolVersion)
+        : isSet(object.protocol_version)
+        ? globalThis.Number(object.protocol_version)
+        : 0,
     };
   },
 
@@ -1484,6 +1520,9 @@ export const Hello: MessageFns<Hello> = {
     if (message.inventory?.length) {
       obj.inventory = message.inventory.map((e) => SectionHash.toJSON(e));
     }
+    if (message.protocolVersion !== 0) {
+      obj.protocolVersion = Math.round(message.protocolVersion);
+    }
     return obj;
   },
 
@@ -1499,6 +1538,7 @@ export const Hello: MessageFns<Hello> = {
     message.lastAckedSeq = object.lastAckedSeq ?? 0;
     message.observedGeneration = object.observedGeneration ?? 0;
     message.inventory = object.inventory?.map((e) => SectionHash.fromPartial(e)) || [];
+    message.protocolVersion = object.protocolVersion ?? 0;
     return message;
   },
 };
@@ -3595,6 +3635,127 @@ export const Refusal: MessageFns<Refusal> = {
   },
 };
 
+function createBaseUpdateStatus(): UpdateStatus {
+  return { releaseId: "", version: "", state: "", message: "" };
+}
+
+export const UpdateStatus: MessageFns<UpdateStatus> = {
+  encode(message: UpdateStatus, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.releaseId !== "") {
+      writer.uint32(10).string(message.releaseId);
+    }
+    if (message.version !== "") {
+      writer.uint32(18).string(message.version);
+    }
+    if (message.state !== "") {
+      writer.uint32(26).string(message.state);
+    }
+    if (message.message !== "") {
+      writer.uint32(34).string(message.message);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): UpdateStatus {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseUpdateStatus();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.releaseId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.version = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.state = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.message = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): UpdateStatus {
+    return {
+      releaseId: isSet(object.releaseId)
+        ? globalThis.String(object.releaseId)
+        : isSet(object.release_id)
+        ? globalThis.String(object.release_id)
+        : "",
+      version: isSet(object.version) ? globalThis.String(object.version) : "",
+      state: isSet(object.state) ? globalThis.String(object.state) : "",
+      message: isSet(object.message) ? globalThis.String(object.message) : "",
+    };
+  },
+
+  toJSON(message: UpdateStatus): unknown {
+    const obj: any = {};
+    if (message.releaseId !== "") {
+      obj.releaseId = message.releaseId;
+    }
+    if (message.version !== "") {
+      obj.version = message.version;
+    }
+    if (message.state !== "") {
+      obj.state = message.state;
+    }
+    if (message.message !== "") {
+      obj.message = message.message;
+    }
+    return obj;
+  },
+
+  create(base?: DeepPartial<UpdateStatus>): UpdateStatus {
+    return UpdateStatus.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<UpdateStatus>): UpdateStatus {
+    const message = createBaseUpdateStatus();
+    message.releaseId = object.releaseId ?? "";
+    message.version = object.version ?? "";
+    message.state = object.state ?? "";
+    message.message = object.message ?? "";
+    return message;
+  },
+};
+
 function createBaseAgentMessage(): AgentMessage {
   return { body: undefined };
 }
@@ -3619,6 +3780,9 @@ export const AgentMessage: MessageFns<AgentMessage> = {
         break;
       case "report":
         AttestedReport.encode(message.body.value, writer.uint32(50).fork()).join();
+        break;
+      case "updateStatus":
+        UpdateStatus.encode(message.body.value, writer.uint32(58).fork()).join();
         break;
     }
     return writer;
@@ -3685,6 +3849,14 @@ export const AgentMessage: MessageFns<AgentMessage> = {
             message.body = { $case: "report", value: AttestedReport.decode(reader, reader.uint32()) };
             continue;
           }
+          case 7: {
+            if (tag !== 58) {
+              break;
+            }
+
+            message.body = { $case: "updateStatus", value: UpdateStatus.decode(reader, reader.uint32()) };
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3715,6 +3887,10 @@ export const AgentMessage: MessageFns<AgentMessage> = {
         ? { $case: "commandResult", value: CommandResult.fromJSON(object.command_result) }
         : isSet(object.report)
         ? { $case: "report", value: AttestedReport.fromJSON(object.report) }
+        : isSet(object.updateStatus)
+        ? { $case: "updateStatus", value: UpdateStatus.fromJSON(object.updateStatus) }
+        : isSet(object.update_status)
+        ? { $case: "updateStatus", value: UpdateStatus.fromJSON(object.update_status) }
         : undefined,
     };
   },
@@ -3733,6 +3909,8 @@ export const AgentMessage: MessageFns<AgentMessage> = {
       obj.commandResult = CommandResult.toJSON(message.body.value);
     } else if (message.body?.$case === "report") {
       obj.report = AttestedReport.toJSON(message.body.value);
+    } else if (message.body?.$case === "updateStatus") {
+      obj.updateStatus = UpdateStatus.toJSON(message.body.value);
     }
     return obj;
   },
@@ -3776,6 +3954,12 @@ export const AgentMessage: MessageFns<AgentMessage> = {
       case "report": {
         if (object.body?.value !== undefined && object.body?.value !== null) {
           message.body = { $case: "report", value: AttestedReport.fromPartial(object.body.value) };
+        }
+        break;
+      }
+      case "updateStatus": {
+        if (object.body?.value !== undefined && object.body?.value !== null) {
+          message.body = { $case: "updateStatus", value: UpdateStatus.fromPartial(object.body.value) };
         }
         break;
       }
