@@ -11,6 +11,7 @@ import {
 import { recordReservationEvent } from '../db/reservations/lifecycle-events.ts';
 import { assignReservationDevices } from '../db/reservations/lifecycle-nodespec.ts';
 import { endCurrentAllocations, refundReservationQuota } from '../db/reservations/lifecycle-release.ts';
+import { callOffPreemptionsBy } from '../db/reservations/preemption-call-off.ts';
 import { lockReservation } from '../db/reservations/reservations.ts';
 import { ComputeError } from '../domain/errors.ts';
 import { terminalEventTypes } from '../domain/event-types.ts';
@@ -200,6 +201,8 @@ export function createReservationActivities({ db, log }: ReservationActivityDeps
         async (trx, row) => {
           await endCurrentAllocations(trx, row.id, 'released');
           await refundReservationQuota(trx, row.id);
+          // Ended during the notice it gave (e.g. its pool archived): the spot ones keep their capacity.
+          if (!row.spot) await callOffPreemptionsBy(trx, row.id);
           const conditions = input.condition
             ? [...conditionsWithout(row, input.condition!.type), input.condition]
             : undefined;

@@ -2,6 +2,7 @@ import type { Db } from '../core/database.ts';
 import type { ReservationLifecycle } from '../core/deps.ts';
 import type { Logger } from '../core/logger.ts';
 import { findSweepCandidates } from '../db/reservations/lifecycle.ts';
+import { findOpenPreemptions } from '../db/reservations/preemption.ts';
 
 export interface SweeperActivityDeps {
   db: Db;
@@ -13,7 +14,8 @@ export interface SweeperActivityDeps {
  * The orphan sweep: no non-terminal reservation may exist without its workflow (DESIGN.md
  * principle 3). It reads, in one read-only transaction, the live reservations older than `graceMs`,
  * lists the running lifecycles from Temporal's visibility, and signal-with-starts every
- * reservation that has none (harmless when visibility lags and one does run).
+ * reservation that has none (harmless when visibility lags and one does run); likewise the
+ * workflow of every open spot preemption notice.
  */
 export function createSweeperActivities({ db, log, lifecycle }: SweeperActivityDeps) {
   return {
@@ -36,6 +38,22 @@ export function createSweeperActivities({ db, log, lifecycle }: SweeperActivityD
         started.push(r.id);
       }
       if (started.length > 0) log.warn({ started }, 'started lifecycles of orphaned reservations');
+      return { started };
+    },
+
+    /**
+     * Starts the workflow of every open spot preemption notice older than `graceMs` whose
+     * `spotPreemption` workflow is not running (the placement committed, then the process died
+     * before the start). Harmless when one runs: the start is refused by its id.
+     */
+    async sweepOrphanPreemptions(input: { graceMs: number; limit: number }): Promise<{ started: string[] }> {
+      if (!lifecycle.preempt) return { started: [] };
+      const open = await findOpenPreemptions(db, input);
+      const started: string[] = [];
+      for (const preemption of open) {
+        if ((await lifecycle.preempt(preemption)) !== false) started.push(preemption.id);
+      }
+      if (started.length > 0) log.warn({ started }, 'started workflows of orphaned spot preemptions');
       return { started };
     },
   };

@@ -4,6 +4,7 @@ import { previewGangPlacement } from '../db/allocations/gang-placement.ts';
 import { placementRequestOf, previewPlacement } from '../db/allocations/placement.ts';
 import { readComputeNow } from '../db/clock.ts';
 import { poolForTenant, resolveRequestForPool } from '../db/reservations/draft.ts';
+import { type PlannedPreemption, planSpotPreemption } from '../db/reservations/preemption.ts';
 import { quotaNeeds, readTenantQuotas } from '../db/reservations/quota.ts';
 import { calendarHorizonDays, readPoolPolicy } from '../domain/pool-policy.ts';
 import { normalizeRequest, startOutOfHorizon } from '../domain/reservation-request.ts';
@@ -43,6 +44,20 @@ const preview = defineMethod({
             rejected: z.string().nullable(),
           }),
         ),
+      })
+      .optional(),
+    /**
+     * A regular request that does not fit, but would by preempting spot reservations: from when
+     * (the notice deadline, or at once when none of them had started), on which node, whom.
+     */
+    preemption: z
+      .object({
+        window: z.object({ start: z.number(), end: z.number() }),
+        nodeId: z.string(),
+        noticeSeconds: z.number(),
+        spotReservations: z.array(z.string()),
+        noticed: z.array(z.string()),
+        message: z.string(),
       })
       .optional(),
     quota: z.array(
@@ -93,6 +108,18 @@ const preview = defineMethod({
     const outcome = gang
       ? gangPlanOutcome(gang, window)
       : await previewPlacement(db, placement, ctx.deps.caches);
+    // What create would do next: preempt spot reservations (read only here, nothing is cut).
+    const planned =
+      outcome.fits || gang
+        ? null
+        : await planSpotPreemption(db, {
+            poolId: pool.id,
+            policy: pool.policy,
+            request,
+            now: now.getTime(),
+            window,
+            earliestStart: outcome.earliestStart,
+          });
     const needs = quotaNeeds(request, booked, share);
     const quotaRows = await readTenantQuotas(db, input.tenantId, pool.id);
     const quota = Object.entries(needs).map(([resource, needed]) => {
@@ -118,10 +145,28 @@ const preview = defineMethod({
           message: outcome.message,
           earliestStart: outcome.earliestStart,
           ...(gang ? { gang: gangPreviewFields(gang) } : {}),
+          ...(planned ? { preemption: preemptionPreview(planned) } : {}),
           quota,
         };
   },
 });
+
+/** capacity.preview's `preemption`: the window, node and spot reservations a create would take. */
+function preemptionPreview({ choice, noticeMs }: PlannedPreemption) {
+  const start = new Date(choice.window.start).toISOString();
+  const whom = `${choice.reservationIds.length} spot reservation(s) on this node`;
+  return {
+    window: choice.window,
+    nodeId: choice.nodeId,
+    noticeSeconds: noticeMs / 1000,
+    spotReservations: choice.reservationIds,
+    noticed: choice.noticed,
+    message:
+      choice.noticed.length > 0
+        ? `fits by preempting ${whom}: they get ${noticeMs / 1000} s of notice and it starts at ${start}`
+        : `fits by re-queueing ${whom} that have not started: it starts at ${start}`,
+  };
+}
 
 const poolCapacity = z.object({
   poolId: z.string(),

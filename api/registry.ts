@@ -8,6 +8,7 @@ import { joinTokenMethods } from './join-tokens.ts';
 import { imageMethods } from './metal/images.ts';
 import { metalMethods } from './metal/machines.ts';
 import { profileMethods } from './metal/profiles.ts';
+import { workflowMethods } from './metal/provisioning.ts';
 import { siteMethods } from './metal/sites.ts';
 import type { MethodRegistry } from './method.ts';
 import { nodeCapacityMethods } from './node-capacity.ts';
@@ -39,6 +40,7 @@ export const methods = {
   metal: metalMethods,
   images: imageMethods,
   profiles: profileMethods,
+  workflows: workflowMethods,
 } satisfies MethodRegistry;
 
 export type Methods = typeof methods;

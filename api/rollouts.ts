@@ -16,24 +16,29 @@ import { defineMethod } from './method.ts';
 
 const rolloutId = z.string().regex(/^roll_[0-9a-z]{26}$/, 'a rollout id (roll_…)');
 
-const wavesSchema = z
-  .array(z.number().min(0.1).max(100))
-  .min(1)
-  .max(20)
-  .refine((w) => w.every((p, i) => i === 0 || p > w[i - 1]!), 'waves must increase (cumulative percentages)')
-  .refine((w) => w.at(-1) === 100, 'the last wave must be 100 (every selected node)');
+/** Cumulative percentages, increasing, the last 100 (checked by `checkWaves`). */
+const wavesSchema = z.array(z.number().min(0.1).max(100)).min(1).max(20);
 
-const selectorSchema = z
-  .strictObject({
-    poolIds: z
-      .array(z.string().regex(/^pool_[0-9a-z]{26}$/, 'a pool id (pool_…)'))
-      .max(100)
-      .optional(),
-    labels: z.record(z.string().min(1).max(100), z.string().max(200)).optional(),
-  })
-  .refine((s) => (s.poolIds?.length ?? 0) > 0 || Object.keys(s.labels ?? {}).length > 0, {
-    message: 'name poolIds or labels (a rollout never selects the whole fleet implicitly)',
-  });
+function checkWaves(waves: number[]): void {
+  if (!waves.every((p, i) => i === 0 || p > waves[i - 1]!)) {
+    throw new ComputeError(
+      'INVALID_INPUT',
+      'waves must increase (cumulative percentages such as 1, 10, 50, 100)',
+    );
+  }
+  if (waves.at(-1) !== 100) {
+    throw new ComputeError('INVALID_INPUT', 'the last wave must be 100 (every selected node)');
+  }
+}
+
+/** Pools and/or labels, at least one of them (a rollout never selects the whole fleet implicitly). */
+const selectorSchema = z.strictObject({
+  poolIds: z
+    .array(z.string().regex(/^pool_[0-9a-z]{26}$/, 'a pool id (pool_…)'))
+    .max(100)
+    .optional(),
+  labels: z.record(z.string().min(1).max(100), z.string().max(200)).optional(),
+});
 
 const waveOut = z.object({
   index: z.number().int(),
@@ -175,6 +180,16 @@ const create = defineMethod({
     await requireRootAdmin(ctx, 'compute:admin:write');
     const release = await requireRelease(ctx.deps.db, input.releaseId);
     const waves = input.waves ?? [...defaultWaves];
+    checkWaves(waves);
+    if (
+      (input.selector.poolIds?.length ?? 0) === 0 &&
+      Object.keys(input.selector.labels ?? {}).length === 0
+    ) {
+      throw new ComputeError(
+        'INVALID_INPUT',
+        'selector: name poolIds or labels (a rollout never selects the whole fleet implicitly)',
+      );
+    }
     const requestHash = createHash('sha256')
       .update(canonicalJson({ releaseId: input.releaseId, selector: input.selector, waves }))
       .digest('hex');

@@ -218,7 +218,7 @@ try {
     if (['rollout.node-updated', 'rollout.node-failed'].includes(e.type)) set.delete(e.data.nodeId);
     peak.set(e.data.poolId, Math.max(peak.get(e.data.poolId) ?? 0, set.size));
   }
-  const ms = (s: number[], p: number) => (s.length ? percentile(s, p).toFixed(0) : 'n/a');
+  const ms = (s: number[], p: number) => (s.length ? percentile(s, p * 100).toFixed(0) : 'n/a');
   console.log(
     JSON.stringify(
       {

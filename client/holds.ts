@@ -1,8 +1,12 @@
 import { holdHeartbeatSeconds } from '../domain/holds.ts';
-import type { ComputeClient } from './index.ts';
+import type { Compute } from '../server/compute.ts';
+import type { ClientMethods, RegistryOf } from './types.ts';
+
+/** What withHold needs of a client: its `holds` methods. */
+type HoldsClient = Pick<ClientMethods<RegistryOf<Compute>>, 'holds'>;
 
 /** A hold as the API answers it. */
-export type Hold = Awaited<ReturnType<ComputeClient['holds']['create']>>;
+export type Hold = Awaited<ReturnType<HoldsClient['holds']['create']>>;
 
 export interface WithHoldOptions {
   tenantId: string;
@@ -21,7 +25,7 @@ export interface WithHoldOptions {
  * aborts when a heartbeat is refused (the hold was lost).
  */
 export async function withHold<T>(
-  client: ComputeClient,
+  client: HoldsClient,
   kind: string,
   target: string,
   fn: (hold: Hold, lost: AbortSignal) => Promise<T>,

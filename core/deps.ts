@@ -41,10 +41,13 @@ export interface ReservationLifecycle {
   renew?(reservationId: string): Promise<{ leaseExpiresAt: Date }>;
   /**
    * Starts a spot preemption's workflow after the placement that preempted committed (harmless
-   * twice: its id is the preemption's). Should it never start, each noticed spot reservation's own
-   * lifecycle releases it a minute after the deadline.
+   * twice: its id is the preemption's; answers false when it was already running). Should it never
+   * start, the orphan sweeper starts it, and each noticed spot reservation's own lifecycle releases
+   * it a minute after the deadline.
    */
-  preempt?(preemption: PreemptionSummary): Promise<void>;
+  preempt?(preemption: PreemptionSummary): Promise<boolean | void>;
+  /** Wakes a spot preemption's workflow (its notice was called off, or it should look again now). */
+  wakePreemption?(preemptionId: string): Promise<void>;
 }
 
 /**

@@ -15,6 +15,7 @@ import {
 } from '../proto/gen/agent/v1/agent.ts';
 import type { CgroupDriver } from './cgroups.ts';
 import { type CommandHost, runCommand } from './commands.ts';
+import { KubeletDevicePlugin } from './device-plugin.ts';
 import type { DeviceRoots, HeldAllocation } from './devices.ts';
 import { gatewayChannel } from './gateway-tls.ts';
 import type { Hardware } from './hardware.ts';
@@ -26,6 +27,8 @@ import { SpecConverger } from './spec-converger.ts';
 export const agentVersion = '0.1.0';
 /** `devices.limits` is advertised only by an agent that makes slices (it has a cgroup driver). */
 export const agentCapabilities = ['devices.limits'];
+/** Advertised only by an agent configured with the kubelet's device-plugin directory. */
+export const kubernetesBindingCapability = 'binding.kubernetes';
 
 export interface AgentOptions {
   identity: NodeIdentity;
@@ -45,6 +48,11 @@ export interface AgentOptions {
   /** Reconnect back-off bounds (a gateway's retry pushback overrides them). */
   minBackoffMs?: number;
   maxBackoffMs?: number;
+  /**
+   * The kubelet's device-plugin directory: bcd serves its device plugin there (`kubernetes`
+   * bindings) and advertises the `binding.kubernetes` capability.
+   */
+  kubelet?: { deviceDir: string; watchIntervalMs?: number };
 }
 
 export interface AgentStatus {
@@ -67,6 +75,8 @@ export interface AgentStatus {
  */
 export class NodeAgent {
   readonly journal: Journal;
+  /** bcd's Kubernetes device plugin, when the agent was given the kubelet's directory. */
+  readonly devicePlugin: KubeletDevicePlugin | null;
   private readonly converger: SpecConverger;
   private stopped = false;
   private silenced = false;
@@ -83,6 +93,16 @@ export class NodeAgent {
 
   constructor(private readonly options: AgentOptions) {
     this.journal = new Journal(options.stateDir);
+    this.devicePlugin = options.kubelet
+      ? new KubeletDevicePlugin({
+          dir: options.kubelet.deviceDir,
+          log: options.log.child({ component: 'device-plugin' }),
+          ...(options.kubelet.watchIntervalMs ? { watchIntervalMs: options.kubelet.watchIntervalMs } : {}),
+          // A list the kubelet newly holds binds its holds: report at once, outside the stream's handler.
+          advertisedChanged: () => setImmediate(() => this.convergePass()),
+        })
+      : null;
+    const plugin = this.devicePlugin;
     this.converger = new SpecConverger({
       roots: options.roots,
       journal: this.journal,
@@ -92,6 +112,18 @@ export class NodeAgent {
       hardware: options.hardware,
       cgroups: options.cgroups ?? null,
       inventoryChanged: () => this.sendInventory(['gpus']),
+      ...(plugin
+        ? {
+            kubernetesAdvertised: (hold) => plugin.advertised({ allocationId: hold.allocationId, stableIds: hold.gpuUuids }),
+            holdsChanged: (held) =>
+              plugin.update(
+                held
+                  .filter((h) => h.binding === 'kubernetes')
+                  .map((h) => ({ allocationId: h.allocationId, stableIds: h.gpuUuids })),
+                options.hardware.gpus().gpus,
+              ),
+          }
+        : {}),
     });
     this.status = {
       nodeId: options.identity.nodeId,
@@ -108,6 +140,7 @@ export class NodeAgent {
 
   start(): void {
     this.stopped = false;
+    this.devicePlugin?.start();
     this.loop = this.run();
     // Sessions last for days: renewal is checked on a timer too, not only before reconnecting.
     this.renewTimer = setInterval(() => void this.maybeRenew(), 10 * 60_000);
@@ -134,6 +167,7 @@ export class NodeAgent {
     this.wake?.();
     this.closeStream();
     await this.loop;
+    await this.devicePlugin?.stop();
   }
 
   /** Stops sending anything (heartbeats included) while keeping the connection open. */
@@ -260,7 +294,10 @@ export class NodeAgent {
             nodeId: identity.nodeId,
             agentVersion: running?.version ?? agentVersion,
             protocolVersion: running?.protocolVersion ?? currentProtocolVersion,
-            capabilities: this.options.cgroups ? agentCapabilities : [],
+            capabilities: [
+              ...(this.options.cgroups ? agentCapabilities : []),
+              ...(this.devicePlugin ? [kubernetesBindingCapability] : []),
+            ],
             journalId: this.journal.journalId,
             lastAckedSeq: this.journal.lastAckedSeq,
             observedGeneration: this.converger.generation,

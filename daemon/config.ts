@@ -10,6 +10,8 @@ export const daemonConfigSchema = z.object({
   gateway: z.string().min(1).optional(),
   cdiDir: z.string().min(1),
   envDir: z.string().min(1),
+  /** The kubelet's device-plugin directory; set, bcd serves `kubernetes` bindings as a device plugin. */
+  kubeletDir: z.string().min(1).optional(),
   logLevel: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']),
 });
 export type DaemonConfig = z.infer<typeof daemonConfigSchema>;
@@ -21,6 +23,7 @@ export function parseDaemonConfig(
     root?: string;
     cdiDir?: string;
     envDir?: string;
+    kubeletDir?: string;
     logLevel?: string;
   },
   env: Record<string, string | undefined> = process.env,
@@ -35,6 +38,7 @@ export function parseDaemonConfig(
       flags.envDir ??
       env.BCD_ENV_DIR ??
       (root ? path.join(root, 'run/bcd/allocations') : '/run/bcd/allocations'),
+    kubeletDir: flags.kubeletDir ?? env.BCD_KUBELET_DIR,
     logLevel: flags.logLevel ?? env.BCD_LOG_LEVEL ?? 'info',
   });
   if (!result.success) {

@@ -23,6 +23,8 @@ export interface HeldAllocation {
   envFile: string;
   /** `bcd-alloc-<allocation>.slice` when the assignment carries limits, else ''. */
   cgroupParent: string;
+  /** `kubernetes`: the device plugin hands these atoms to the kubelet. */
+  binding: DeviceAssignment['binding'];
 }
 
 const allocationPattern = /^[A-Za-z0-9_-]{1,100}$/;
@@ -143,6 +145,8 @@ export function writeHold(
     annotations: {
       'bcd.dev/allocation': allocationId,
       'bcd.dev/until': String(assignment.until),
+      // Marks the spec for bcd's device plugin, which hands these devices to the kubelet.
+      ...(assignment.binding === 'kubernetes' ? { 'bcd.dev/binding': 'kubernetes' } : {}),
       ...(sliced ? { 'bcd.dev/cgroup-parent': cgroupParent } : {}),
     },
     devices: uuids.map((uuid) => ({
@@ -174,6 +178,7 @@ export function writeHold(
     cdiSpecFile,
     envFile,
     cgroupParent,
+    binding: assignment.binding,
   };
 }
 

@@ -62,6 +62,10 @@ common(program.command('join'))
 common(program.command('node'))
   .description('Run the node agent: session, inventory, CDI holds, commands.')
   .option('--gateway <host:port>', 'override the gateway recorded at join')
+  .option(
+    '--kubelet-dir <dir>',
+    "the kubelet's device-plugin directory (/var/lib/kubelet/device-plugins): serve kubernetes bindings as a device plugin; env BCD_KUBELET_DIR",
+  )
   .action(async (flags) => {
     const config = parseDaemonConfig(flags);
     const log = createLogger({ level: config.logLevel, name: 'bcd' });
@@ -77,6 +81,7 @@ common(program.command('node'))
       hardware,
       cgroups: nodeCgroups(log),
       log: log.child({ nodeId: identity.nodeId }),
+      ...(config.kubeletDir ? { kubelet: { deviceDir: config.kubeletDir } } : {}),
     });
     agent.start();
     log.info({ nodeId: identity.nodeId, gateway: identity.gateway }, 'bcd node running');

@@ -34,8 +34,6 @@ interface MachineState {
 }
 
 export interface MetalMachinesOptions {
-  gatewayAddress: string;
-  caCertificatePem: string;
   dir: string;
   log: Logger;
   network: BootNetwork;
@@ -50,6 +48,17 @@ export class MetalMachines {
   readonly silentRamdisks = new Set<string>();
   /** Every ramdisk or system that joined, by machine system id (for tests and the benchmark). */
   readonly boots: Array<{ systemId: string; kind: 'ramdisk' | 'os'; nodeId: string }> = [];
+  private gateway: { address: string; caCertificatePem: string } | null = null;
+
+  /** The gateway the machines' agents dial (known once it listens). */
+  attach(gateway: { address: string; caCertificatePem: string }): void {
+    this.gateway = gateway;
+  }
+
+  private gatewayOf(): { address: string; caCertificatePem: string } {
+    if (!this.gateway) throw new Error('the simulated machines have no gateway yet: attach() it');
+    return this.gateway;
+  }
 
   constructor(private readonly options: MetalMachinesOptions) {
     for (const system of options.systems) {
@@ -197,10 +206,9 @@ export class MetalMachines {
       agentVersion,
       reclaimProof: offer.assert(csrPem),
     };
-    const tls = gatewayChannel(this.options.gatewayAddress, {
-      caCertificatePem: this.options.caCertificatePem,
-    });
-    const client = new JoinServiceClient(this.options.gatewayAddress, tls.credentials, tls.options);
+    const gateway = this.gatewayOf();
+    const tls = gatewayChannel(gateway.address, { caCertificatePem: gateway.caCertificatePem });
+    const client = new JoinServiceClient(gateway.address, tls.credentials, tls.options);
     let response: JoinResponse;
     try {
       response = await new Promise<JoinResponse>((resolve, reject) =>
@@ -216,7 +224,7 @@ export class MetalMachines {
       siteId: response.siteId,
       poolId: response.poolId,
       spiffeId: response.spiffeId,
-      gateway: this.options.gatewayAddress,
+      gateway: gateway.address,
       privateKeyPem: keys.privateKeyPem,
       publicKeyPem: keys.publicKeyPem,
       certificatePem: response.certificatePem,
@@ -240,10 +248,11 @@ export class MetalMachines {
       const firstBoot = JSON.parse(readFileSync(path.join(disk, 'first-boot.json'), 'utf8')) as {
         discoveryToken: string;
       };
+      const gateway = this.gatewayOf();
       const joined = await joinWithToken({
-        gateway: this.options.gatewayAddress,
+        gateway: gateway.address,
         token: firstBoot.discoveryToken,
-        caCertificatePem: this.options.caCertificatePem,
+        caCertificatePem: gateway.caCertificatePem,
         dir: osDir,
         evidence: machine.hardware.evidence(),
         requestedName: machine.name,
@@ -254,7 +263,7 @@ export class MetalMachines {
       this.agentFor(machine, joined, 'os', osDir);
       return;
     }
-    this.agentFor(machine, { ...loadIdentity(osDir), gateway: this.options.gatewayAddress }, 'os', osDir);
+    this.agentFor(machine, { ...loadIdentity(osDir), gateway: this.gatewayOf().address }, 'os', osDir);
   }
 
   /** The ramdisk's commissioning commands, against the machine's (directory) disk. */

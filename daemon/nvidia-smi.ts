@@ -7,6 +7,7 @@ import type { MigLayoutSettings } from '../domain/node-spec.ts';
 import type { HardwareEvidence } from '../proto/gen/agent/v1/agent.ts';
 import type { Hardware } from './hardware.ts';
 import { migLayoutCommands, readMigInventory } from './mig.ts';
+import { readIsolatedCpus, readNumaNodes, readPciNumaNode } from './numa-sysfs.ts';
 
 const run = promisify(execFile);
 
@@ -90,9 +91,18 @@ function readFirst(file: string): string {
   }
 }
 
-/** A real host: GPUs from `nvidia-smi`, identity from DMI, CPUs and memory from the OS. */
+/**
+ * A real host: GPUs from `nvidia-smi`, identity from DMI, CPUs and memory from the OS, NUMA nodes
+ * (their CPUs, memory, and each GPU's node) from sysfs under `sysRoot` (default `/`).
+ */
 export class NvidiaSmiHardware implements Hardware {
   private cached: GpusSection = { gpus: [] };
+
+  constructor(private readonly options: { sysRoot?: string } = {}) {}
+
+  private get sysRoot(): string {
+    return this.options.sysRoot ?? '/';
+  }
 
   async refresh(): Promise<void> {
     const query = await run('nvidia-smi', [
@@ -105,12 +115,17 @@ export class NvidiaSmiHardware implements Hardware {
     });
     const topo = await run('nvidia-smi', ['topo', '-m']).catch(() => ({ stdout: '' }));
     const topology = parseTopology(topo.stdout);
+    const numa = readNumaNodes(this.sysRoot);
     this.cached = this.withMig(
-      parseGpuQuery(query.stdout).map(({ serial: _serial, ...g }) => ({
-        ...g,
-        nvlinkDomain: topology.get(g.index)?.nvlinkDomain ?? null,
-        numaNode: topology.get(g.index)?.numaNode ?? -1,
-      })),
+      parseGpuQuery(query.stdout).map(({ serial: _serial, ...g }) => {
+        // The kernel's word for the GPU's PCI device first; `topo -m` only where sysfs has none.
+        const fromSysfs = g.pciBusId ? readPciNumaNode(this.sysRoot, g.pciBusId, numa) : -1;
+        return {
+          ...g,
+          nvlinkDomain: topology.get(g.index)?.nvlinkDomain ?? null,
+          numaNode: fromSysfs >= 0 ? fromSysfs : (topology.get(g.index)?.numaNode ?? -1),
+        };
+      }),
     );
   }
 
@@ -150,12 +165,16 @@ export class NvidiaSmiHardware implements Hardware {
   }
 
   host(): HostSection {
+    const numa = readNumaNodes(this.sysRoot);
+    const isolatedCpus = readIsolatedCpus(this.sysRoot);
     return {
       hostname: hostname(),
       vcpu: cpus().length,
       memoryGiB: Math.floor(totalmem() / 1024 ** 3),
       hugepages1Gi: 0,
       pciGpuCount: this.cached.gpus.length,
+      ...(numa.length > 0 ? { numa } : {}),
+      ...(isolatedCpus ? { isolatedCpus } : {}),
     };
   }
 

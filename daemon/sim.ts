@@ -8,6 +8,7 @@ import { removeSimulatorCgroups, simulatorCgroups } from './cgroups-sim.ts';
 import type { CgroupDriver } from './cgroups.ts';
 import { defaultSimShape, SimHardware, type SimShape } from './hardware.ts';
 import { identityExists, joinWithToken, loadIdentity } from './identity.ts';
+import { KubeletStandIn } from './kubelet-stand-in.ts';
 import { SelfUpdater, type SimBehaviour } from './self-update.ts';
 
 /** The simulated bcd every node of a fleet starts as (slot a), and how its updates behave. */
@@ -28,6 +29,10 @@ export interface SimulatedNode {
   hardware: SimHardware;
   /** Where the node makes its holds' slices. */
   cgroups?: CgroupDriver;
+  /** The node's device-plugin directory, when it serves `kubernetes` bindings. */
+  kubeletDir?: string;
+  /** The in-process kubelet its device plugin registers with (`kubelet: 'stand-in'`). */
+  kubelet?: KubeletStandIn;
 }
 
 export interface SimulatedFleet {
@@ -72,6 +77,14 @@ export async function startSimulatedFleet(input: {
   startsPerSecond?: number;
   /** The simulated bcd "binary": its version, protocol, release pins and per-version faults. */
   bcd?: SimBcdOptions;
+  /**
+   * Serve `kubernetes` bindings: each node's device plugin in `<dir>/device-plugins`, registering
+   * with an in-process kubelet stand-in (`stand-in`) or with whatever kubelet serves that
+   * directory (`external`, a test playing the kubelet).
+   */
+  kubelet?: 'stand-in' | 'external';
+  /** How often the device plugins look for their kubelet (default 1 s). */
+  kubeletWatchIntervalMs?: number;
 }): Promise<SimulatedFleet> {
   const shape = { ...defaultSimShape, ...input.shape };
   const prefix = input.namePrefix ?? 'sim';
@@ -104,6 +117,9 @@ export async function startSimulatedFleet(input: {
         ...(input.bcd?.faults ? { behaviourOf: (v: string) => input.bcd?.faults?.get(v) } : {}),
       });
       const cgroups = simulatorCgroups(hardware, { dir, name });
+      const kubeletDir = input.kubelet ? path.join(dir, 'device-plugins') : undefined;
+      const kubelet = kubeletDir && input.kubelet === 'stand-in' ? new KubeletStandIn(kubeletDir) : undefined;
+      await kubelet?.start();
       const agent = new NodeAgent({
         selfUpdate,
         identity,
@@ -114,13 +130,30 @@ export async function startSimulatedFleet(input: {
         log: input.log.child({ nodeId: identity.nodeId, node: name }),
         ...(input.minBackoffMs !== undefined ? { minBackoffMs: input.minBackoffMs } : {}),
         ...(input.maxBackoffMs !== undefined ? { maxBackoffMs: input.maxBackoffMs } : {}),
+        ...(kubeletDir
+          ? {
+              kubelet: {
+                deviceDir: kubeletDir,
+                ...(input.kubeletWatchIntervalMs ? { watchIntervalMs: input.kubeletWatchIntervalMs } : {}),
+              },
+            }
+          : {}),
       });
       // A fleet powering on at once still spreads its TLS handshakes a little (a real herd does).
       const gap = 1000 / (input.startsPerSecond ?? 250);
       const wait = startedAt + launched++ * gap - Date.now();
       if (wait > 0) await new Promise((r) => setTimeout(r, wait));
       agent.start();
-      nodes[index] = { nodeId: identity.nodeId, name: identity.nodeName, dir, agent, hardware, cgroups };
+      nodes[index] = {
+        nodeId: identity.nodeId,
+        name: identity.nodeName,
+        dir,
+        agent,
+        hardware,
+        cgroups,
+        ...(kubeletDir ? { kubeletDir } : {}),
+        ...(kubelet ? { kubelet } : {}),
+      };
     }
   };
   const started: SimulatedNode[] = [];
@@ -128,6 +161,7 @@ export async function startSimulatedFleet(input: {
     await Promise.all(Array.from({ length: Math.max(1, input.joinConcurrency ?? 4) }, worker));
   } catch (error) {
     await Promise.all(nodes.filter(Boolean).map((n) => n.agent.stop()));
+    await Promise.all(nodes.filter(Boolean).map((n) => n.kubelet?.stop()));
     throw error;
   }
   started.push(...nodes);
@@ -136,6 +170,7 @@ export async function startSimulatedFleet(input: {
     nodes: started,
     stop: async () => {
       await Promise.all(started.map((n) => n.agent.stop()));
+      await Promise.all(started.map((n) => n.kubelet?.stop()));
       for (const n of started) if (n.cgroups) removeSimulatorCgroups(n.cgroups);
     },
   };

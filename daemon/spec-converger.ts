@@ -44,6 +44,13 @@ export class SpecConverger {
       cgroups?: CgroupDriver | null;
       /** The GPUs changed (a MIG layout was applied): send the inventory before the status. */
       inventoryChanged?(): void;
+      /**
+       * Whether a `kubernetes`-bound hold is bound yet: its atoms reached the kubelet (the device
+       * plugin advertised them). Without it such a hold is bound once its files are written.
+       */
+      kubernetesAdvertised?(hold: HeldAllocation): boolean;
+      /** Called after every converge with what is held now (the device plugin's lists follow it). */
+      holdsChanged?(held: readonly HeldAllocation[]): void;
     },
   ) {
     this.generation = options.journal.convergedGeneration;
@@ -141,6 +148,7 @@ export class SpecConverger {
       cgroups: this.options.cgroups ?? null,
     });
     this.held = new Map(held.map((h) => [h.allocationId, h]));
+    this.options.holdsChanged?.(held);
     const failing = new Set(failed.map((f) => f.allocationId));
     // A hold refused for its devices: the control plane must learn their health too, or it would
     // place the reservation on them again.
@@ -166,6 +174,8 @@ export class SpecConverger {
     for (const hold of held) {
       if (failing.has(hold.allocationId)) continue;
       if (this.reported.get(hold.allocationId) === 'bound') continue;
+      const { kubernetesAdvertised } = this.options;
+      if (hold.binding === 'kubernetes' && kubernetesAdvertised && !kubernetesAdvertised(hold)) continue;
       this.report(hold.allocationId, generation, {
         $case: 'bound',
         value: {

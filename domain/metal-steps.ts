@@ -204,7 +204,7 @@ export type AttemptVerdict =
  * named agent joined again since the attempt began, and the step's timeout. Pure.
  */
 export function judgeAttempt(
-  step: Pick<StepPlan, 'awaitRejoin' | 'timeoutSeconds' | 'name'>,
+  step: { awaitRejoin?: 'ramdisk' | 'node' | null | undefined; timeoutSeconds: number; name: string },
   attempt: StepAttempt,
   progress: AttemptProgress,
 ): AttemptVerdict {

@@ -24,11 +24,10 @@ export const releaseFileSchema = z.strictObject({
   path: z
     .string()
     .regex(
-      /^[A-Za-z0-9_.-]+(\/[A-Za-z0-9_.-]+)*$/,
-      "a relative path of letters, digits, '_', '.', '-' and '/' (no '..', no leading '/')",
+      /^(?!\.\.?(\/|$))(?!.*\/\.\.?(\/|$))[A-Za-z0-9_.-]+(\/[A-Za-z0-9_.-]+)*$/,
+      "a relative path of letters, digits, '_', '.', '-' and '/' (no '.' or '..' parts, no leading '/')",
     )
-    .max(200)
-    .refine((p) => !p.split('/').some((part) => part === '.' || part === '..'), 'no . or .. parts'),
+    .max(200),
   size: z
     .number()
     .int()
@@ -46,14 +45,8 @@ export const releaseManifestSchema = z.strictObject({
   version: z.string().regex(versionPattern, 'a version such as 1.4.2'),
   protocolVersion: z.number().int().min(1).max(1000),
   minControlPlaneVersion: z.string().regex(versionPattern, 'a version such as 0.1.0'),
-  files: z
-    .array(releaseFileSchema)
-    .min(1)
-    .max(256)
-    .refine(
-      (files) => new Set(files.map((f) => f.path)).size === files.length,
-      'file paths must be distinct',
-    ),
+  /** Distinct paths (checkReleaseFiles refuses a repeated one). */
+  files: z.array(releaseFileSchema).min(1).max(256),
   /** ISO 8601; a release past it is refused everywhere (and its rollouts stop starting nodes). */
   expiresAt: z.iso.datetime({ offset: true }),
   notes: z.string().max(2000).optional(),
@@ -236,6 +229,9 @@ export function checkNotDowngrade(manifest: ReleaseManifest, newest: string | nu
  * SHA-256, and no file the manifest does not list. `digest-mismatch` names the first bad file.
  */
 export function checkReleaseFiles(manifest: ReleaseManifest, files: ReadonlyMap<string, Buffer>): void {
+  const paths = manifest.files.map((f) => f.path);
+  const repeated = paths.find((p, i) => paths.indexOf(p) !== i);
+  if (repeated) throw releaseRefused('digest-mismatch', `file ${repeated} is listed twice in the manifest`);
   for (const f of manifest.files) {
     const content = files.get(f.path);
     if (!content) throw releaseRefused('digest-mismatch', `file ${f.path} of the manifest is missing`);

@@ -8,7 +8,7 @@ import {
 import type { LifecycleSignal, ReservationLifecycle } from '../core/deps.ts';
 import { assertNever, ComputeError, isErrorCode } from '../domain/errors.ts';
 import type { LifecycleTimers } from '../domain/reservation-lifecycle.ts';
-import { preemptionWorkflowType } from '../workflows/preemption/messages.ts';
+import { preemptionWakeSignal, preemptionWorkflowType } from '../workflows/preemption/messages.ts';
 import {
   allocationReportSignal,
   cancelUpdate,
@@ -215,8 +215,19 @@ export function createTemporalLifecycle(
           ],
           memo: { preemption },
         });
+        return true;
       } catch (error) {
         if (!(error instanceof WorkflowExecutionAlreadyStartedError)) throw error;
+        return false;
+      }
+    },
+
+    async wakePreemption(preemptionId: string) {
+      try {
+        await client.workflow.getHandle(preemptionId).signal(preemptionWakeSignal, { reason: 'called-off' });
+      } catch (error) {
+        // A preemption whose workflow already finished (or never started) has nothing to wake.
+        if (!(error instanceof WorkflowNotFoundError)) throw error;
       }
     },
 

@@ -16,6 +16,7 @@ import { createPlacementActivities } from '../activities/placement.ts';
 import { createPreemptionActivities } from '../activities/preemption.ts';
 import { createReportActivities } from '../activities/reports.ts';
 import { createReservationActivities } from '../activities/reservation.ts';
+import { createMetalActivities } from '../activities/metal.ts';
 import { createRolloutActivities } from '../activities/rollout.ts';
 import { createSweeperActivities } from '../activities/sweeper.ts';
 import { createUsageActivities } from '../activities/usage.ts';
@@ -139,6 +140,7 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
     ...createBookingRepairActivities({ db: deps.db, log, caches }),
     ...createReportActivities({ db: deps.db, log }),
     ...createRolloutActivities({ db: deps.db, log }),
+    ...createMetalActivities({ db: deps.db, log }),
     ...createUsageActivities({ db: deps.db, log, iam: deps.iam }),
     ...createSweeperActivities({
       db: deps.db,

@@ -13,6 +13,11 @@ export const searchAttributes = {
   /** On a rollout's workflow: its release, and its wave as `2/4` (state is `state`). */
   release: defineSearchAttributeKey('ComputeRelease', 'KEYWORD'),
   wave: defineSearchAttributeKey('ComputeWave', 'KEYWORD'),
+  /** On a provisioning workflow (deploy, inspect): its machine, site, profile and current step. */
+  node: defineSearchAttributeKey('ComputeNode', 'KEYWORD'),
+  site: defineSearchAttributeKey('ComputeSite', 'KEYWORD'),
+  profile: defineSearchAttributeKey('ComputeProfile', 'KEYWORD'),
+  step: defineSearchAttributeKey('ComputeStep', 'KEYWORD'),
 } as const;
 
 /** The same keys in the CLI's `--search-attribute Name=Type` form. */

@@ -6,13 +6,16 @@ import {
   listMachines,
   type MachineView,
 } from '../../db/metal/bmc.ts';
+import { insertMetalWorkflow } from '../../db/metal/workflows.ts';
 import { type CommandView, findNodeCommand } from '../../db/nodes/commands.ts';
 import { findSite, listPoolIdsOwnedBy } from '../../db/nodes/fleet.ts';
 import { ComputeError } from '../../domain/errors.ts';
 import { bmcAddressSchema, bmcBootDevices, bmcPowerActions, fetchUrlSchema } from '../../domain/metal-bmc.ts';
+import { planInspect } from '../../domain/metal-steps.ts';
 import { defineMethod, type MethodContext } from '../method.ts';
 import { requireNode, requirePool, requireTenantRead } from '../nodes-access.ts';
 import { apiSealer } from '../sealer.ts';
+import { provisioningMethods, startMetalTemporalWorkflow } from './provisioning.ts';
 
 const nodeId = z.string().regex(/^node_[0-9a-z]{26}$/, 'a node id (node_…)');
 const waitSeconds = z.number().int().min(0).max(120).default(60);
@@ -113,7 +116,7 @@ async function runBmc(
 
 const enroll = defineMethod({
   summary:
-    "Enroll a bare machine by its BMC: a node in `enrolling` in the pool, the BMC's password stored sealed (never shown again). Inspection over the ramdisk is not built yet: the node stays `enrolling`.",
+    "Enroll a bare machine by its BMC: a node in `enrolling` in the pool, the BMC's password stored sealed (never shown again), and (unless `inspect: false`) its inspection workflow started: the ramdisk over the site agent's network boot reports the inventory and the node becomes `ready`. `inspection` names that workflow.",
   action: 'compute:nodes:join',
   input: z.strictObject({
     siteId: z.string().regex(/^site_[0-9a-z]{26}$/, 'a site id (site_…)'),
@@ -125,16 +128,24 @@ const enroll = defineMethod({
       username: z.string().min(1).max(200),
       password: z.string().min(1).max(500),
     }),
+    /** Start the inspection workflow (needs Temporal); false: the node waits in `enrolling` for metal.inspect. */
+    inspect: z.boolean().default(true),
   }),
-  output: machineOut,
+  output: machineOut.extend({ inspection: z.object({ workflowId: z.string() }).nullable() }),
   handler: async (ctx, input) => {
     const pool = await requirePool(ctx, input.poolId, 'compute:nodes:join');
     if (pool.archived) throw new ComputeError('INVALID_STATE', `pool ${input.poolId} is archived`);
     const site = await findSite(ctx.deps.db, { id: input.siteId });
     if (!site) throw new ComputeError('NOT_FOUND', `siteId: site ${input.siteId} does not exist`);
     const sealer = apiSealer(ctx.deps.config, "a BMC's credentials");
-    const enrolled = await ctx.deps.db.transaction().execute((trx) =>
-      insertEnrolledMachine(trx, {
+    if (input.inspect && !ctx.deps.temporal) {
+      throw new ComputeError(
+        'UNAVAILABLE',
+        'inspection runs as a Temporal workflow and this server has no Temporal client: configure TEMPORAL_ADDRESS, or enroll with inspect: false',
+      );
+    }
+    const enrolled = await ctx.deps.db.transaction().execute(async (trx) => {
+      const machine = await insertEnrolledMachine(trx, {
         siteId: input.siteId,
         poolId: input.poolId,
         name: input.name,
@@ -142,9 +153,26 @@ const enroll = defineMethod({
         systemId: input.bmc.systemId,
         username: input.bmc.username,
         passwordSealed: sealer.seal('bmc-credential', input.bmc.password),
-      }),
-    );
-    return machineView((await findMachine(ctx.deps.db, enrolled.nodeId))!);
+      });
+      const inspection = input.inspect
+        ? await insertMetalWorkflow(trx, {
+            kind: 'inspect',
+            nodeId: machine.nodeId,
+            tenantId: pool.tenantId,
+            profileId: null,
+            profileVersion: null,
+            idempotencyKey: 'enroll',
+            steps: planInspect({ maxAttempts: 3 }),
+            verb: 'metal.enroll',
+          })
+        : null;
+      return { ...machine, inspection };
+    });
+    if (enrolled.inspection) await startMetalTemporalWorkflow(ctx, enrolled.inspection.workflowId);
+    return {
+      ...machineView((await findMachine(ctx.deps.db, enrolled.nodeId))!),
+      inspection: enrolled.inspection ? { workflowId: enrolled.inspection.workflowId } : null,
+    };
   },
 });
 
@@ -241,4 +269,13 @@ const inventory = defineMethod({
 });
 
 /** `metal.*`: bare machines and their BMCs, reached only through the site agent over Redfish. */
-export const metalMethods = { enroll, machines, getMachine, power, bootDevice, virtualMedia, inventory };
+export const metalMethods = {
+  enroll,
+  machines,
+  getMachine,
+  power,
+  bootDevice,
+  virtualMedia,
+  inventory,
+  ...provisioningMethods,
+};

@@ -23,6 +23,13 @@ async function end(
   if (result.changed) {
     await afterCommit(ctx, 'signal', () => ctx.deps.lifecycle?.signal(row.id, { type: kind }));
     if (result.freed) await afterCommit(ctx, 'wakePool', () => ctx.deps.lifecycle?.wakePool(row.pool_id));
+    // The preemption it made was called off: its workflow finishes now (and wakes the spot lifecycles).
+    const deadlines = new Set((result.calledOff ?? []).map((c) => c.deadline));
+    for (const deadline of deadlines) {
+      await afterCommit(ctx, 'wakePreemption', () =>
+        ctx.deps.lifecycle?.wakePreemption?.(`preemption-${row.id}-${deadline}`),
+      );
+    }
   }
   return (await readReservationView(ctx.deps.db, row.id))!;
 }

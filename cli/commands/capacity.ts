@@ -41,6 +41,7 @@ export function registerCapacityCommands(program: Command) {
           fields.push(['host share', `${p.resources.vcpu} vCPU, ${p.resources.memoryGiB} GiB`]);
           if (p.message) fields.push(['why not', p.message]);
           if (!p.fits) fields.push(['earliest start', formatTime(p.earliestStart) ?? 'none within 14 days']);
+          if (p.preemption) fields.push(['by preempting', p.preemption.message]);
           if (p.gang?.topologyValue) fields.push(['topology value', p.gang.topologyValue]);
           const members = (p.gang?.members ?? []).map(
             (m, i) => `  ${i}  ${m.nodeName} (${m.nodeId})  ${m.deviceIds.length} device(s)`,

@@ -107,6 +107,55 @@ export async function tryLockFreeDevices(
   return rows[0].booked ? 'booked' : 'free';
 }
 
+/**
+ * The node a transaction last locked the host-resource rows of (lockHostRoom), so it waits only
+ * for nodes in ascending id order: two placements never wait on each other's rows in a cycle.
+ */
+const lastHostRoomLock = new WeakMap<object, string>();
+
+/**
+ * Serializes every booker of a node's scalar host resources (reservations here, holds in
+ * db/holds/holds.ts, the guard triggers) on the node's host_resources rows, taken FOR UPDATE in
+ * resource-name order (the order of the guard), then checks, in a statement that starts under
+ * them (so it sees every booking committed before), that `resources` fit over `window` beside the
+ * reservations' and holds' bookings: the guard's sum, read first. Waits for the rows only when
+ * `nodeId` is above every node this transaction locked before (else tries them, never waiting).
+ * 'locked' (a concurrent booker holds a row and waiting could deadlock), 'full' (the room is gone,
+ * or a row is missing), or 'room' (rows held to the end of the transaction, so the insert that
+ * follows cannot be refused by the guard). Nothing booked; no error thrown for contention.
+ */
+export async function lockHostRoom(
+  trx: Trx,
+  input: { nodeId: string; resources: Partial<Record<HostResource, number>> } & TimeWindow,
+): Promise<'room' | 'locked' | 'full'> {
+  const wanted = Object.entries(input.resources)
+    .filter(([, amount]) => (amount ?? 0) > 0)
+    .sort(([a], [b]) => a.localeCompare(b)) as Array<[HostResource, number]>;
+  if (wanted.length === 0) return 'room';
+  const names = wanted.map(([r]) => r);
+  const previous = lastHostRoomLock.get(trx);
+  const wait = previous === undefined || input.nodeId > previous;
+  const { rows: locked } = await sql<{ resource: string }>`${sql.raw(preparedMarker)}
+    SELECT resource FROM host_resources WHERE node_id = ${input.nodeId} AND resource = ANY(${names}::text[])
+    ORDER BY array_position(${names}::text[], resource)
+    FOR UPDATE ${wait ? sql`` : sql`SKIP LOCKED`}`.execute(trx);
+  if (wait) lastHostRoomLock.set(trx, input.nodeId);
+  const during = sql`tstzrange(${input.start.toISOString()}::timestamptz, ${input.end.toISOString()}::timestamptz, '[)')`;
+  const { rows } = await sql<{ resource: string; present: boolean; fits: boolean }>`${sql.raw(preparedMarker)}
+    SELECT w.r AS resource, h.node_id IS NOT NULL AS present,
+           COALESCE(h.allocatable >= w.m
+             + COALESCE((SELECT sum(amount) FROM scalar_bookings s
+                          WHERE s.node_id = ${input.nodeId} AND s.resource = w.r AND s.during && ${during}), 0)
+             + COALESCE((SELECT sum(amount) FROM hold_bookings b
+                          WHERE b.node_id = ${input.nodeId} AND b.resource = w.r AND b.during && ${during}), 0),
+             false) AS fits
+    FROM unnest(${names}::text[], ${wanted.map(([, m]) => String(m))}::numeric[]) AS w(r, m)
+    LEFT JOIN host_resources h ON h.node_id = ${input.nodeId} AND h.resource = w.r`.execute(trx);
+  const got = new Set(locked.map((l) => l.resource));
+  if (rows.some((r) => r.present && !got.has(r.resource))) return 'locked';
+  return rows.every((r) => r.present && r.fits) ? 'room' : 'full';
+}
+
 function isPgError(error: unknown, code: string): error is { code: string; message: string } {
   return typeof error === 'object' && error !== null && (error as { code?: unknown }).code === code;
 }

@@ -13,7 +13,12 @@ import {
   summarizeNoFit,
 } from '../../domain/placer.ts';
 import type { NormalizedRequest } from '../../domain/reservation-request.ts';
-import { BookingConflict, insertAllocationWithBookings, tryLockFreeDevices } from './bookings.ts';
+import {
+  BookingConflict,
+  insertAllocationWithBookings,
+  lockHostRoom,
+  tryLockFreeDevices,
+} from './bookings.ts';
 import { loadPlacerNodes, sampleNodeIds, schedulableNodeIds } from './placement-load.ts';
 
 type Trx = Transaction<Database>;
@@ -23,13 +28,21 @@ export const counterOfferHorizonMs = 14 * 86_400_000;
 /** Pools up to this many nodes are planned whole; larger ones from a sample first. */
 const wholePoolLimit = 256;
 
+/** Seconds a caller waits before retrying a placement that lost every race (PlacementContention). */
+const contentionRetryAfterSeconds = 1;
+
 /**
  * Thrown when every fitting candidate was locked by a concurrent placement and nothing else fit:
- * the caller rolls its transaction back (dropping every lock) and tries it again.
+ * the caller rolls its transaction back (dropping every lock) and tries it again. Should it escape
+ * (withPlacementTransaction ran out of attempts), it is a typed retryable answer, never INTERNAL.
  */
 export class PlacementContention extends ComputeError {
-  constructor() {
-    super('INTERNAL', 'every fitting node was being booked concurrently; the placement is retried');
+  constructor(message = 'every fitting node was being booked concurrently') {
+    super(
+      'UNAVAILABLE',
+      `${message}; nothing is wrong with the request: retry it (with the same idempotency key)`,
+      { reason: 'placement-contention', retryAfterSeconds: contentionRetryAfterSeconds },
+    );
   }
 }
 
@@ -103,10 +116,12 @@ export function withCounterOffer(summary: string, earliest: number | null, start
 }
 
 /**
- * Books one fit in the caller's transaction: its atoms' locks tried (never waited for) and their
- * bookings re-checked under them, then the allocation inserted through the EXCLUDE constraint
- * and the scalar guard. 'locked' (a concurrent placement holds an atom) or 'stale' (an atom was
- * booked since the plan) change nothing; PlacementContention when the scalar guard refused.
+ * Books one fit in the caller's transaction: the node's host-resource rows locked and its room
+ * re-checked under them (lockHostRoom: every scalar booker of the node, hold or reservation,
+ * queues there, so the loser sees the winner's booking), its atoms' locks tried (never waited
+ * for) and their bookings re-checked under them, then the allocation inserted through the EXCLUDE
+ * constraint and the scalar guard. 'locked' (a concurrent placement holds an atom or a row) or
+ * 'stale' (an atom or the host room was booked since the plan) change nothing.
  */
 export async function tryBook(
   trx: Trx,
@@ -115,6 +130,8 @@ export async function tryBook(
   const { fit, window } = input;
   const start = new Date(window.start);
   const end = new Date(window.end);
+  const room = await lockHostRoom(trx, { nodeId: fit.nodeId, resources: fit.resources, start, end });
+  if (room !== 'room') return room === 'locked' ? 'locked' : 'stale';
   // The atoms' locks tried in their fixed order and, under them, their bookings re-checked.
   const devices = await tryLockFreeDevices(trx, fit.deviceIds, { start, end });
   if (devices === 'locked') return 'locked';
@@ -131,9 +148,9 @@ export async function tryBook(
     });
     return 'booked';
   } catch (error) {
-    // The atoms were locked and re-checked, so only the scalar guard can refuse here (a node's
-    // host resources taken meanwhile). The statement failed, so the transaction is over: retry it
-    // whole (no savepoint round trips on the common path).
+    // The atoms and the host rows were locked and re-checked, so this is not expected (a device
+    // booked between the lookup's snapshot and its lock). The statement failed, so the transaction
+    // is over: retry it whole (no savepoint round trips on the common path).
     if (error instanceof BookingConflict) throw new PlacementContention();
     throw error;
   }
@@ -207,7 +224,8 @@ export async function findAndBook(
 /**
  * Runs `fn` in a transaction, again (up to `attempts` times, with a short random pause) when it
  * lost a placement race (PlacementContention) or PostgreSQL broke a deadlock or a serialization
- * conflict. Any other error ends it.
+ * conflict. Any other error ends it. Out of attempts, contention is answered as UNAVAILABLE with
+ * `retryAfterSeconds` (PlacementContention), never INTERNAL.
  */
 export async function withPlacementTransaction<T>(
   db: Db,
@@ -220,7 +238,12 @@ export async function withPlacementTransaction<T>(
     } catch (error) {
       const code = (error as { code?: string }).code;
       const retryable = error instanceof PlacementContention || code === '40P01' || code === '40001';
-      if (!retryable || attempt >= attempts) throw error;
+      if (!retryable) throw error;
+      if (attempt >= attempts) {
+        throw error instanceof PlacementContention
+          ? error
+          : new PlacementContention(`the placement met ${attempts} deadlocks or serialization conflicts in a row`);
+      }
       await new Promise((resolve) => setTimeout(resolve, 2 + Math.random() * 8 * attempt));
     }
   }

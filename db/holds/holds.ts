@@ -16,9 +16,11 @@ import {
 } from '../../domain/holds.ts';
 import { publicationOf } from '../../domain/holds-publication.ts';
 import { newId } from '../../domain/ids.ts';
+import type { CallerAudit } from '../reservations/reservations.ts';
 import { recordUnmetDemand } from './demand.ts';
 import { findHoldKind } from './kinds.ts';
 import { readHostPublicationRows } from './publication.ts';
+import { lockUnannouncedExpiries, recordHoldChange } from './records.ts';
 
 type Trx = Transaction<Database>;
 
@@ -160,9 +162,11 @@ function isGuardRefusal(error: unknown): boolean {
  * kind's declaration read, the node's publication read under those locks and judged (judgeHold);
  * a node without a fresh publication is taken on trust. A hold books its cores and GiB as
  * hold_bookings over [now, now + TTL), refereed by the same guard as reservations' scalar
- * bookings, so a concurrent reservation can never take the same room. A refusal writes only its
- * ledger row (once per `dedupeKey`). Ended holds of the node older than an hour are retired in the
- * same transaction. Codes: none thrown for refusals (they are answered); INTERNAL otherwise.
+ * bookings, so a concurrent reservation can never take the same room. A taken hold writes its
+ * `hold.created` event and its audit row (`audit`); a refusal writes only its ledger row (once per
+ * `dedupeKey`). Ended holds of the node older than an hour are retired in the same transaction
+ * (their `hold.expired` written first when the sweep has not yet). Codes: none thrown for refusals
+ * (they are answered); INTERNAL otherwise.
  */
 export async function takeHold(
   trx: Trx,
@@ -175,6 +179,7 @@ export async function takeHold(
     idempotencyKey?: string | undefined;
     ttlSeconds?: number | undefined;
     dedupeKey: string;
+    audit: CallerAudit;
   },
 ): Promise<TakeHoldOutcome> {
   const { target } = input;
@@ -184,10 +189,8 @@ export async function takeHold(
       trx,
     );
   }
-  await sql`
-    DELETE FROM host_holds WHERE node_id = ${target.id}
-      AND COALESCE(released_at, heartbeat_at + make_interval(secs => ttl_seconds))
-          < compute_now() - make_interval(secs => ${endedHoldVisibleMs / 1000})`.execute(trx);
+  await announceExpiredHolds(trx, { nodeId: target.id, limit: 1_000 });
+  await retireEndedHolds(trx, { nodeId: target.id });
   const refuse = async (refusal: HoldRefusal, kind: HoldKind | null, publication: HostPublication | null) => {
     await recordUnmetDemand(trx, {
       dedupeKey: input.dedupeKey,
@@ -238,8 +241,39 @@ export async function takeHold(
     const now = await readHostPublication(trx, target.id);
     return refuse(lostRaceRefusal(target.name, kind, now!), kind, now);
   }
-  const row = await readHold(trx, sql`h.id = ${id}`);
-  return { taken: true, hold: holdViewOf(row!), publication: await readHostPublication(trx, target.id) };
+  const hold = holdViewOf((await readHold(trx, sql`h.id = ${id}`))!);
+  await recordHoldChange(trx, hold, 'hold.created', input.audit);
+  return { taken: true, hold, publication: await readHostPublication(trx, target.id) };
+}
+
+/**
+ * Writes `hold.expired` once for every hold that lapsed without a release (no heartbeat within
+ * its TTL), on `nodeId` when given, at most `limit` a call, in the caller's transaction; the
+ * holds are locked first (a concurrent sweep skips them), so each expiry is announced exactly
+ * once. Answers the ids announced. Codes: none.
+ */
+export async function announceExpiredHolds(
+  trx: Trx,
+  input: { nodeId?: string | undefined; limit: number },
+): Promise<string[]> {
+  const ids = await lockUnannouncedExpiries(trx, input);
+  for (const id of ids) {
+    await recordHoldChange(trx, holdViewOf((await readHold(trx, sql`h.id = ${id}`))!), 'hold.expired');
+  }
+  return ids;
+}
+
+/**
+ * Retires the ended holds (on `nodeId` when given) older than the hour they stay listed for;
+ * their bookings go with them. Run it after announceExpiredHolds in the same transaction, so no
+ * expiry goes unannounced. Answers how many. Idempotent.
+ */
+export async function retireEndedHolds(db: Db | Trx, input: { nodeId?: string | undefined } = {}) {
+  const result = await sql`
+    DELETE FROM host_holds WHERE ${input.nodeId ? sql`node_id = ${input.nodeId}` : sql`true`}
+      AND COALESCE(released_at, heartbeat_at + make_interval(secs => ttl_seconds))
+          < compute_now() - make_interval(secs => ${endedHoldVisibleMs / 1000})`.execute(db);
+  return Number(result.numAffectedRows ?? 0);
 }
 
 /**
@@ -281,17 +315,24 @@ export async function heartbeatHold(
 
 /**
  * Releases a hold of the tenant: released_at = compute_now() and its bookings removed, so the room
- * comes back at once. Idempotent: an ended hold is answered as it is. Codes: NOT_FOUND.
+ * comes back at once; a live hold released writes `hold.released` and its audit row (`audit`).
+ * Idempotent: an ended hold is answered as it is, and writes nothing more. Codes: NOT_FOUND.
  */
-export async function releaseHold(trx: Trx, input: { tenantId: string; holdId: string }): Promise<HoldView> {
+export async function releaseHold(
+  trx: Trx,
+  input: { tenantId: string; holdId: string; audit: CallerAudit },
+): Promise<HoldView> {
   const row = await readHold(trx, sql`h.id = ${input.holdId} AND h.tenant_id = ${input.tenantId}`, true);
   if (!row)
     throw new ComputeError('NOT_FOUND', `holdId: tenant ${input.tenantId} has no hold ${input.holdId}`);
-  if (holdViewOf(row).state === 'live') {
+  const live = holdViewOf(row).state === 'live';
+  if (live) {
     await sql`UPDATE host_holds SET released_at = compute_now() WHERE id = ${row.id}`.execute(trx);
   }
   await sql`DELETE FROM hold_bookings WHERE hold_id = ${row.id}`.execute(trx);
-  return holdViewOf((await readHold(trx, sql`h.id = ${row.id}`))!);
+  const released = holdViewOf((await readHold(trx, sql`h.id = ${row.id}`))!);
+  if (live) await recordHoldChange(trx, released, 'hold.released', input.audit);
+  return released;
 }
 
 /** One hold of the tenant (live or ended within the hour), or NOT_FOUND. Read-only. */

@@ -4,7 +4,7 @@ import { ComputeError } from '../../domain/errors.ts';
 import { newId } from '../../domain/ids.ts';
 import { maxDurationMs } from '../../domain/reservation-schema.ts';
 import { holdingStates, isExtendable } from '../../domain/reservation-states.ts';
-import { BookingConflict, lockDevices } from '../allocations/bookings.ts';
+import { moveAllocationEnds } from '../allocations/move-ends.ts';
 import { insertAuditEvent } from '../events/audit.ts';
 import { insertOutboxEvent } from '../events/outbox.ts';
 import { readAuthzResource, setAuthzPending } from '../iam/authz.ts';
@@ -70,52 +70,13 @@ export async function applyExtend(
     );
   if (owns.rows.length === 0)
     return { extended: false, availableUntil: input.currentEnd, reason: 'hold-lost' };
-  const allocations = await trx
-    .selectFrom('allocations')
-    .select('id')
-    .where('reservation_id', '=', input.reservationId)
-    // The current placement: a bound allocation whose node reported it released (BindingLost)
-    // is still current and keeps its bookings; only the control plane supersedes one.
-    .where('superseded_at', 'is', null)
-    .execute();
-  const allocationIds = allocations.map((a) => a.id);
-  const devices = allocationIds.length
-    ? await trx
-        .selectFrom('device_bookings')
-        .select('device_id')
-        .where('allocation_id', 'in', allocationIds)
-        .execute()
-    : [];
-  const deviceIds = devices.map((d) => d.device_id);
-  await lockDevices(trx, deviceIds);
-  const current = new Date(input.currentEnd).toISOString();
+  const moved = await moveAllocationEnds(trx, {
+    reservationId: input.reservationId,
+    currentEnd: input.currentEnd,
+    newEnd: input.newEnd,
+  });
+  if (!moved.moved) return { extended: false, availableUntil: moved.availableUntil, reason: 'booked' };
   const target = new Date(input.newEnd).toISOString();
-  const { rows } = await sql<{ next: Date | null }>`
-    SELECT min(lower(during)) AS next FROM device_bookings
-    WHERE device_id = ANY(${deviceIds}::text[]) AND NOT (allocation_id = ANY(${allocationIds}::text[]))
-      AND during && tstzrange(${current}::timestamptz, ${target}::timestamptz, '[)')`.execute(trx);
-  const next = rows[0]?.next?.getTime();
-  if (next !== undefined)
-    return { extended: false, availableUntil: Math.max(next, input.currentEnd), reason: 'booked' };
-  await sql`SAVEPOINT extend_bookings`.execute(trx);
-  try {
-    for (const table of [sql.raw('device_bookings'), sql.raw('scalar_bookings')]) {
-      await sql`UPDATE ${table} SET during = tstzrange(lower(during), ${target}::timestamptz, '[)')
-        WHERE allocation_id = ANY(${allocationIds}::text[]) AND upper(during) = ${current}::timestamptz`.execute(
-        trx,
-      );
-    }
-    await sql`RELEASE SAVEPOINT extend_bookings`.execute(trx);
-  } catch (error) {
-    const code = (error as { code?: string }).code;
-    if (error instanceof BookingConflict || code === 'BC001' || code === '23P01') {
-      await sql`ROLLBACK TO SAVEPOINT extend_bookings`.execute(trx);
-      return { extended: false, availableUntil: input.currentEnd, reason: 'booked' };
-    }
-    throw error;
-  }
-  await sql`UPDATE allocations SET during = tstzrange(lower(during), ${target}::timestamptz, '[)'), updated_at = compute_now()
-    WHERE id = ANY(${allocationIds}::text[]) AND upper(during) = ${current}::timestamptz`.execute(trx);
   const row = await trx
     .updateTable('reservations')
     .set({
@@ -178,6 +139,20 @@ function checkExtendable(state: string, reservationId: string): void {
       { state },
     );
   }
+}
+
+/**
+ * INVALID_STATE for a spot reservation under a preemption notice: its capacity is promised to the
+ * reservation that preempted it from the deadline on, so its end cannot move later.
+ */
+function checkNotUnderNotice(row: { id: string; state: string; preempt_notice_until: Date | null }): void {
+  if (row.preempt_notice_until === null) return;
+  const deadline = new Date(row.preempt_notice_until).getTime();
+  throw new ComputeError(
+    'INVALID_STATE',
+    `reservation ${row.id} is a spot reservation under a preemption notice: it is released at ${new Date(deadline).toISOString()} and cannot be extended; checkpoint before then and reserve again`,
+    { state: row.state, preemptAt: deadline },
+  );
 }
 
 export type PlannedExtend =
@@ -302,6 +277,7 @@ export async function commitExtend(
   });
   if (committed) return replayCommittedExtend(committed, input);
   checkExtendable(locked.state, reservationId);
+  checkNotUnderNotice(locked);
   const window = await readWindow(trx, reservationId);
   if (!window)
     throw new ComputeError('INVALID_STATE', `reservation ${reservationId} has no booked window to extend`);

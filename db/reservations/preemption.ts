@@ -4,6 +4,7 @@ import { endedAllocationStates } from '../../domain/fleet.ts';
 import type { Interval, NodeFit } from '../../domain/placer.ts';
 import {
   choosePreemption,
+  type PreemptionChoice,
   type PreemptionSummary,
   type SpotHolding,
   shouldPreempt,
@@ -77,9 +78,15 @@ export async function loadSpotHoldings(
     }));
 }
 
-/** Cuts a started spot reservation back to `deadline`: its bookings, its allocations' and its own window. */
-async function cutBackTo(trx: Trx, reservationId: string, deadline: Date): Promise<void> {
+/**
+ * Cuts a started spot reservation back to `deadline`: its bookings, its allocations' and its own
+ * window. Answers the end it had before (epoch ms), which a called-off preemption restores.
+ */
+async function cutBackTo(trx: Trx, reservationId: string, deadline: Date): Promise<number | null> {
   const at = deadline.toISOString();
+  const before = await sql<{ end: Date | null }>`
+    SELECT upper(during) AS "end" FROM reservations WHERE id = ${reservationId}`.execute(trx);
+  const originalEnd = before.rows[0]?.end ? new Date(before.rows[0].end).getTime() : null;
   const current = sql`SELECT id FROM allocations WHERE reservation_id = ${reservationId} AND superseded_at IS NULL`;
   for (const table of [sql.raw('device_bookings'), sql.raw('scalar_bookings')]) {
     await sql`DELETE FROM ${table} WHERE allocation_id IN (${current}) AND lower(during) >= ${at}::timestamptz`.execute(
@@ -93,10 +100,62 @@ async function cutBackTo(trx: Trx, reservationId: string, deadline: Date): Promi
       AND upper(during) > ${at}::timestamptz AND lower(during) < ${at}::timestamptz`.execute(trx);
   await sql`UPDATE reservations SET during = tstzrange(lower(during), ${at}::timestamptz, '[)'), preempt_notice_until = ${at}::timestamptz
     WHERE id = ${reservationId} AND lower(during) < ${at}::timestamptz`.execute(trx);
+  return originalEnd;
 }
 
 function conditionsOf(row: Reservation, without: string): Condition[] {
   return ((row.conditions ?? []) as Condition[]).filter((c) => c.type !== without);
+}
+
+/** A preemption the placer would make: the choice, its notice deadline and the pool's notice. */
+export interface PlannedPreemption {
+  choice: PreemptionChoice;
+  /** When the noticed spot reservations would be released (epoch ms). */
+  deadline: number;
+  noticeMs: number;
+}
+
+/**
+ * Which spot reservations a regular request that does not fit over `window` would preempt, and
+ * from when, reading only (capacity.preview answers it; preemptSpotFor applies it under locks):
+ * null for a spot request or a gang, when waiting (`earliestStart`) takes no longer than the
+ * pool's notice, or when no set of spot reservations on one node makes it fit.
+ */
+export async function planSpotPreemption(
+  db: Db | Trx,
+  input: {
+    poolId: string;
+    policy: unknown;
+    request: NormalizedRequest;
+    now: number;
+    window: Interval;
+    earliestStart: number | null;
+  },
+): Promise<PlannedPreemption | null> {
+  const { request } = input;
+  if (request.spot || (request as { gang?: unknown }).gang) return null;
+  const noticeMs = spotNoticeMs(input.policy);
+  const durationMs = input.window.end - input.window.start;
+  const deadline = Math.max(input.window.start, input.now + noticeMs);
+  if (!shouldPreempt({ spot: false, earliestStart: input.earliestStart, deadline })) return null;
+  const late = { start: deadline, end: deadline + durationMs };
+  const horizon = { start: input.window.start, end: late.end };
+  const holdings = await loadSpotHoldings(db, { poolId: input.poolId, horizon });
+  if (holdings.length === 0) return null;
+  const placement = placementRequestOf(request);
+  const nodes = await loadPlacerNodes(db, {
+    poolId: input.poolId,
+    deviceClass: placement.deviceClass,
+    horizon,
+  });
+  const choice = choosePreemption({
+    nodes,
+    holdings,
+    request: placement,
+    window: late,
+    earlyWindow: input.window,
+  });
+  return choice ? { choice, deadline, noticeMs } : null;
 }
 
 /**
@@ -130,28 +189,16 @@ export async function preemptSpotFor(
     .where('id', '=', row.pool_id)
     .select('policy')
     .executeTakeFirst();
-  const noticeMs = spotNoticeMs(pool?.policy);
-  const durationMs = input.window.end - input.window.start;
-  const deadline = Math.max(input.window.start, input.now + noticeMs);
-  if (!shouldPreempt({ spot: false, earliestStart: input.earliestStart, deadline })) return null;
-  const late = { start: deadline, end: deadline + durationMs };
-  const horizon = { start: input.window.start, end: late.end };
-  const holdings = await loadSpotHoldings(trx, { poolId: row.pool_id, horizon });
-  if (holdings.length === 0) return null;
-  const placement = placementRequestOf(request);
-  const nodes = await loadPlacerNodes(trx, {
+  const planned = await planSpotPreemption(trx, {
     poolId: row.pool_id,
-    deviceClass: placement.deviceClass,
-    horizon,
+    policy: pool?.policy,
+    request,
+    now: input.now,
+    window: input.window,
+    earliestStart: input.earliestStart,
   });
-  const choice = choosePreemption({
-    nodes,
-    holdings,
-    request: placement,
-    window: late,
-    earlyWindow: input.window,
-  });
-  if (!choice) return null;
+  if (!planned) return null;
+  const { choice, deadline, noticeMs } = planned;
 
   const locked = await trx
     .selectFrom('reservations')
@@ -199,7 +246,7 @@ export async function preemptSpotFor(
       requeued.push(spot.id);
       continue;
     }
-    await cutBackTo(trx, spot.id, at);
+    const originalEnd = await cutBackTo(trx, spot.id, at);
     const condition = {
       type: 'Preempted',
       reason: 'SpotPreempted',
@@ -207,6 +254,9 @@ export async function preemptSpotFor(
       since: input.now,
       deadline,
       preemptedBy: row.id,
+      noticeSeconds: noticeMs / 1000,
+      // What a called-off preemption gives back (callOffPreemptionsBy).
+      ...(originalEnd !== null ? { originalEnd } : {}),
     };
     await updateReservation(trx, spot.id, { conditions: [...conditionsOf(spot, 'Preempted'), condition] });
     await assignReservationDevices(trx, spot.id, spot.binding_kind === 'kubernetes' ? 'kubernetes' : 'hold');
@@ -281,4 +331,55 @@ export async function releasePreempted(
     context: { actor: 'preemption-workflow', deadline: input.deadline, preemptedBy: input.preemptedBy },
   });
   return true;
+}
+
+/** A spot preemption whose workflow should be running: the summary to start it from. */
+export type OpenPreemption = PreemptionSummary;
+
+/**
+ * The notices still open whose preemption workflow may never have started (a crash between the
+ * placement's commit and the start): the live spot reservations under a notice given more than
+ * `graceMs` ago, grouped by the reservation that preempted and the deadline, as the summaries
+ * their workflows start from (`requeued` empty: re-queued ones need no workflow). At most
+ * `limit` groups, oldest deadline first. Read-only.
+ */
+export async function findOpenPreemptions(
+  db: Db,
+  input: { graceMs: number; limit: number },
+): Promise<OpenPreemption[]> {
+  const { rows } = await sql<{
+    preempted_by: string;
+    deadline: Date;
+    notice_seconds: string | null;
+    tenant_id: string;
+    pool_id: string;
+    noticed: string[];
+  }>`
+    SELECT c->>'preemptedBy' AS preempted_by, r.preempt_notice_until AS deadline,
+           max(c->>'noticeSeconds') AS notice_seconds,
+           coalesce(p.tenant_id, min(r.tenant_id)) AS tenant_id, min(r.pool_id) AS pool_id,
+           array_agg(r.id ORDER BY r.id) AS noticed
+    FROM reservations r
+    CROSS JOIN LATERAL jsonb_array_elements(r.conditions) c
+    LEFT JOIN reservations p ON p.id = c->>'preemptedBy'
+    WHERE r.preempt_notice_until IS NOT NULL AND r.spot
+      AND r.state IN ('placed', 'binding', 'active')
+      AND c->>'type' = 'Preempted' AND c->>'preemptedBy' IS NOT NULL
+      AND (c->>'since')::numeric < extract(epoch FROM compute_now()) * 1000 - ${input.graceMs}
+    GROUP BY c->>'preemptedBy', r.preempt_notice_until, p.tenant_id
+    ORDER BY r.preempt_notice_until
+    LIMIT ${input.limit}`.execute(db);
+  return rows.map((r) => {
+    const deadline = new Date(r.deadline).getTime();
+    return {
+      id: `preemption-${r.preempted_by}-${deadline}`,
+      reservationId: r.preempted_by,
+      tenantId: r.tenant_id,
+      poolId: r.pool_id,
+      deadline,
+      noticeSeconds: Number(r.notice_seconds ?? 0),
+      noticed: r.noticed,
+      requeued: [],
+    };
+  });
 }

@@ -7,6 +7,7 @@ import { insertOutboxEvent } from '../events/outbox.ts';
 import { preparedMarker } from '../pool.ts';
 import { reservationStateEvent } from './lifecycle-events.ts';
 import { endCurrentAllocations, refundReservationQuota } from './lifecycle-release.ts';
+import { type CalledOffPreemption, callOffPreemptionsBy } from './preemption-call-off.ts';
 
 type Trx = Transaction<Database>;
 
@@ -64,7 +65,8 @@ export type ReleaseReason = 'release' | 'cancel' | 'expired' | 'lease-lapsed' | 
 /**
  * Ends a reservation at compute_now() in the caller's transaction: the current booking of every
  * allocation is truncated, future ones deleted, allocations leave their node's NodeSpec, quota is
- * refunded once. A placed/binding/active reservation becomes `released` (`end_reason` = reason);
+ * refunded once, and the preemptions it made are called off while their notice runs
+ * (callOffPreemptionsBy). A placed/binding/active reservation becomes `released` (`end_reason` = reason);
  * a draft, pending or awaiting-confirmation one (or any with reason `cancel`) becomes `cancelled`.
  * Idempotent: a terminal reservation changes nothing (`changed: false`). Writes
  * `reservation.released` (with `reason`) or `reservation.cancelled` to the outbox.
@@ -73,7 +75,14 @@ export async function releaseReservation(
   trx: Trx,
   reservationId: string,
   reason: ReleaseReason,
-): Promise<{ changed: boolean; state: string | null; poolId: string | null; freed: boolean }> {
+): Promise<{
+  changed: boolean;
+  state: string | null;
+  poolId: string | null;
+  freed: boolean;
+  /** Spot reservations whose notice this (preempting) reservation called off by ending. */
+  calledOff?: CalledOffPreemption[];
+}> {
   const row = await lockReservation(trx, reservationId);
   if (!row) return { changed: false, state: null, poolId: null, freed: false };
   if (isTerminal(row.state)) return { changed: false, state: row.state, poolId: row.pool_id, freed: false };
@@ -100,6 +109,8 @@ export async function releaseReservation(
     .where('id', '=', reservationId)
     .execute();
   await sql`DELETE FROM extend_holds WHERE reservation_id = ${reservationId}`.execute(trx);
+  // A regular reservation ended during the notice it gave: the spot ones keep their capacity.
+  const calledOff = row.spot ? [] : await callOffPreemptionsBy(trx, reservationId);
   await insertOutboxEvent(
     trx,
     reservationStateEvent(
@@ -114,7 +125,7 @@ export async function releaseReservation(
     ),
   );
   await refundReservationQuota(trx, reservationId);
-  return { changed: true, state, poolId: row.pool_id, freed: ended.length > 0 };
+  return { changed: true, state, poolId: row.pool_id, freed: ended.length > 0, calledOff };
 }
 
 /**
@@ -131,7 +142,7 @@ export async function endReservationForCaller(
     kind: 'release' | 'cancel';
     audit: CallerAudit;
   },
-): Promise<{ changed: boolean; state: string | null; poolId: string | null; freed: boolean }> {
+): Promise<Awaited<ReturnType<typeof releaseReservation>>> {
   const locked = await lockReservation(trx, input.reservationId);
   if (input.kind === 'cancel' && locked && !isCancellable(locked.state)) {
     throw new ComputeError(

@@ -29,12 +29,13 @@ beforeAll(async () => {
     gpuModel: 'h100',
     sharingMode: 'mig',
   });
-  [migNode] = await registerReadyNodes(api.database.db, {
+  const [registered] = await registerReadyNodes(api.database.db, {
     siteId: whole.siteId,
     poolId: migPool,
     count: 1,
     namePrefix: 'mig',
   });
+  migNode = registered!;
 });
 
 const gpuOf = (node: RegisteredNode, index: number) => `GPU-${node.id.slice(5)}-${index}`;
@@ -114,8 +115,9 @@ describe('nodes set-mig-layout', () => {
       /INVALID_STATE: .*shares its GPUs as exclusive; MIG layouts apply to nodes of a mig pool/,
     );
     expect(unknownGpu.code).toBe(2);
-    expect(json(unknownGpu).error).toMatchObject({ code: 'INVALID_INPUT' });
-    expect(json(unknownGpu).error.message).toContain('GPU-not-on-this-node');
+    const { error } = JSON.parse(unknownGpu.stdout) as { error: { code: string; message: string } };
+    expect(error).toMatchObject({ code: 'INVALID_INPUT' });
+    expect(error.message).toContain('GPU-not-on-this-node');
     expect(denied.code).toBe(3);
     expect(denied.stderr).toMatch(/NOT_FOUND: /);
     expect(malformed.code).toBe(2);

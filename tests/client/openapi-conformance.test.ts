@@ -486,6 +486,7 @@ describe('the OpenAPI document against the server', () => {
         poolId: metal.poolId,
         name: 'conformance-machine',
         bmc: { address: metal.emulator.address, systemId: 'conformance-1', username: 'u', password: 'p' },
+        inspect: false,
       });
       await expectOk(w.root.token, 'metal/getMachine', { nodeId: enrolled.data?.nodeId });
       await expectOk(w.root.token, 'nodes/setMaintenance', {

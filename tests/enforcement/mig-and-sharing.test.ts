@@ -1,11 +1,13 @@
 import { readFileSync } from 'node:fs';
 import path from 'node:path';
 import { describe, expect, it } from 'vitest';
+import { convergeDevices } from '../../daemon/devices.ts';
 import { SimHardware } from '../../daemon/hardware.ts';
 import { migLayoutCommands, parseMigInventory } from '../../daemon/mig.ts';
 import { assignmentLimits, formatCpulist, parseCpulist } from '../../domain/host-limits.ts';
 import { gpusSectionSchema } from '../../domain/inventory-sections.ts';
 import { atomMeter, atomWorth } from '../../domain/sharing.ts';
+import { useTempDir } from '../support/temp-dir.ts';
 
 const fixture = (name: string) =>
   readFileSync(path.join(import.meta.dirname, '../fixtures/nvidia-smi', name), 'utf8');
@@ -136,5 +138,44 @@ describe('host limits', () => {
     expect(parseCpulist('0-9000')).toEqual([]);
     expect(parseCpulist('x')).toEqual([]);
     expect(parseCpulist(Array(5000).fill('1').join(','))).toEqual([]);
+  });
+});
+
+describe('what bcd checks a hold against', () => {
+  const dir = useTempDir('bcd-atoms-');
+  const gpu = (uuid: string, health: 'healthy' | 'unhealthy') => ({
+    uuid,
+    index: 0,
+    model: 'NVIDIA H100 80GB HBM3',
+    memoryMiB: 81_559,
+    nvlinkDomain: null,
+    numaNode: 0,
+    health,
+  });
+  const hold = (allocationId: string, uuid: string) => ({
+    allocationId,
+    deviceIds: ['dev_0'],
+    stableIds: [uuid],
+    until: 1_800_000_000_000,
+    binding: 'hold' as const,
+  });
+  it('refuses a new hold on an unhealthy GPU, keeps a bound one whose GPU turns unhealthy, and fails one whose GPU is gone', () => {
+    const roots = { cdiDir: path.join(dir, 'cdi'), envDir: path.join(dir, 'env') };
+    const fresh = convergeDevices(roots, [hold('alloc_new', 'GPU-a')], { gpus: [gpu('GPU-a', 'unhealthy')] });
+    expect(fresh.held).toEqual([]);
+    expect(fresh.failed).toEqual([
+      { allocationId: 'alloc_new', reason: 'device-unavailable', message: 'GPU-a is unhealthy' },
+    ]);
+    const bound = hold('alloc_bound', 'GPU-b');
+    expect(convergeDevices(roots, [bound], { gpus: [gpu('GPU-b', 'healthy')] }).failed).toEqual([]);
+    // The workload still has the GPU: AtomUnhealthy (from the inventory), not a lost binding.
+    const sick = convergeDevices(roots, [bound], { gpus: [gpu('GPU-b', 'unhealthy')] });
+    expect(sick.failed).toEqual([]);
+    expect(sick.held.map((h) => h.allocationId)).toEqual(['alloc_bound']);
+    const gone = convergeDevices(roots, [bound], { gpus: [] });
+    expect(gone.failed).toEqual([
+      { allocationId: 'alloc_bound', reason: 'device-unavailable', message: 'GPU-b is missing' },
+    ]);
+    expect(gone.held.map((h) => h.allocationId)).toEqual(['alloc_bound']);
   });
 });

@@ -256,7 +256,7 @@ describe('fractional GPUs', () => {
     expect(parent.bookable).toBe(false);
     // The pool owner sets layouts over the API; one that would destroy a booked instance is refused.
     const owner = {
-      token: (await tenantMember(h.iam, 'platform', { role: 'admin', name: 'platform-admin' })).token,
+      token: (await tenantMember(h.iam, 'platform', { role: 'admin', name: 'mig-pool-owner' })).token,
     };
     const refused = await h.compute.api.nodes
       .setMigLayout(owner, {

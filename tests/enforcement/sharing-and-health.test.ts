@@ -161,7 +161,7 @@ describe('time-slice and MPS slots, end to end', () => {
               .selectFrom('usage_windows')
               .where('reservation_id', '=', r.id)
               .where('sent_at', 'is not', null)
-              .select('id')
+              .select('meter')
               .execute()
           ).length,
         { timeout: 15_000, interval: 250 },

@@ -660,6 +660,15 @@ const table: Record<string, Row> = {
   'sites.list': { noCrossTenantResource: 'sites belong to the platform, not to a tenant' },
   'sites.get': { noCrossTenantResource: 'sites belong to the platform, not to a tenant' },
   'sites.createToken': { noCrossTenantResource: 'site agents belong to the platform, not to a tenant' },
+  'releases.publish': { noCrossTenantResource: 'bcd releases belong to the platform (root administrators only)' },
+  'releases.list': { noCrossTenantResource: 'bcd releases belong to the platform (root administrators only)' },
+  'releases.get': { noCrossTenantResource: 'bcd releases belong to the platform (root administrators only)' },
+  'rollouts.create': { noCrossTenantResource: 'bcd rollouts belong to the platform (root administrators only)' },
+  'rollouts.get': { noCrossTenantResource: 'bcd rollouts belong to the platform (root administrators only)' },
+  'rollouts.list': { noCrossTenantResource: 'bcd rollouts belong to the platform (root administrators only)' },
+  'rollouts.pause': { noCrossTenantResource: 'bcd rollouts belong to the platform (root administrators only)' },
+  'rollouts.resume': { noCrossTenantResource: 'bcd rollouts belong to the platform (root administrators only)' },
+  'rollouts.abort': { noCrossTenantResource: 'bcd rollouts belong to the platform (root administrators only)' },
   'metal.enroll': {
     cases: [
       {

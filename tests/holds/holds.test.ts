@@ -26,47 +26,52 @@ async function nodeRow(poolId: string, nodeId: string) {
 }
 
 describe('host holds', () => {
-  it('32 concurrent holds and reservations racing for the last cores of one node never oversell it', async () => {
-    // 16 cores and 64 GiB: room for 8 takers of 2 cores and 4 GiB, whichever they are.
-    const { poolId, nodes } = await w.pool('race', 1, hostShape(16, 16, 64));
-    const node = nodes[0]!;
-    const attempts = Array.from({ length: 32 }, (_, i) =>
-      i % 2 === 0
-        ? hold(node.name, 'notebook', { idempotencyKey: `race-hold-${i}` })
-        : w.call('reservations/create', {
-            tenantId,
-            poolId,
-            devices: [{ class: 'gpu', count: 1 }],
-            duration: '1h',
-            resources: { vcpu: 2, memoryGiB: 4 },
-            idempotencyKey: `race-rsv-${i}`,
-          }),
-    );
-    const answers = await Promise.all(attempts);
-    const holds = answers.filter((a, i) => i % 2 === 0 && a.status === 200).length;
-    const placed = answers.filter(
-      (a, i) => i % 2 === 1 && a.status === 200 && a.body.data.state === 'placed',
-    ).length;
-    for (const [i, a] of answers.entries()) {
-      if (i % 2 === 0 && a.status !== 200) expect(a.body.error.code).toBe('CAPACITY_UNAVAILABLE');
-      // A reservation answers placed or pending, or (after 8 lost races in a row, as between
-      // reservations alone) the retryable contention: never an oversold host.
-      if (i % 2 === 1 && a.status !== 200) expect(a.body.error.message).toMatch(/placement is retried/);
+  it('32 concurrent holds and reservations racing for the last cores of one node never oversell it, 5 races in a row', async () => {
+    for (let race = 0; race < 5; race++) {
+      // 16 cores and 64 GiB: room for 8 takers of 2 cores and 4 GiB, whichever they are.
+      const { poolId, nodes } = await w.pool(`race${race}`, 1, hostShape(16, 16, 64));
+      const node = nodes[0]!;
+      const attempts = Array.from({ length: 32 }, (_, i) =>
+        i % 2 === 0
+          ? hold(node.name, 'notebook', { idempotencyKey: `race${race}-hold-${i}` })
+          : w.call('reservations/create', {
+              tenantId,
+              poolId,
+              devices: [{ class: 'gpu', count: 1 }],
+              duration: '1h',
+              resources: { vcpu: 2, memoryGiB: 4 },
+              idempotencyKey: `race${race}-rsv-${i}`,
+            }),
+      );
+      const answers = await Promise.all(attempts);
+      // Every answer is a hold, a placed or pending reservation, or a typed capacity refusal:
+      // contention is never an error (the loser queues on the node's rows and sees the winner).
+      const outcomes = answers.map((a, i) =>
+        a.status === 200
+          ? i % 2 === 0
+            ? 'held'
+            : a.body.data.state
+          : `${a.status} ${a.body.error.code}: ${a.body.error.message}`,
+      );
+      for (const [i, outcome] of outcomes.entries()) {
+        expect([i % 2 === 0 ? 'held' : 'placed', 'pending', '503 CAPACITY_UNAVAILABLE']).toContain(
+          outcome.startsWith('503 CAPACITY_UNAVAILABLE') ? '503 CAPACITY_UNAVAILABLE' : outcome,
+        );
+      }
+      const holds = outcomes.filter((o) => o === 'held').length;
+      const placed = outcomes.filter((o) => o === 'placed').length;
+      // The node is filled exactly: every taker that lost found it full, not contended.
+      expect(holds + placed).toBe(8);
+      expect(holds).toBeGreaterThan(0);
+      expect(await countHostOversells(w.api.database.db)).toBe(0);
+      const { rows } = await sql<{ cores: string }>`
+        SELECT COALESCE(sum(amount), 0) AS cores FROM (
+          SELECT amount, during FROM scalar_bookings WHERE node_id = ${node.id} AND resource = 'vcpu'
+          UNION ALL SELECT amount, during FROM hold_bookings WHERE node_id = ${node.id} AND resource = 'vcpu') b
+        WHERE during @> compute_now()`.execute(w.api.database.db);
+      expect(Number(rows[0]!.cores)).toBe(16);
+      console.log(`race ${race + 1}: ${holds} holds and ${placed} reservations took ${rows[0]!.cores} of 16 cores`);
     }
-    expect(holds + placed).toBeLessThanOrEqual(8);
-    expect(holds).toBeGreaterThan(0);
-    expect(await countHostOversells(w.api.database.db)).toBe(0);
-    const { rows } = await sql<{ cores: string }>`
-      SELECT COALESCE(sum(amount), 0) AS cores FROM (
-        SELECT amount, during FROM scalar_bookings WHERE node_id = ${node.id} AND resource = 'vcpu'
-        UNION ALL SELECT amount, during FROM hold_bookings WHERE node_id = ${node.id} AND resource = 'vcpu') b
-      WHERE during @> compute_now()`.execute(w.api.database.db);
-    expect(Number(rows[0]!.cores)).toBe(2 * (holds + placed));
-    expect(Number(rows[0]!.cores)).toBeLessThanOrEqual(16);
-    const contended = answers.filter((a) => a.status === 500).length;
-    console.log(
-      `race: ${holds} holds and ${placed} reservations took ${rows[0]!.cores} of 16 cores (${contended} answered contention)`,
-    );
   });
 
   it('publishes capacity net of holds; a holder that stops heartbeating loses the hold after its TTL and the room comes back', async () => {

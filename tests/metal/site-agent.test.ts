@@ -140,6 +140,7 @@ describe('sites, the site agent and BMCs over Redfish', () => {
           username: emulator.username,
           password: emulator.password,
         },
+        inspect: false,
       });
       expect(enrolled.provisionState).toBe('enrolling');
       expect(JSON.stringify(enrolled)).not.toContain(emulator.password);
@@ -237,6 +238,7 @@ describe('sites, the site agent and BMCs over Redfish', () => {
       poolId,
       name: 'wrong-password',
       bmc: { address: emulator.address, systemId: 'metal-9', username: 'bmc-admin', password: 'not-it' },
+      inspect: false,
     });
     const refused = await call('metal/inventory', { nodeId: wrong.nodeId });
     expect(refused.state).toBe('failed');
@@ -247,6 +249,7 @@ describe('sites, the site agent and BMCs over Redfish', () => {
       poolId,
       name: 'silent',
       bmc: { address: silentBmcAddress, systemId: '1', username: 'root', password: 'calvin' },
+      inspect: false,
     });
     const answer = await call('metal/power', { nodeId: silent.nodeId, action: 'on' });
     expect(answer.state).toBe('failed');

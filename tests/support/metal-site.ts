@@ -2,6 +2,7 @@ import path from 'node:path';
 import type { Config } from '../../core/config.ts';
 import type { Db } from '../../core/database.ts';
 import type { Logger } from '../../core/logger.ts';
+import type { BootNetwork } from '../../daemon/boot-network.ts';
 import { SimHardware } from '../../daemon/hardware.ts';
 import {
   type EmulatedSystem,
@@ -60,6 +61,12 @@ export async function startMetalSite(input: {
   name?: string;
   notifyUrl?: string;
   gatewayOptions?: Partial<GatewayOptions>;
+  /** The boot network the site agents serve on (simulated machines boot from it). */
+  bootNetwork?: BootNetwork;
+  /** Start each machine's inspection at enrollment (needs a Temporal worker). */
+  inspect?: boolean;
+  /** Called once the emulator runs, before the site agent starts (to attach simulated machines). */
+  onEmulator?: (emulator: RedfishEmulator, gateway: StartedGateway) => Promise<void>;
 }): Promise<MetalSite> {
   const name = input.name ?? 'metal-site';
   const gateway = await startGateway({
@@ -85,6 +92,7 @@ export async function startMetalSite(input: {
       ...(input.notifyUrl ? { notifyUrl: input.notifyUrl } : {}),
     });
     stops.push(() => emulator.stop());
+    await input.onEmulator?.(emulator, gateway);
     const siteId = (await input.call('sites/create', { name, region: 'test-1' })).id as string;
     const poolId = (await input.call('admin/createPool', { siteId, name: `${name}-pool`, gpuModel: 'h100' }))
       .id as string;
@@ -109,6 +117,7 @@ export async function startMetalSite(input: {
         }),
         log: input.log,
         redfish: { requestTimeoutMs: 5_000, powerTimeoutMs: 30_000 },
+        ...(input.bootNetwork ? { bootNetwork: input.bootNetwork } : {}),
         minBackoffMs: 100,
         maxBackoffMs: 500,
       });
@@ -134,6 +143,7 @@ export async function startMetalSite(input: {
           username: emulator.username,
           password: emulator.password,
         },
+        inspect: input.inspect ?? false,
       });
       machines.push(enrolled.nodeId as string);
     }

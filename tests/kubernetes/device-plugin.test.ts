@@ -1,0 +1,246 @@
+import { status } from '@grpc/grpc-js';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { kubernetesBindingCapability } from '../../daemon/agent.ts';
+import { KubeletStandIn } from '../../daemon/kubelet-stand-in.ts';
+import type { SimulatedFleet, SimulatedNode } from '../../daemon/sim.ts';
+import { insertPool, offerPool } from '../../db/nodes/fleet.ts';
+import type { StartedGateway } from '../../gateway/server.ts';
+import type {
+  AllocateResponse,
+  DevicePluginClient,
+  PreferredAllocationResponse,
+} from '../../proto/gen/deviceplugin/v1beta1/api.ts';
+import { useLifecycleApi } from '../lifecycle/harness.ts';
+import { eventually } from '../support/eventually.ts';
+import { joinSimulatedFleet, startTestGateway } from '../support/gateway.ts';
+import { useTempDir } from '../support/temp-dir.ts';
+
+/**
+ * bcd as a Kubernetes device plugin, through the real parts: the API, the lifecycle on Temporal,
+ * the gateway with mutual TLS and a simulated bcd, with this test playing the kubelet over unix
+ * sockets in the device plugin API v1beta1 (Registration on kubelet.sock, then ListAndWatch,
+ * GetPreferredAllocation and Allocate on the plugin's own socket).
+ */
+const h = useLifecycleApi({ name: 'k8s-plugin', nodes: 0, timers: { bindTimeoutMs: 30_000 } });
+const dir = useTempDir('bc-k8s-');
+let gateway: StartedGateway;
+let fleet: SimulatedFleet;
+let node: SimulatedNode;
+let kubelet: KubeletStandIn;
+let k8sPool: string;
+let gpus: Array<{ uuid: string; nvlinkDomain: string | null }>;
+
+beforeAll(async () => {
+  gateway = await startTestGateway({ db: h.db, log: h.log, lifecycle: h.lifecycle });
+  k8sPool = await insertPool(h.db, {
+    siteId: h.siteId,
+    ownerTenantId: 'acme',
+    name: 'k8s',
+    gpuModel: 'h100',
+    policy: { kubernetes: true, perGpu: { vcpu: 0, memoryGiB: 0 } },
+  });
+  await offerPool(h.db, { poolId: k8sPool, tenantId: 'acme', quota: { gpu: 16 } });
+  fleet = await joinSimulatedFleet(gateway, h.db, k8sPool, {
+    nodes: 1,
+    rootDir: dir,
+    log: h.log,
+    namePrefix: 'k8s',
+    shape: { gpus: 4, nvlinkDomainSize: 2 },
+    kubelet: 'external',
+    kubeletWatchIntervalMs: 100,
+  });
+  node = fleet.nodes[0]!;
+  kubelet = new KubeletStandIn(node.kubeletDir!);
+  await kubelet.start();
+  gpus = node.hardware.gpus().gpus;
+  await eventually(async () => {
+    const row = await h.db
+      .selectFrom('nodes as n')
+      .where('n.pool_id', '=', k8sPool)
+      .where('n.provision_state', '=', 'ready')
+      .where((eb) => eb.exists(eb.selectFrom('devices as d').whereRef('d.node_id', '=', 'n.id')))
+      .select('n.id')
+      .executeTakeFirst();
+    return row !== undefined;
+  });
+});
+
+afterAll(async () => {
+  await fleet?.stop();
+  await kubelet?.stop();
+  await gateway?.stop();
+});
+
+const gpuResource = 'bcd.dev/gpu';
+const advertised = () =>
+  kubelet
+    .devices(gpuResource)
+    .map((d) => d.ID)
+    .sort();
+const get = (id: string) =>
+  h.compute.api.reservations.get(h.credential, { tenantId: 'acme', reservationId: id });
+const stateOf = async (id: string) => (await get(id)).state;
+const reserve = (key: string, count: number, binding?: 'kubernetes') =>
+  h.compute.api.reservations.create(h.credential, {
+    tenantId: 'acme',
+    poolId: k8sPool,
+    devices: [{ class: 'gpu', count }],
+    duration: '1h',
+    idempotencyKey: key,
+    ...(binding ? { binding } : {}),
+  });
+const bookedGpus = async (reservationId: string) =>
+  (
+    await h.db
+      .selectFrom('allocations as a')
+      .innerJoin('device_bookings as b', 'b.allocation_id', 'a.id')
+      .innerJoin('devices as d', 'd.id', 'b.device_id')
+      .where('a.reservation_id', '=', reservationId)
+      .where('a.superseded_at', 'is', null)
+      .select('d.stable_id')
+      .execute()
+  )
+    .map((r) => r.stable_id)
+    .sort();
+const allocate = (client: DevicePluginClient, ids: string[]) =>
+  new Promise<AllocateResponse>((resolve, reject) =>
+    client.allocate({ containerRequests: [{ devicesIds: ids }] }, (err, res) => (err ? reject(err) : resolve(res))),
+  );
+const prefer = (client: DevicePluginClient, available: string[], mustInclude: string[], size: number) =>
+  new Promise<PreferredAllocationResponse>((resolve, reject) =>
+    client.getPreferredAllocation(
+      { containerRequests: [{ availableDeviceIDs: available, mustIncludeDeviceIDs: mustInclude, allocationSize: size }] },
+      (err, res) => (err ? reject(err) : resolve(res)),
+    ),
+  );
+const domainOf = (uuid: string) => gpus.find((g) => g.uuid === uuid)?.nvlinkDomain;
+
+describe('registration and the capability', () => {
+  it('bcd says binding.kubernetes in Hello, the gateway makes it a system label, and the plugin registers bcd.dev/gpu', async () => {
+    const labels = await h.db
+      .selectFrom('node_labels')
+      .where('node_id', '=', node.nodeId)
+      .where('key', '=', `bc.dev/cap.${kubernetesBindingCapability}`)
+      .select(['value', 'source'])
+      .execute();
+    expect(labels).toEqual([{ value: 'true', source: 'system' }]);
+    await expect.poll(() => kubelet.resourceNames(), { timeout: 20_000 }).toEqual([gpuResource]);
+    expect(kubelet.registrations[0]).toMatchObject({
+      version: 'v1beta1',
+      endpoint: 'bcd-gpu.sock',
+      resourceName: gpuResource,
+      options: { getPreferredAllocationAvailable: true, preStartRequired: false },
+    });
+    // Nothing is booked: nothing is advertised.
+    expect(advertised()).toEqual([]);
+  });
+});
+
+describe('what the kubelet is given', () => {
+  it('advertises exactly the GPUs of live kubernetes bindings, never a hold, and follows bookings as they start and end', async () => {
+    const hold = await reserve('k8s-hold', 1);
+    await expect.poll(() => stateOf(hold.id), { timeout: 30_000, interval: 200 }).toBe('active');
+    const first = await reserve('k8s-first', 2, 'kubernetes');
+    await expect.poll(() => stateOf(first.id), { timeout: 30_000, interval: 200 }).toBe('active');
+    const firstGpus = await bookedGpus(first.id);
+    expect(firstGpus).toHaveLength(2);
+    await expect.poll(advertised, { timeout: 10_000 }).toEqual(firstGpus);
+    expect(advertised()).not.toContain((await bookedGpus(hold.id))[0]);
+    expect(kubelet.devices(gpuResource).every((d) => d.health === 'Healthy')).toBe(true);
+
+    const second = await reserve('k8s-second', 1, 'kubernetes');
+    await expect.poll(() => stateOf(second.id), { timeout: 30_000, interval: 200 }).toBe('active');
+    const both = [...firstGpus, ...(await bookedGpus(second.id))].sort();
+    await expect.poll(advertised, { timeout: 10_000 }).toEqual(both);
+
+    await h.compute.api.reservations.release(h.credential, { tenantId: 'acme', reservationId: first.id });
+    await expect.poll(advertised, { timeout: 20_000 }).toEqual(await bookedGpus(second.id));
+    await h.compute.api.reservations.release(h.credential, { tenantId: 'acme', reservationId: second.id });
+    await h.compute.api.reservations.release(h.credential, { tenantId: 'acme', reservationId: hold.id });
+    await expect.poll(advertised, { timeout: 20_000 }).toEqual([]);
+  });
+
+  it('Allocate answers the CDI device names and env of booked GPUs and refuses any other id; GetPreferredAllocation keeps a pod on one NVLink domain', async () => {
+    const whole = await reserve('k8s-whole', 4, 'kubernetes');
+    await expect.poll(() => stateOf(whole.id), { timeout: 30_000, interval: 200 }).toBe('active');
+    const all = await bookedGpus(whole.id);
+    await expect.poll(advertised, { timeout: 10_000 }).toEqual(all);
+    const client = kubelet.client(gpuResource);
+
+    const answer = await allocate(client, [all[0]!, all[1]!]);
+    expect(answer.containerResponses).toHaveLength(1);
+    const container = answer.containerResponses[0]!;
+    expect(container.cdiDevices.map((d) => d.name)).toEqual([`bcd.dev/gpu=${all[0]}`, `bcd.dev/gpu=${all[1]}`]);
+    expect(container.envs.NVIDIA_VISIBLE_DEVICES).toBe(`${all[0]},${all[1]}`);
+    const allocationId = (
+      await h.db.selectFrom('allocations').where('reservation_id', '=', whole.id).select('id').executeTakeFirstOrThrow()
+    ).id;
+    expect(container.envs.BCD_ALLOCATION_ID).toBe(allocationId);
+
+    const refused = await allocate(client, [all[0]!, 'GPU-00000000-0000-0000-0000-000000000000']).catch(
+      (e: { code: number; details: string }) => e,
+    );
+    expect(refused).toMatchObject({ code: status.FAILED_PRECONDITION });
+    expect((refused as { details: string }).details).toContain('is not booked to a kubernetes binding');
+
+    // Two of four, any two available: both from one domain.
+    const two = (await prefer(client, all, [], 2)).containerResponses[0]!.deviceIDs;
+    expect(two).toHaveLength(2);
+    expect(domainOf(two[0]!)).toBe(domainOf(two[1]!));
+    // One of them must be included: its domain sibling completes it, whatever the order offered.
+    const pinned = [...all].reverse()[0]!;
+    const withPinned = (await prefer(client, [...all].reverse(), [pinned], 2)).containerResponses[0]!.deviceIDs;
+    expect(withPinned[0]).toBe(pinned);
+    expect(domainOf(withPinned[1]!)).toBe(domainOf(pinned));
+    // Ids the plugin does not advertise are never preferred.
+    const foreign = (await prefer(client, ['GPU-x', all[0]!], [], 2)).containerResponses[0]!.deviceIDs;
+    expect(foreign).toEqual([all[0]]);
+
+    // The stand-in kubelet admits a pod the same way: preferred, then allocated.
+    const pod = await kubelet.admit('train-0', gpuResource, 2);
+    const podGpus = pod.containerResponses[0]!.cdiDevices.map((d) => d.name.slice('bcd.dev/gpu='.length));
+    expect(domainOf(podGpus[0]!)).toBe(domainOf(podGpus[1]!));
+    kubelet.removePod('train-0');
+
+    await h.compute.api.reservations.release(h.credential, { tenantId: 'acme', reservationId: whole.id });
+    await expect.poll(advertised, { timeout: 20_000 }).toEqual([]);
+    const late = await allocate(client, [all[0]!]).catch((e: { code: number }) => e);
+    expect(late).toMatchObject({ code: status.FAILED_PRECONDITION });
+  });
+
+  it('advertises a booked GPU that turned unhealthy as Unhealthy, and keeps it advertised', async () => {
+    const one = await reserve('k8s-unhealthy', 1, 'kubernetes');
+    await expect.poll(() => stateOf(one.id), { timeout: 30_000, interval: 200 }).toBe('active');
+    const [uuid] = await bookedGpus(one.id);
+    await expect.poll(advertised, { timeout: 10_000 }).toEqual([uuid]);
+    const index = gpus.findIndex((g) => g.uuid === uuid);
+    node.hardware.unhealthyGpus.add(index);
+    try {
+      node.agent.convergePass();
+      await expect
+        .poll(() => kubelet.devices(gpuResource), { timeout: 10_000 })
+        .toEqual([expect.objectContaining({ ID: uuid, health: 'Unhealthy' })]);
+    } finally {
+      node.hardware.unhealthyGpus.delete(index);
+      node.agent.convergePass();
+    }
+    await h.compute.api.reservations.release(h.credential, { tenantId: 'acme', reservationId: one.id });
+    await expect.poll(advertised, { timeout: 20_000 }).toEqual([]);
+  });
+});
+
+describe('kubelet restarts', () => {
+  it('a new kubelet.sock (the kubelet restarted and cleared its sockets) gets the plugin registered again, with its list', async () => {
+    const one = await reserve('k8s-restart', 1, 'kubernetes');
+    await expect.poll(() => stateOf(one.id), { timeout: 30_000, interval: 200 }).toBe('active');
+    const booked = await bookedGpus(one.id);
+    await expect.poll(advertised, { timeout: 10_000 }).toEqual(booked);
+    const before = kubelet.registrations.length;
+    await kubelet.restart();
+    expect(kubelet.devices(gpuResource)).toEqual([]);
+    await expect.poll(() => kubelet.registrations.length, { timeout: 20_000 }).toBeGreaterThan(before);
+    await expect.poll(advertised, { timeout: 10_000 }).toEqual(booked);
+    await h.compute.api.reservations.release(h.credential, { tenantId: 'acme', reservationId: one.id });
+    await expect.poll(advertised, { timeout: 20_000 }).toEqual([]);
+  });
+});

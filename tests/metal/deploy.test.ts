@@ -1,0 +1,386 @@
+import { createHash } from 'node:crypto';
+import { createServer, type Server } from 'node:http';
+import path from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { BootNetwork } from '../../daemon/boot-network.ts';
+import { MetalMachines } from '../../daemon/metal-machines.ts';
+import { signImage } from '../../domain/metal-images.ts';
+import { generateReleaseSigningKey } from '../../domain/release-manifest.ts';
+import { createCompute } from '../../server/compute.ts';
+import { type ApiFixture, callApi, createApiFixture } from '../support/api.ts';
+import { eventually } from '../support/eventually.ts';
+import { testLogger } from '../support/logger.ts';
+import { emulatedSystems, type MetalSite, startMetalSite } from '../support/metal-site.ts';
+import { useTempDir } from '../support/temp-dir.ts';
+import { startTestTemporal, type TestTemporal } from '../support/temporal.ts';
+
+/**
+ * Provisioning workflows end to end, nothing faked: the API, PostgreSQL, the Temporal dev server
+ * with a worker, the gateway with mutual TLS, a site agent driving the Redfish emulator of
+ * sushy-tools, and simulated machines that follow the emulator's power and boot device (its
+ * change notifications): enrolment inspects each machine over its ramdisk (discovery attestor),
+ * a signed image is deployed and the deployed system joins as the node; a digest mismatch, a
+ * failed step retried, an abort while waiting for a rejoin, and the provision-state table.
+ */
+describe('bare-metal provisioning workflows over the Redfish emulator', () => {
+  const dir = useTempDir('bc-metal-deploy-');
+  const log = testLogger('metal-deploy');
+  const signer = generateReleaseSigningKey();
+  const imageBytes = Buffer.from('a bootable raw disk image, simulated\n'.repeat(4096));
+  const imageSha = createHash('sha256').update(imageBytes).digest('hex');
+  let failImageRequests = 0;
+  let imageServer: Server;
+  let imageBase: string;
+  let api: ApiFixture;
+  let temporal: TestTemporal;
+  let compute: ReturnType<typeof createCompute>;
+  let site: MetalSite;
+  let machines: MetalMachines;
+  const network = new BootNetwork();
+  const systems = emulatedSystems(4, 'rack');
+  let signedImageId: string;
+  let profileId: string;
+
+  const answer = (p: string, body: unknown) => callApi(compute.app, api.root.token, p, body);
+  const call = async (p: string, body: unknown) => {
+    const a = await answer(p, body);
+    if (a.status !== 200) throw new Error(`${p}: ${a.status} ${JSON.stringify(a.body)}`);
+    return a.body.data;
+  };
+  const workflow = (workflowId: string) => call('workflows/get', { workflowId });
+  const until = async (workflowId: string, test: (wf: any) => boolean, ms = 240_000) => {
+    let last: any;
+    await eventually(async () => {
+      last = await workflow(workflowId);
+      return test(last);
+    }, ms);
+    return last;
+  };
+
+  beforeAll(async () => {
+    imageServer = createServer((request, response) => {
+      if (failImageRequests > 0) {
+        failImageRequests--;
+        response.writeHead(503).end('busy');
+        return;
+      }
+      if (request.url === '/images/ubuntu.raw') response.writeHead(200).end(imageBytes);
+      else response.writeHead(404).end();
+    });
+    await new Promise<void>((resolve) => imageServer.listen(0, '127.0.0.1', resolve));
+    imageBase = `http://127.0.0.1:${(imageServer.address() as { port: number }).port}`;
+    api = await createApiFixture({
+      max: 30,
+      env: {
+        BETTER_COMPUTE_IMAGE_SIGNER_PINS: signer.pin,
+        BETTER_COMPUTE_RATE_LIMIT_PER_TOKEN: '0',
+        BETTER_COMPUTE_RATE_LIMIT_PER_TENANT: '0',
+      },
+    });
+    temporal = await startTestTemporal({ name: 'metal', db: api.database.db, log, iam: api.iam, timers: {} });
+    compute = createCompute({
+      ...api.deps,
+      temporal: temporal.client,
+      config: { ...api.deps.config, BETTER_COMPUTE_TASK_QUEUE: temporal.taskQueue },
+    });
+    machines = new MetalMachines({
+      dir: path.join(dir, 'machines'),
+      log,
+      network,
+      systems,
+      shape: {
+        gpus: 2,
+        gpuModel: 'NVIDIA H100 80GB HBM3',
+        gpuMemoryMiB: 81_559,
+        nvlinkDomainSize: 2,
+        numaNodes: 1,
+        vcpu: 32,
+        memoryGiB: 256,
+        hugepages1Gi: 0,
+      },
+    });
+    const notifyUrl = await machines.listen();
+    site = await startMetalSite({
+      db: api.database.db,
+      config: api.deps.config,
+      call,
+      dir,
+      log,
+      machines: systems.length,
+      name: 'rack',
+      notifyUrl,
+      bootNetwork: network,
+      inspect: true,
+      gatewayOptions: { leaseMs: 10_000, heartbeatIntervalMs: 500 },
+      onEmulator: async (_emulator, gateway) =>
+        machines.attach({ address: gateway.address, caCertificatePem: gateway.caCertificatePem }),
+    });
+  }, 600_000);
+
+  afterAll(async () => {
+    await machines?.stop();
+    await site?.stop();
+    await temporal?.stop();
+    await new Promise<void>((resolve) => (imageServer ? imageServer.close(() => resolve()) : resolve()));
+    await api?.stop();
+  });
+
+  it('enrolment inspects every machine over its ramdisk (discovery attestor): ready, with its hardware key and GPUs', async () => {
+    const db = api.database.db;
+    await eventually(async () => {
+      const rows = await db
+        .selectFrom('nodes')
+        .where('id', 'in', site.machines)
+        .select('provision_state')
+        .execute();
+      return rows.every((r) => r.provision_state === 'ready');
+    }, 300_000);
+    const nodes = await db
+      .selectFrom('nodes')
+      .where('id', 'in', site.machines)
+      .select(['id', 'hardware_key', 'maintenance'])
+      .execute();
+    expect(nodes.every((n) => n.hardware_key !== null && !n.maintenance)).toBe(true);
+    const gpus = await db
+      .selectFrom('devices')
+      .where('node_id', 'in', site.machines)
+      .where('class', '=', 'gpu')
+      .select('node_id')
+      .execute();
+    expect(gpus.length).toBe(2 * site.machines.length);
+    // Each ramdisk joined with the discovery attestor: a certificate of role ramdisk, at most 2 hours.
+    const certs = await db
+      .selectFrom('node_certificates')
+      .where('node_id', 'in', site.machines)
+      .where('role', '=', 'ramdisk')
+      .select(['not_before', 'not_after'])
+      .execute();
+    expect(certs.length).toBeGreaterThanOrEqual(site.machines.length);
+    for (const c of certs)
+      expect(c.not_after.getTime() - c.not_before.getTime()).toBeLessThanOrEqual(2 * 3_600_000);
+    const listed = await call('workflows/list', { state: 'succeeded' });
+    expect(listed.workflows.filter((w: any) => w.kind === 'inspect').length).toBe(site.machines.length);
+    // Every inspected machine is powered off again.
+    for (const system of systems) expect(machines.running(system.uuid)).toBeNull();
+  }, 320_000);
+
+  it('images: a signed one is verified (public), an unsigned one private; a bad signature is refused; profiles are versioned', async () => {
+    const identity = { name: 'ubuntu', version: '24.04', format: 'raw' as const, sha256: imageSha };
+    const signed = await call('images/register', {
+      ...identity,
+      url: `${imageBase}/images/ubuntu.raw`,
+      signature: signImage(identity, signer.privateKeyPem),
+    });
+    expect(signed).toMatchObject({ verified: true, visibility: 'public', signerPin: signer.pin });
+    signedImageId = signed.id;
+    const other = generateReleaseSigningKey();
+    const unpinned = await call('images/register', {
+      ...identity,
+      version: '24.04-unpinned',
+      url: `${imageBase}/images/ubuntu.raw`,
+      signature: signImage({ ...identity, version: '24.04-unpinned' }, other.privateKeyPem),
+    });
+    expect(unpinned).toMatchObject({ verified: false, visibility: 'private' });
+    const forged = await answer('images/register', {
+      ...identity,
+      version: '24.04-forged',
+      url: `${imageBase}/images/ubuntu.raw`,
+      signature: signImage(identity, signer.privateKeyPem),
+    });
+    expect(forged.status).toBe(400);
+    expect(forged.body.error.message).toMatch(/does not verify over ubuntu@24.04-forged/);
+    const again = await answer('images/register', {
+      ...identity,
+      sha256: 'b'.repeat(64),
+      url: `${imageBase}/x`,
+    });
+    expect(again.body.error.code).toBe('CONFLICT');
+    const v1 = await call('profiles/create', {
+      name: 'gpu-node',
+      spec: {
+        imageId: signedImageId,
+        acceptance: ['inventory-reported', 'gpus-present', 'gpus-healthy'],
+        stepTimeoutSeconds: 120,
+        maxAttempts: 2,
+      },
+    });
+    const v2 = await call('profiles/create', {
+      name: 'gpu-node',
+      spec: { imageId: signedImageId, userData: '#cloud-config\n', stepTimeoutSeconds: 120, maxAttempts: 1 },
+    });
+    expect([v1.version, v2.version, v2.id]).toEqual([1, 2, v1.id]);
+    profileId = v1.id;
+  });
+
+  it('an illegal move is INVALID_STATE naming the current state; maintenance keeps a node out and blocks a deploy', async () => {
+    const [node] = site.machines;
+    const db = api.database.db;
+    await db.updateTable('nodes').set({ provision_state: 'enrolling' }).where('id', '=', node!).execute();
+    const refused = await answer('metal/deploy', { nodeId: node, profileId, idempotencyKey: 'illegal' });
+    expect(refused.body.error).toMatchObject({
+      code: 'INVALID_STATE',
+      message: expect.stringMatching(/is enrolling: metal.deploy needs it to become deploying/),
+    });
+    await db.updateTable('nodes').set({ provision_state: 'ready' }).where('id', '=', node!).execute();
+    const set = await call('nodes/setMaintenance', { nodeId: node, reason: 'fan noise' });
+    expect(set.node).toMatchObject({ maintenance: true, maintenanceReason: 'fan noise' });
+    const blocked = await answer('metal/deploy', { nodeId: node, profileId, idempotencyKey: 'blocked' });
+    expect(blocked.body.error.message).toMatch(/is in maintenance \(fan noise\)/);
+    const cleared = await call('nodes/clearMaintenance', { nodeId: node });
+    expect(cleared.node).toMatchObject({ maintenance: false, maintenanceReason: null });
+    expect(
+      await db
+        .selectFrom('metal_workflows')
+        .where('idempotency_key', 'in', ['illegal', 'blocked'])
+        .selectAll()
+        .execute(),
+    ).toEqual([]);
+  });
+
+  it('deploys a signed image: every step through the site agent and the ramdisk, the deployed system joins as the node, deployed', async () => {
+    const node = site.machines[0]!;
+    const started = await call('metal/deploy', {
+      nodeId: node,
+      profileId,
+      profileVersion: 1,
+      idempotencyKey: 'first',
+    });
+    expect(started.state).toBe('running');
+    expect(started.steps.map((s: any) => s.name)).toContain('write-image');
+    const again = await call('metal/deploy', {
+      nodeId: node,
+      profileId,
+      profileVersion: 1,
+      idempotencyKey: 'first',
+    });
+    expect(again.id).toBe(started.id);
+    const second = await answer('metal/deploy', { nodeId: node, profileId, idempotencyKey: 'second' });
+    expect(second.body.error).toMatchObject({ code: 'CONFLICT' });
+    const done = await until(started.id, (wf) => wf.state !== 'running');
+    expect(done.state).toBe('succeeded');
+    expect(done.steps.filter((s: any) => s.phase === 'main').every((s: any) => s.state === 'succeeded')).toBe(
+      true,
+    );
+    const rejoin = done.steps.find((s: any) => s.name === 'reboot-into-image');
+    expect(rejoin).toMatchObject({ awaitRejoin: 'node', target: 'site' });
+    const got = await call('nodes/get', { nodeId: node });
+    expect(got).toMatchObject({ provisionState: 'deployed', role: 'node', maintenance: false });
+    expect(machines.running(systems[0]!.uuid)).toBe('os');
+    expect(machines.disk(systems[0]!.uuid)?.image).toMatchObject({ name: 'ubuntu', sha256: imageSha });
+    const profile = await call('profiles/get', { profileId, version: 1 });
+    expect(profile.immutable).toBe(true);
+    // Each step's command ran once: one attempt each.
+    expect(done.steps.filter((s: any) => s.phase === 'main').every((s: any) => s.attempts.length === 1)).toBe(
+      true,
+    );
+  }, 300_000);
+
+  it('a digest mismatch fails the write step; the node is in maintenance with the reason; abort cleans up to ready', async () => {
+    const node = site.machines[1]!;
+    const wrong = await call('images/register', {
+      name: 'ubuntu',
+      version: '24.04-wrong-digest',
+      format: 'raw',
+      sha256: 'c'.repeat(64),
+      url: `${imageBase}/images/ubuntu.raw`,
+    });
+    const profile = await call('profiles/create', {
+      name: 'wrong-digest',
+      spec: { imageId: wrong.id, stepTimeoutSeconds: 120, maxAttempts: 1 },
+    });
+    const started = await call('metal/deploy', {
+      nodeId: node,
+      profileId: profile.id,
+      idempotencyKey: 'digest',
+    });
+    const failed = await until(started.id, (wf) => wf.state === 'failed');
+    const step = failed.steps.find((s: any) => s.name === 'write-image');
+    expect(step.state).toBe('failed');
+    expect(step.error).toMatch(
+      /digest mismatch: .* streamed sha256 [0-9a-f]{64}, the image ubuntu@24.04-wrong-digest is registered with c{64}/,
+    );
+    const inMaintenance = await call('nodes/get', { nodeId: node });
+    expect(inMaintenance).toMatchObject({ provisionState: 'deploying', maintenance: true });
+    expect(inMaintenance.maintenanceReason).toMatch(/failed at step write-image: digest mismatch/);
+    // The operator cannot clear maintenance under a failed workflow: retry or abort decides.
+    const clear = await answer('nodes/clearMaintenance', { nodeId: node });
+    expect(clear.body.error.code).toBe('INVALID_STATE');
+    await call('metal/abort', { workflowId: started.id, reason: 'bad image' });
+    const aborted = await until(started.id, (wf) => wf.state === 'aborted');
+    expect(
+      aborted.steps.filter((s: any) => s.phase === 'cleanup').every((s: any) => s.state === 'succeeded'),
+    ).toBe(true);
+    const after = await call('nodes/get', { nodeId: node });
+    expect(after).toMatchObject({ provisionState: 'ready', maintenance: true });
+    expect(after.maintenanceReason).toMatch(/aborted: bad image/);
+    expect(machines.running(systems[1]!.uuid)).toBeNull();
+    await call('nodes/clearMaintenance', { nodeId: node });
+  }, 300_000);
+
+  it('a failed step is retried from where it failed (metal.retry), and the workflow then succeeds', async () => {
+    const node = site.machines[2]!;
+    failImageRequests = 1_000;
+    const started = await call('metal/deploy', {
+      nodeId: node,
+      profileId,
+      profileVersion: 2,
+      idempotencyKey: 'retry',
+    });
+    const failed = await until(started.id, (wf) => wf.state === 'failed');
+    const failedStep = failed.steps.find((s: any) => s.state === 'failed');
+    expect(failedStep.name).toBe('write-image');
+    expect(failedStep.error).toMatch(/HTTP 503/);
+    const succeededBefore = failed.steps.filter((s: any) => s.state === 'succeeded').map((s: any) => s.name);
+    failImageRequests = 0;
+    const resumed = await call('metal/retry', { workflowId: started.id });
+    expect(resumed.state).toBe('running');
+    const done = await until(started.id, (wf) => wf.state !== 'running');
+    expect(done.state).toBe('succeeded');
+    const write = done.steps.find((s: any) => s.name === 'write-image');
+    expect(write.attempts.map((a: any) => a.state)).toEqual(['failed', 'succeeded']);
+    // The steps before it did not run again.
+    for (const name of succeededBefore)
+      expect(done.steps.find((s: any) => s.name === name).attempts.length).toBe(1);
+    expect(await call('nodes/get', { nodeId: node })).toMatchObject({
+      provisionState: 'deployed',
+      maintenance: false,
+    });
+  }, 300_000);
+
+  it('metal.abort stops at once while the workflow waits for the ramdisk to join, and the cleanup powers the machine off', async () => {
+    const node = site.machines[3]!;
+    machines.silentRamdisks.add(systems[3]!.uuid);
+    const started = await call('metal/deploy', { nodeId: node, profileId, idempotencyKey: 'abort' });
+    await until(
+      started.id,
+      (wf) =>
+        wf.steps.find((s: any) => s.name === 'power-on-ramdisk')?.state === 'running' &&
+        wf.steps.find((s: any) => s.name === 'power-on-ramdisk').attempts.at(-1)?.state === 'running',
+    );
+    // Wait until the power-on command itself is done: the workflow now waits for the rejoin only.
+    await eventually(async () => {
+      const wf = await workflow(started.id);
+      const attempt = wf.steps.find((s: any) => s.name === 'power-on-ramdisk').attempts.at(-1);
+      const command = await call('nodes/getCommand', {
+        nodeId: site.agents[0]!.identity.nodeId,
+        commandId: attempt.commandId,
+      });
+      return command.state === 'succeeded';
+    }, 60_000);
+    const before = Date.now();
+    const aborting = await call('metal/abort', { workflowId: started.id, reason: 'changed my mind' });
+    expect(aborting.phase).toBe('cleanup');
+    expect(Date.now() - before).toBeLessThan(10_000);
+    const aborted = await until(started.id, (wf) => wf.state === 'aborted');
+    const waited = aborted.steps.find((s: any) => s.name === 'power-on-ramdisk');
+    expect(waited).toMatchObject({ state: 'failed', error: 'aborted: changed my mind' });
+    expect(aborted.steps.filter((s: any) => s.phase === 'main' && s.state === 'pending')).toEqual([]);
+    expect(await call('nodes/get', { nodeId: node })).toMatchObject({
+      provisionState: 'ready',
+      maintenance: true,
+    });
+    const machine = await call('metal/getMachine', { nodeId: node });
+    expect(machine.bmc.powerState).toBe('off');
+    machines.silentRamdisks.delete(systems[3]!.uuid);
+  }, 300_000);
+});

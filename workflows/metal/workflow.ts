@@ -1,0 +1,61 @@
+import {
+  condition,
+  continueAsNew,
+  proxyActivities,
+  setHandler,
+  upsertSearchAttributes,
+  workflowInfo,
+} from '@temporalio/workflow';
+// biome-ignore lint/style/noRestrictedImports: a type-only import, erased before bundling
+import type { MetalActivities } from '../../activities/metal.ts';
+import { searchAttributes } from '../search-attributes.ts';
+import { type MetalWorkflowInput, metalProgressQuery, wakeMetalWorkflowSignal } from './messages.ts';
+
+const { advanceMetalWorkflow } = proxyActivities<MetalActivities>({
+  startToCloseTimeout: '1 minute',
+  retry: {
+    initialInterval: '1 second',
+    maximumInterval: '30 seconds',
+    nonRetryableErrorTypes: ['NOT_FOUND'],
+  },
+});
+
+/**
+ * One provisioning workflow (deploy, inspect, clean), level-triggered: each round reads the
+ * workflow from PostgreSQL and does what is due in one transaction (`advanceMetalWorkflow`), then
+ * waits for a wake-up (abort, retry) or the next look. Failed, it waits for the operator only.
+ * Its search attributes (node, site, profile, state, step) let the Temporal UI find it.
+ */
+export async function metalWorkflow(input: MetalWorkflowInput): Promise<{ state: string }> {
+  let woken = false;
+  let progress: { state: string; step: string | null; rounds: number } | null = null;
+  setHandler(wakeMetalWorkflowSignal, () => {
+    woken = true;
+  });
+  setHandler(metalProgressQuery, () => progress);
+  let rounds = 0;
+  let shown = '';
+  for (;;) {
+    woken = false;
+    const outcome = await advanceMetalWorkflow({ workflowId: input.workflowId });
+    rounds++;
+    progress = { state: outcome.state, step: outcome.step, rounds };
+    const label = `${outcome.state} ${outcome.step ?? ''}`;
+    if (label !== shown) {
+      shown = label;
+      upsertSearchAttributes([
+        { key: searchAttributes.state, value: outcome.state },
+        { key: searchAttributes.node, value: outcome.nodeId },
+        { key: searchAttributes.site, value: outcome.siteId },
+        ...(outcome.profileId ? [{ key: searchAttributes.profile, value: outcome.profileId }] : []),
+        ...(outcome.step ? [{ key: searchAttributes.step, value: outcome.step }] : []),
+      ]);
+    }
+    if (outcome.finished) return { state: outcome.state };
+    if (workflowInfo().continueAsNewSuggested || rounds >= 5_000) {
+      await continueAsNew<typeof metalWorkflow>(input);
+    }
+    if (outcome.waitsForOperator) await condition(() => woken);
+    else await condition(() => woken, input.pollMs ?? 1_000);
+  }
+}
