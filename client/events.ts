@@ -30,6 +30,12 @@ export interface StreamOptions {
   signal?: AbortSignal;
   /** Reconnect after a dropped connection (default true), resuming from the last event seen. */
   reconnect?: boolean;
+  /**
+   * Called each time the server has opened the stream (its `ready` frame), with the position it
+   * starts from: from then on every event written is delivered, so a caller can wait for it
+   * before it writes what it wants to see.
+   */
+  onReady?: (position: number | undefined) => void;
 }
 
 interface StreamDeps {
@@ -93,6 +99,7 @@ export async function* streamEvents(
         if (frame.event === 'ready') {
           // The position the server starts from: a reconnect before any event resumes there.
           if (lastSeq === undefined && frame.id) lastSeq = Number(frame.id);
+          options.onReady?.(frame.id ? Number(frame.id) : undefined);
           continue;
         }
         const event = JSON.parse(frame.data) as ComputeEvent;

@@ -119,13 +119,17 @@ describe('the event stream', () => {
     const client = createComputeClient({ baseURL: api.url, token: api.acme.token });
     const controller = new AbortController();
     const seen: ComputeEvent[] = [];
+    let onReady!: () => void;
+    const ready = new Promise<void>((resolve) => {
+      onReady = resolve;
+    });
     const reading = (async () => {
-      for await (const event of client.$stream({ subject, signal: controller.signal })) {
+      for await (const event of client.$stream({ subject, signal: controller.signal, onReady })) {
         seen.push(event);
         if (seen.length === 2) controller.abort();
       }
     })();
-    await new Promise((r) => setTimeout(r, 300));
+    await ready;
     await emit('reservation.binding', subject);
     await emit('reservation.active', subject);
     await reading;
@@ -194,14 +198,22 @@ describe('the event stream', () => {
     );
     const controller = new AbortController();
     const expected = 1 + 10; // one before (seen by the resuming streams only), ten during
+    const opened: Promise<unknown>[] = [];
     const readers = subjects.flatMap((subject, s) =>
       [0, 1, 2, 3].map(async (r) => {
         const resuming = r % 2 === 0;
         const seen: string[] = [];
+        let onReady!: () => void;
+        opened.push(
+          new Promise<void>((resolve) => {
+            onReady = resolve;
+          }),
+        );
         for await (const event of clients[s]!.$stream({
           subject,
           ...(resuming ? { after: 0 } : {}),
           signal: controller.signal,
+          onReady,
         })) {
           seen.push(event.id);
           if (seen.length === (resuming ? expected : expected - 1)) break;
@@ -209,7 +221,8 @@ describe('the event stream', () => {
         return { s, resuming, seen };
       }),
     );
-    await new Promise((r) => setTimeout(r, 500));
+    // Every stream is open (the server has sent its ready frame) before the writers start.
+    await Promise.all(opened);
     // Ten events per subject, written by concurrent transactions.
     const during = await Promise.all(
       subjects.map(async (subject) => {
