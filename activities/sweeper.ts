@@ -1,6 +1,7 @@
 import type { Db } from '../core/database.ts';
 import type { ReservationLifecycle } from '../core/deps.ts';
 import type { Logger } from '../core/logger.ts';
+import { announceExpiredHolds, retireEndedHolds } from '../db/holds/holds.ts';
 import { findSweepCandidates } from '../db/reservations/lifecycle.ts';
 import { findOpenPreemptions } from '../db/reservations/preemption.ts';
 
@@ -22,6 +23,19 @@ export function createSweeperActivities({ db, log, lifecycle }: SweeperActivityD
     /** Capacity was freed in a pool (a lifecycle released bookings): its pending reservations try now. */
     async wakePoolPending(input: { poolId: string }): Promise<void> {
       await lifecycle.wakePool(input.poolId);
+    },
+
+    /**
+     * Announces every host hold that lapsed without a release (`hold.expired`, once each, at most
+     * `limit` a run; the next run goes on), then retires ended holds past the hour they stay listed.
+     */
+    async sweepExpiredHolds(input: { limit: number }): Promise<{ expired: string[]; retired: number }> {
+      return db.transaction().execute(async (trx) => {
+        const expired = await announceExpiredHolds(trx, { limit: input.limit });
+        const retired = await retireEndedHolds(trx);
+        if (expired.length > 0) log.info({ expired }, 'host holds expired (no heartbeat within their TTL)');
+        return { expired, retired };
+      });
     },
 
     async sweepOrphanReservations(input: { graceMs: number; limit: number }): Promise<{ started: string[] }> {

@@ -45,7 +45,7 @@ export interface ReservationLifecycle {
    * start, the orphan sweeper starts it, and each noticed spot reservation's own lifecycle releases
    * it a minute after the deadline.
    */
-  preempt?(preemption: PreemptionSummary): Promise<boolean | void>;
+  preempt?(preemption: PreemptionSummary): Promise<boolean | undefined>;
   /** Wakes a spot preemption's workflow (its notice was called off, or it should look again now). */
   wakePreemption?(preemptionId: string): Promise<void>;
 }

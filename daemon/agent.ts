@@ -45,6 +45,11 @@ export interface AgentOptions {
   ramdiskCommands?: CommandHost['ramdiskCommands'];
   /** A/B self-update (bcd sim only): the version and protocol it declares come from its slot. */
   selfUpdate?: SelfUpdater;
+  /**
+   * Every gateway address this agent may use (several gateways behind no load balancer): it starts
+   * at `identity.gateway` and, when a session could not be opened there, tries the next one.
+   */
+  gateways?: string[];
   /** Reconnect back-off bounds (a gateway's retry pushback overrides them). */
   minBackoffMs?: number;
   maxBackoffMs?: number;
@@ -65,6 +70,8 @@ export interface AgentStatus {
   certificateNotAfter: Date;
   lastPushbackMs: number | null;
   commandsRun: number;
+  /** The gateway address the agent dials now. */
+  gateway: string;
 }
 
 /**
@@ -135,6 +142,7 @@ export class NodeAgent {
       certificateNotAfter: certificateNotAfter(options.identity.certificatePem),
       lastPushbackMs: null,
       commandsRun: 0,
+      gateway: options.identity.gateway,
     };
   }
 
@@ -218,6 +226,8 @@ export class NodeAgent {
       } else {
         delay = outcome.welcomed ? minBackoff : backoff;
         backoff = outcome.welcomed ? minBackoff : Math.min(maxBackoff, backoff * 2);
+        // A gateway that could not open a session (gone, unreachable) is left for the next one.
+        if (!outcome.welcomed) this.nextGateway();
         delay = Math.round(delay * (0.5 + Math.random() * 0.5));
       }
       this.options.log.debug({ delay, code: outcome.code }, 'reconnecting');
@@ -240,7 +250,10 @@ export class NodeAgent {
     if (this.renewing || notAfter - now > 8 * 3600_000 || notAfter <= now) return;
     this.renewing = true;
     try {
-      this.status.certificateNotAfter = await renewCertificate(identity, this.options.stateDir);
+      this.status.certificateNotAfter = await renewCertificate(
+        { ...identity, gateway: this.status.gateway },
+        this.options.stateDir,
+      );
       this.options.log.info({ notAfter: this.status.certificateNotAfter }, 'certificate renewed');
       // Renewal revokes the old certificate (superseded): the gateway would end a session opened
       // with it at its next certificate check, so move to the new one now.
@@ -252,11 +265,20 @@ export class NodeAgent {
     }
   }
 
+  private nextGateway(): void {
+    const gateways = this.options.gateways ?? [];
+    if (gateways.length < 2) return;
+    const at = gateways.indexOf(this.status.gateway);
+    this.status.gateway = gateways[(at + 1) % gateways.length]!;
+    this.options.log.info({ gateway: this.status.gateway }, 'trying the next gateway');
+  }
+
   /** One session: resolves when the stream ends, with the gateway's pushback if it gave one. */
   private session(): Promise<{ welcomed: boolean; pushbackMs: number | null; code: number | null }> {
     const { identity } = this.options;
-    const tls = gatewayChannel(identity.gateway, identity);
-    const client = new AgentServiceClient(identity.gateway, tls.credentials, {
+    const gateway = this.status.gateway;
+    const tls = gatewayChannel(gateway, identity);
+    const client = new AgentServiceClient(gateway, tls.credentials, {
       ...tls.options,
       'grpc.keepalive_time_ms': 30_000,
       'grpc.enable_retries': 0,

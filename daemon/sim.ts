@@ -63,6 +63,11 @@ export function simulatedNodeLayout(
  */
 export async function startSimulatedFleet(input: {
   gatewayAddress: string;
+  /**
+   * Several gateways (no load balancer in front): node i starts on the i-th address (round robin)
+   * and fails over to the others. Without it every node uses `gatewayAddress`.
+   */
+  gatewayAddresses?: string[];
   caCertificatePem: string;
   joinToken: string;
   nodes: number;
@@ -97,10 +102,12 @@ export async function startSimulatedFleet(input: {
       const index = next++;
       const { name, dir, hardwareSeed } = simulatedNodeLayout(input.rootDir, index, prefix);
       const hardware = new SimHardware(hardwareSeed, shape);
+      const gateways = input.gatewayAddresses?.length ? input.gatewayAddresses : [input.gatewayAddress];
+      const gateway = gateways[index % gateways.length]!;
       const identity = identityExists(dir)
-        ? { ...loadIdentity(dir), gateway: input.gatewayAddress }
+        ? { ...loadIdentity(dir), gateway }
         : await joinWithToken({
-            gateway: input.gatewayAddress,
+            gateway,
             token: input.joinToken,
             caCertificatePem: input.caCertificatePem,
             dir,
@@ -128,6 +135,7 @@ export async function startSimulatedFleet(input: {
         hardware,
         cgroups,
         log: input.log.child({ nodeId: identity.nodeId, node: name }),
+        ...(gateways.length > 1 ? { gateways } : {}),
         ...(input.minBackoffMs !== undefined ? { minBackoffMs: input.minBackoffMs } : {}),
         ...(input.maxBackoffMs !== undefined ? { maxBackoffMs: input.maxBackoffMs } : {}),
         ...(kubeletDir

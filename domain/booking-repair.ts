@@ -17,6 +17,8 @@ export interface BookedMember {
   nodeId: string;
   nodeName: string;
   gangIndex: number;
+  /** How often this member was re-placed on its own (carried over when BookingRepair moves it). */
+  memberAttempt?: number;
   deviceIds: string[];
   start: number;
   end: number;

@@ -67,11 +67,32 @@ export async function seedDevStack(input: {
       rootDir: path.join(input.dataDir, 'sim-mig'),
       log: log.child({ component: 'sim' }),
     });
+    // One simulated server for pool k8s whose bcd serves its device plugin to an in-process kubelet
+    // stand-in (reserve --pool k8s --kubernetes).
+    const k8sPool = demo.pools.find((p) => p.name === 'k8s')!;
+    const k8sToken = await createJoinToken(db, {
+      poolId: k8sPool.id,
+      ttlSeconds: 600,
+      maxUses: 1,
+      createdBy: boot.rootAdminIdentityId,
+    });
+    const k8sFleet = await startSimulatedFleet({
+      gatewayAddress: plane.gateway.address,
+      caCertificatePem: plane.gateway.caCertificatePem,
+      joinToken: k8sToken.token,
+      nodes: 1,
+      namePrefix: 'k8s',
+      shape: { gpus: 4, nvlinkDomainSize: 2 },
+      rootDir: path.join(input.dataDir, 'sim-k8s'),
+      log: log.child({ component: 'sim' }),
+      kubelet: 'stand-in',
+    });
     stopFleet = async () => {
-      await Promise.all([fleet.stop(), migFleet.stop()]);
+      await Promise.all([fleet.stop(), migFleet.stop(), k8sFleet.stop()]);
     };
     await waitForReadyNodes(plane, pool.id, sim, log);
     await waitForReadyNodes(plane, migPool.id, 1, log);
+    await waitForReadyNodes(plane, k8sPool.id, 1, log);
     // Two fabric domains, so a newcomer can try a gang with --topology-key fabric.domain.
     const domains = await labelPoolInRuns(db, {
       poolId: pool.id,
@@ -94,6 +115,9 @@ export async function seedDevStack(input: {
       ...demo.pools
         .filter((p) => p.name === 'h100-mig')
         .map((p) => ({ ...p, nodes: sim > 0 ? 1 : 0, gpus: sim > 0 ? 2 : 0 })),
+      ...demo.pools
+        .filter((p) => p.name === 'k8s')
+        .map((p) => ({ ...p, nodes: sim > 0 ? 1 : 0, gpus: sim > 0 ? 4 : 0 })),
     ],
     stop: stopFleet,
   };

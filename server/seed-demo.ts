@@ -111,6 +111,19 @@ export async function seedDemo(
     quota: { 'gpu.mig': 14, vcpu: 16, memoryGiB: 64 },
   });
 
+  // A pool acme owns with policy.kubernetes: its nodes' bcd hands booked GPUs to their kubelet
+  // (reserve --pool k8s --kubernetes), only for its owner.
+  const k8sPool =
+    pools.find((p) => p.name === 'k8s' && p.ownerTenantId === 'acme') ??
+    (await admin.createPool(cred, {
+      siteId: site.id,
+      name: 'k8s',
+      gpuModel: 'h100',
+      ownerTenantId: 'acme',
+      policy: { kubernetes: true, perGpu: { vcpu: 0, memoryGiB: 0 } },
+    }));
+  await admin.offer(cred, { poolId: k8sPool.id, tenantId: 'acme', quota: { gpu: 8 } });
+
   return {
     tenants: {
       root: { id: who.tenantId, token: rootToken },
@@ -119,6 +132,7 @@ export async function seedDemo(
     pools: [
       { id: pool.id, name: pool.name, gpuModel: pool.gpuModel, nodes, gpus: nodes * 8 },
       { id: migPool.id, name: migPool.name, gpuModel: migPool.gpuModel, nodes: 0, gpus: 0 },
+      { id: k8sPool.id, name: k8sPool.name, gpuModel: k8sPool.gpuModel, nodes: 0, gpus: 0 },
     ],
     siteId: site.id,
   };

@@ -39,31 +39,33 @@ function onPath(binary: string): string | undefined {
   return undefined;
 }
 
+/** Go on PATH or where its installer puts it, if anywhere. */
+export function findGo(): string | undefined {
+  return onPath('go') ?? (existsSync('/usr/local/go/bin/go') ? '/usr/local/go/bin/go' : undefined);
+}
+
 /**
- * Finds the Temporal CLI on PATH or in the tools cache; when absent and Go is available, builds it
- * there with `go install`, logging progress. Throws one sentence saying what to install otherwise.
+ * `go install`s `modules` into `gobin` at the lowest CPU priority (`nice -n 19`, so a build on a
+ * shared machine never starves anything else), logging progress every ten seconds; rejects with
+ * the build's last lines when it fails.
  */
-export async function ensureTemporalCli(toolsDir: string, log: Logger): Promise<string> {
-  const cached = path.join(toolsDir, 'bin', 'temporal');
-  const found = onPath('temporal') ?? (existsSync(cached) ? cached : undefined);
-  if (found) return found;
-  const go = onPath('go') ?? (existsSync('/usr/local/go/bin/go') ? '/usr/local/go/bin/go' : undefined);
-  if (!go) {
-    throw new Error(
-      'the Temporal CLI is not installed and Go is not available to build it: install Go 1.23 or later (or the `temporal` CLI on PATH), or set TEMPORAL_ADDRESS to an existing Temporal server',
-    );
-  }
-  mkdirSync(path.join(toolsDir, 'bin'), { recursive: true });
-  log.info(
-    { module: temporalCliModule, into: cached },
-    'building the Temporal CLI with go install (first run only; a few minutes)',
-  );
+export async function goInstall(input: {
+  go: string;
+  modules: string[];
+  gobin: string;
+  what: string;
+  log: Logger;
+}): Promise<void> {
+  mkdirSync(input.gobin, { recursive: true });
+  const nice = onPath('nice');
+  const argv = [input.go, 'install', '-v', ...input.modules];
   await new Promise<void>((resolve, reject) => {
-    const child = spawn(go, ['install', '-v', temporalCliModule], {
-      env: { ...process.env, GOBIN: path.join(toolsDir, 'bin'), GOFLAGS: '-mod=mod' },
+    const child = spawn(nice ?? argv[0]!, nice ? ['-n', '19', ...argv] : argv.slice(1), {
+      env: { ...process.env, GOBIN: input.gobin, GOFLAGS: '-mod=mod' },
       stdio: ['ignore', 'ignore', 'pipe'],
     });
     let packages = 0;
+    // wall time: progress lines every ten seconds
     let lastReport = Date.now();
     const tail: string[] = [];
     child.stderr?.setEncoding('utf8').on('data', (chunk: string) => {
@@ -73,7 +75,7 @@ export async function ensureTemporalCli(toolsDir: string, log: Logger): Promise<
         if (tail.length > 20) tail.shift();
         if (Date.now() - lastReport > 10_000) {
           lastReport = Date.now();
-          log.info({ packagesBuilt: packages, current: line }, 'still building the Temporal CLI');
+          input.log.info({ packagesBuilt: packages, current: line }, `still building ${input.what}`);
         }
       }
     });
@@ -81,9 +83,30 @@ export async function ensureTemporalCli(toolsDir: string, log: Logger): Promise<
     child.once('exit', (code) =>
       code === 0
         ? resolve()
-        : reject(new Error(`go install ${temporalCliModule} failed:\n${tail.join('\n')}`)),
+        : reject(new Error(`go install ${input.modules.join(' ')} failed:\n${tail.join('\n')}`)),
     );
   });
+}
+
+/**
+ * Finds the Temporal CLI on PATH or in the tools cache; when absent and Go is available, builds it
+ * there with `go install`, logging progress. Throws one sentence saying what to install otherwise.
+ */
+export async function ensureTemporalCli(toolsDir: string, log: Logger): Promise<string> {
+  const cached = path.join(toolsDir, 'bin', 'temporal');
+  const found = onPath('temporal') ?? (existsSync(cached) ? cached : undefined);
+  if (found) return found;
+  const go = findGo();
+  if (!go) {
+    throw new Error(
+      'the Temporal CLI is not installed and Go is not available to build it: install Go 1.23 or later (or the `temporal` CLI on PATH), or set TEMPORAL_ADDRESS to an existing Temporal server',
+    );
+  }
+  log.info(
+    { module: temporalCliModule, into: cached },
+    'building the Temporal CLI with go install (first run only; a few minutes)',
+  );
+  await goInstall({ go, modules: [temporalCliModule], gobin: path.join(toolsDir, 'bin'), what: 'the Temporal CLI', log });
   log.info({ path: cached }, 'the Temporal CLI is built');
   return cached;
 }

@@ -18,7 +18,7 @@ import {
 } from '../../domain/holds.ts';
 import { newId } from '../../domain/ids.ts';
 import { defineMethod, type MethodContext } from '../method.ts';
-import { requireOnTenant } from '../reservations/access.ts';
+import { callerAudit, requireOnTenant } from '../reservations/access.ts';
 
 /**
  * The holder's name from the caller's identity, or a refusal: a hold is never taken under a
@@ -40,6 +40,12 @@ async function nameTheHolder(
     );
   }
   return holder;
+}
+
+/** The audit record of a hold changed by this call: the caller, its admission context, the method. */
+function holdAudit(ctx: MethodContext, method: 'holds.create' | 'holds.release') {
+  const audit = callerAudit(ctx, 'compute:capacity:hold');
+  return { ...audit, context: { ...audit.context, method } };
 }
 
 const create = defineMethod({
@@ -72,6 +78,7 @@ const create = defineMethod({
         idempotencyKey: key,
         ttlSeconds: input.ttlSeconds,
         dedupeKey: key ? `hold:${input.tenantId}:${ctx.principal.identityId}:${key}` : `hold:${newId('req')}`,
+        audit: holdAudit(ctx, 'holds.create'),
       }),
     );
     if (!outcome.taken) {
@@ -104,7 +111,9 @@ const release = defineMethod({
   output: holdViewSchema,
   handler: async (ctx, input) => {
     await requireOnTenant(ctx, input.tenantId, 'compute:capacity:hold');
-    return ctx.deps.db.transaction().execute((trx) => releaseHold(trx, input));
+    return ctx.deps.db
+      .transaction()
+      .execute((trx) => releaseHold(trx, { ...input, audit: holdAudit(ctx, 'holds.release') }));
   },
 });
 

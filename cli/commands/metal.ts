@@ -4,6 +4,7 @@ import type { MethodOutput } from '../../client/index.ts';
 import { apiAction, parse, required, withConnection } from '../command.ts';
 import { CliError } from '../errors.ts';
 import { formatTime, renderFields, renderTable } from '../output.ts';
+import { registerCatalogCommands, registerProvisioningCommands } from './metal-provisioning.ts';
 
 type BmcAnswer = MethodOutput<Methods, 'metal', 'power'>;
 type Machine = MethodOutput<Methods, 'metal', 'getMachine'>;
@@ -128,7 +129,10 @@ export function registerSiteCommands(program: Command) {
   );
 }
 
-/** `metal enroll|machines|machine|power|boot|media|inventory`: bare machines through the site agent. */
+/**
+ * `metal enroll|machines|machine|power|boot|media|inventory` (bare machines through the site agent),
+ * `metal deploy|inspect|abort|retry|maintenance|workflows`, and the `images` and `profiles` commands.
+ */
 export function registerMetalCommands(program: Command) {
   const metal = program
     .command('metal')
@@ -143,7 +147,8 @@ export function registerMetalCommands(program: Command) {
       .addOption(required('--bmc <url>', 'the BMC address, such as https://10.0.0.5'))
       .addOption(required('--system <id>', 'the Redfish system id'))
       .addOption(required('--username <name>', 'the BMC user'))
-      .option('--password-env <var>', 'the environment variable holding the BMC password', 'BMC_PASSWORD'),
+      .option('--password-env <var>', 'the environment variable holding the BMC password', 'BMC_PASSWORD')
+      .option('--no-inspect', 'do not start the inspection (the node waits in enrolling for metal inspect)'),
   ).action(
     apiAction<{
       site: string;
@@ -152,6 +157,7 @@ export function registerMetalCommands(program: Command) {
       system: string;
       username: string;
       passwordEnv: string;
+      inspect: boolean;
     }>(async ({ client, out, options }, name) => {
       const password = process.env[options.passwordEnv];
       if (!password)
@@ -161,6 +167,7 @@ export function registerMetalCommands(program: Command) {
         siteId: options.site,
         poolId: options.pool,
         bmc: { address: options.bmc, systemId: options.system, username: options.username, password },
+        inspect: options.inspect,
       });
       out.result(machine, renderMachine);
     }),
@@ -238,6 +245,8 @@ export function registerMetalCommands(program: Command) {
       );
     }),
   );
+  registerProvisioningCommands(metal);
+  registerCatalogCommands(program);
   withConnection(
     metal
       .command('inventory')

@@ -1,5 +1,6 @@
 import { sql, type Transaction } from 'kysely';
 import type { Database } from '../../core/database.ts';
+import type { EventType } from '../../domain/event-types.ts';
 import type { HoldView } from '../../domain/holds.ts';
 import { insertAuditEvent } from '../events/audit.ts';
 import { insertOutboxEvent } from '../events/outbox.ts';
@@ -8,7 +9,7 @@ import type { CallerAudit } from '../reservations/reservations.ts';
 type Trx = Transaction<Database>;
 
 /** The outbox events a hold writes, one per change of its state. */
-export type HoldEventType = 'hold.created' | 'hold.released' | 'hold.expired';
+export type HoldEventType = Extract<EventType, `hold.${string}`>;
 
 /** The subject of a hold's events (`events list --subject hold/hold_…`). */
 export const holdSubject = (holdId: string) => `hold/${holdId}`;

@@ -26,6 +26,7 @@ interface MemberRow {
   node_id: string;
   name: string;
   gang_index: number;
+  member_attempt: number;
   start: Date;
   end: Date;
   provision_state: string;
@@ -46,7 +47,7 @@ interface MemberRow {
  */
 export async function readBookedMembers(db: Db | Trx, reservationId: string): Promise<BookedMember[]> {
   const { rows } = await sql<MemberRow>`
-    SELECT a.id, a.node_id, n.name, a.gang_index, lower(a.during) AS start, upper(a.during) AS "end",
+    SELECT a.id, a.node_id, n.name, a.gang_index, a.member_attempt, lower(a.during) AS start, upper(a.during) AS "end",
            n.provision_state, n.cordoned, n.draining, n.maintenance, n.connectivity,
            (SELECT c.type FROM node_conditions c WHERE c.node_id = n.id AND c.effect = 'NoSchedule'
              ORDER BY c.type LIMIT 1) AS no_schedule,
@@ -62,6 +63,7 @@ export async function readBookedMembers(db: Db | Trx, reservationId: string): Pr
     nodeId: r.node_id,
     nodeName: r.name,
     gangIndex: r.gang_index,
+    memberAttempt: r.member_attempt,
     deviceIds: r.device_ids ?? [],
     start: new Date(r.start).getTime(),
     end: new Date(r.end).getTime(),
@@ -116,8 +118,9 @@ export async function repairReservationBookings(
   const request = parseStoredRequest(row.id, row.request);
   const topologyKey = request.gang?.topologyKey;
   const good = members.filter((m) => !bad.some((b) => b.member.allocationId === m.allocationId));
+  // A gang stays on the value it was placed on (kept on the reservation), else its good members' value.
   let topologyValue = topologyKey
-    ? good.map((m) => m.labels[topologyKey]).find((v) => v !== undefined)
+    ? (row.gang_topology_value ?? good.map((m) => m.labels[topologyKey]).find((v) => v !== undefined))
     : undefined;
   const held = new Set(good.map((m) => m.nodeId));
   const moves: RepairMove[] = [];
@@ -158,13 +161,12 @@ export async function repairReservationBookings(
         ...(input.caches ? { caches: input.caches } : {}),
       });
       if (!result.placed) throw new RepairNoFit(result.message);
-      if (member.gangIndex !== 0) {
-        await trx
-          .updateTable('allocations')
-          .set({ gang_index: member.gangIndex })
-          .where('id', '=', allocationId)
-          .execute();
-      }
+      // The new allocation is the same member: its number and its re-placement count carry over.
+      await trx
+        .updateTable('allocations')
+        .set({ gang_index: member.gangIndex, member_attempt: member.memberAttempt ?? 0 })
+        .where('id', '=', allocationId)
+        .execute();
       held.add(result.fit.nodeId);
       if (topologyKey && topologyValue === undefined) {
         const labels = await trx
@@ -254,6 +256,13 @@ async function recordFailure(
   } else {
     await updateReservation(trx, row.id, { conditions: [...others, condition] });
   }
+  // Its own event, so a subscriber hears of the start at risk (the summary says why nothing fits).
+  await recordReservationEvent(trx, row, 'reservation.repair-failed', state, {
+    moment: input.moment,
+    bad,
+    message,
+    summary: input.summary,
+  });
   await trx
     .insertInto('reservation_repairs')
     .values({

@@ -229,6 +229,46 @@ describe('what the kubelet is given', () => {
   });
 });
 
+describe('binding', () => {
+  it('a kubernetes binding becomes active only once the plugin has advertised its GPUs to a kubelet', async () => {
+    await kubelet.stop();
+    try {
+      const one = await reserve('k8s-no-kubelet', 1, 'kubernetes');
+      await expect.poll(() => stateOf(one.id), { timeout: 30_000, interval: 200 }).toBe('binding');
+      // The node holds it (CDI spec written) but no kubelet has its list: no bound report.
+      await eventually(async () => node.agent.status.held.some((held) => held.binding === 'kubernetes'));
+      node.agent.convergePass();
+      const reports = await h.db
+        .selectFrom('allocation_reports as r')
+        .innerJoin('allocations as a', 'a.id', 'r.allocation_id')
+        .where('a.reservation_id', '=', one.id)
+        .select('r.kind')
+        .execute();
+      expect(reports).toEqual([]);
+      expect(await stateOf(one.id)).toBe('binding');
+      await kubelet.start();
+      await expect.poll(() => stateOf(one.id), { timeout: 30_000, interval: 200 }).toBe('active');
+      expect(advertised()).toEqual(await bookedGpus(one.id));
+      await h.compute.api.reservations.release(h.credential, { tenantId: 'acme', reservationId: one.id });
+      await expect.poll(advertised, { timeout: 20_000 }).toEqual([]);
+    } finally {
+      if (kubelet.resourceNames().length === 0) await kubelet.start().catch(() => {});
+    }
+  });
+
+  it('a tenant the kubernetes pool is only offered to gets INVALID_INPUT with the reason', async () => {
+    await h.db.updateTable('pools').set({ owner_tenant_id: 'platform' }).where('id', '=', k8sPool).execute();
+    try {
+      await expect(reserve('k8s-offered', 1, 'kubernetes')).rejects.toMatchObject({
+        code: 'INVALID_INPUT',
+        message: expect.stringContaining('only the owner of pool'),
+      });
+    } finally {
+      await h.db.updateTable('pools').set({ owner_tenant_id: 'acme' }).where('id', '=', k8sPool).execute();
+    }
+  });
+});
+
 describe('kubelet restarts', () => {
   it('a new kubelet.sock (the kubelet restarted and cleared its sockets) gets the plugin registered again, with its list', async () => {
     const one = await reserve('k8s-restart', 1, 'kubernetes');
