@@ -2,6 +2,7 @@ import type { Transaction } from 'kysely';
 import type { Database, Db } from '../core/database.ts';
 import type { Logger } from '../core/logger.ts';
 import { lockCurrentAllocations, startBindingAllocations } from '../db/allocations/lifecycle.ts';
+import { recordCapacityFailure } from '../db/holds/demand.ts';
 import {
   lockReservationAtVersion,
   markLifecycleStarted,
@@ -13,6 +14,7 @@ import { assignReservationDevices } from '../db/reservations/lifecycle-nodespec.
 import { endCurrentAllocations, refundReservationQuota } from '../db/reservations/lifecycle-release.ts';
 import { callOffPreemptionsBy } from '../db/reservations/preemption-call-off.ts';
 import { lockReservation } from '../db/reservations/reservations.ts';
+import { isCapacityFailure } from '../domain/demand.ts';
 import { ComputeError } from '../domain/errors.ts';
 import { terminalEventTypes } from '../domain/event-types.ts';
 import type { Condition, LifecycleTimers, ReservationSnapshot } from '../domain/reservation-lifecycle.ts';
@@ -220,6 +222,10 @@ export function createReservationActivities({ db, log }: ReservationActivityDeps
             reason: input.reason,
             ...(input.condition ? { condition: input.condition } : {}),
           });
+          // The unmet-demand ledger learns of a failure for want of capacity as it happens.
+          if (input.state === 'failed' && isCapacityFailure(input.reason)) {
+            await recordCapacityFailure(trx, row, input.condition?.message ?? input.reason);
+          }
           log.info({ reservationId: row.id, state: input.state, reason: input.reason }, 'reservation ended');
           return { applied: true, state: input.state };
         },

@@ -9,7 +9,12 @@ import { rolloutProgress } from '../db/rollouts/view.ts';
 import { ComputeError } from '../domain/errors.ts';
 import { canonicalJson } from '../domain/node-spec.ts';
 import { defaultWaves } from '../domain/rollout-policy.ts';
-import { rolloutNodeStates, rolloutStates, rolloutWorkflow } from '../domain/rollout-states.ts';
+import {
+  rolloutNodeStates,
+  rolloutStates,
+  rolloutWorkflow,
+  rolloutWorkflowStart,
+} from '../domain/rollout-states.ts';
 import { requireRootAdmin } from './admin/guard.ts';
 import type { MethodContext } from './method.ts';
 import { defineMethod } from './method.ts';
@@ -24,10 +29,13 @@ function checkWaves(waves: number[]): void {
     throw new ComputeError(
       'INVALID_INPUT',
       'waves must increase (cumulative percentages such as 1, 10, 50, 100)',
+      { field: 'waves' },
     );
   }
   if (waves.at(-1) !== 100) {
-    throw new ComputeError('INVALID_INPUT', 'the last wave must be 100 (every selected node)');
+    throw new ComputeError('INVALID_INPUT', 'the last wave must be 100 (every selected node)', {
+      field: 'waves',
+    });
   }
 }
 
@@ -153,11 +161,10 @@ function temporalOf(ctx: MethodContext) {
 /** Starts the rollout's workflow (id = rollout id); starting it again is harmless. */
 async function startWorkflow(ctx: MethodContext, rollout: RolloutRow): Promise<void> {
   try {
-    await temporalOf(ctx).workflow.start(rolloutWorkflow.type, {
-      workflowId: rollout.id,
-      taskQueue: ctx.deps.config.BETTER_COMPUTE_TASK_QUEUE,
-      args: [{ rolloutId: rollout.id }],
-    });
+    await temporalOf(ctx).workflow.start(
+      rolloutWorkflow.type,
+      rolloutWorkflowStart(rollout.id, ctx.deps.config.BETTER_COMPUTE_TASK_QUEUE),
+    );
   } catch (error) {
     if (!(error instanceof WorkflowExecutionAlreadyStartedError)) throw error;
   }
@@ -188,6 +195,7 @@ const create = defineMethod({
       throw new ComputeError(
         'INVALID_INPUT',
         'selector: name poolIds or labels (a rollout never selects the whole fleet implicitly)',
+        { field: 'selector' },
       );
     }
     const requestHash = createHash('sha256')
@@ -221,7 +229,7 @@ const create = defineMethod({
       });
     }
     // A crash before this start leaves the rollout without its workflow: the same request again
-    // (same key) starts it.
+    // (same key) starts it, and so does the orphan sweeper (sweepOrphanRollouts).
     if (rollout.state === 'running' || rollout.state === 'paused') await startWorkflow(ctx, rollout);
     return { ...(await view(ctx, rollout)), created };
   },

@@ -17,6 +17,18 @@ export const configSchema = z.object({
   DATABASE_URL: z.string().url().optional(),
   TEMPORAL_ADDRESS: z.string().min(1).optional(),
   TEMPORAL_NAMESPACE: z.string().min(1).default('default'),
+  /**
+   * TLS to the Temporal frontend (`true`/`false`); on when any TEMPORAL_TLS_* file is given. The
+   * names are the Temporal CLI's flags (`--tls-ca-path`...), so one set of variables serves both.
+   */
+  TEMPORAL_TLS: z.enum(['true', 'false']).optional(),
+  /** The CA that signed the frontend's certificate (PEM file); absent: the system's roots. */
+  TEMPORAL_TLS_CA_PATH: z.string().min(1).optional(),
+  /** A client certificate and its key (PEM files), for a frontend that asks for mutual TLS. */
+  TEMPORAL_TLS_CERT_PATH: z.string().min(1).optional(),
+  TEMPORAL_TLS_KEY_PATH: z.string().min(1).optional(),
+  /** The name the frontend's certificate is checked against, when it differs from the address's host. */
+  TEMPORAL_TLS_SERVER_NAME: z.string().min(1).optional(),
   BETTER_COMPUTE_TASK_QUEUE: z.string().min(1).default('better-compute'),
   BETTER_COMPUTE_API_HOST: z.string().default('127.0.0.1'),
   BETTER_COMPUTE_API_PORT: port.default(7070),

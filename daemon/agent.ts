@@ -107,6 +107,7 @@ export class NodeAgent {
           ...(options.kubelet.watchIntervalMs ? { watchIntervalMs: options.kubelet.watchIntervalMs } : {}),
           // A list the kubelet newly holds binds its holds: report at once, outside the stream's handler.
           advertisedChanged: () => setImmediate(() => this.convergePass()),
+          foreignChanged: () => this.sendInventory(['host']),
         })
       : null;
     const plugin = this.devicePlugin;
@@ -121,7 +122,8 @@ export class NodeAgent {
       inventoryChanged: () => this.sendInventory(['gpus']),
       ...(plugin
         ? {
-            kubernetesAdvertised: (hold) => plugin.advertised({ allocationId: hold.allocationId, stableIds: hold.gpuUuids }),
+            kubernetesAdvertised: (hold) =>
+              plugin.advertised({ allocationId: hold.allocationId, stableIds: hold.gpuUuids }),
             holdsChanged: (held) =>
               plugin.update(
                 held
@@ -325,7 +327,7 @@ export class NodeAgent {
             observedGeneration: this.converger.generation,
             inventory: [
               { name: 'gpus', hash: sectionHash(this.options.hardware.gpus()) },
-              { name: 'host', hash: sectionHash(this.options.hardware.host()) },
+              { name: 'host', hash: sectionHash(this.hostSection()) },
             ],
           },
         },
@@ -387,15 +389,20 @@ export class NodeAgent {
     }
   }
 
+  /** The host section: the hardware's, with the GPU resources another device plugin exposes. */
+  private hostSection() {
+    const foreign = this.devicePlugin?.foreignGpuResources() ?? [];
+    return {
+      ...this.options.hardware.host(),
+      ...(foreign.length > 0 ? { foreignGpuResources: foreign } : {}),
+    };
+  }
+
   sendInventory(names: readonly string[]): void {
     const sections = [];
     for (const name of names) {
       const data =
-        name === 'gpus'
-          ? this.options.hardware.gpus()
-          : name === 'host'
-            ? this.options.hardware.host()
-            : null;
+        name === 'gpus' ? this.options.hardware.gpus() : name === 'host' ? this.hostSection() : null;
       if (!data) continue;
       sections.push({ name, hash: sectionHash(data), data: Buffer.from(JSON.stringify(data)) });
     }

@@ -37,6 +37,7 @@ import {
   pluginSocketName,
   preferredAllocation,
 } from './device-plugin-devices.ts';
+import { foreignGpuResources, readKubeletCheckpoint } from './kubelet-checkpoint.ts';
 
 /** The device plugin API version bcd speaks, as the kubelet names it. */
 export const devicePluginApiVersion = 'v1beta1';
@@ -49,6 +50,8 @@ export interface DevicePluginOptionsInput {
   log: Logger;
   /** The kubelet advertised an allocation's atoms for the first time (or lost them): bcd reports. */
   advertisedChanged?(): void;
+  /** Another device plugin can hand this node's GPUs to pods now, or no longer can. */
+  foreignChanged?(resources: readonly string[]): void;
   /** How often kubelet.sock and the plugin's own sockets are checked (default 1 s). */
   watchIntervalMs?: number;
 }
@@ -77,6 +80,8 @@ export class KubeletDevicePlugin {
   private readonly servers = new Map<KubernetesResourceKind, ResourceServer>();
   private atoms = new Map<KubernetesResourceKind, AdvertisedAtom[]>();
   private migCapable = false;
+  private gpuIds = new Set<string>();
+  private foreign: string[] = [];
   private timer: NodeJS.Timeout | null = null;
   private ticking = false;
   private stopped = false;
@@ -104,6 +109,14 @@ export class KubeletDevicePlugin {
     return [...this.servers.keys()].map((k) => kubernetesResourceNames[k]);
   }
 
+  /**
+   * The resource names besides bcd's through which the kubelet can hand GPUs to pods (its
+   * checkpoint lists another plugin registered for them): the node reports ForeignGpuExposure.
+   */
+  foreignGpuResources(): string[] {
+    return [...this.foreign];
+  }
+
   /** Whether every atom of `hold` is in the list the kubelet was last sent (on an open stream). */
   advertised(hold: KubernetesHold): boolean {
     return hold.stableIds.every((id) =>
@@ -115,6 +128,7 @@ export class KubeletDevicePlugin {
   update(holds: readonly KubernetesHold[], gpus: readonly GpuInventory[]): void {
     this.atoms = advertisedAtoms(holds, gpus);
     this.migCapable = gpus.some((g) => g.mig?.mode === 'enabled');
+    this.gpuIds = new Set(gpus.flatMap((g) => [g.uuid, ...(g.mig?.instances ?? []).map((m) => m.uuid)]));
     let changed = false;
     for (const server of this.servers.values()) changed = this.send(server) || changed;
     if (changed) this.options.advertisedChanged?.();
@@ -170,6 +184,12 @@ export class KubeletDevicePlugin {
         // The kubelet removes every plugin socket when it starts: serve again on a fresh one.
         if (current) await this.closeServer(current);
         this.servers.set(kind, await this.serve(kind));
+      }
+      const foreign = foreignGpuResources(readKubeletCheckpoint(this.options.dir), this.gpuIds);
+      if (foreign.join(',') !== this.foreign.join(',')) {
+        this.foreign = foreign;
+        this.options.log.warn({ resources: foreign }, 'foreign GPU exposure changed');
+        this.options.foreignChanged?.(foreign);
       }
       const kubelet = this.kubeletIdentity();
       for (const server of this.servers.values()) {
@@ -296,7 +316,10 @@ export class KubeletDevicePlugin {
           })),
         });
       },
-      allocate: (call: ServerUnaryCall<AllocateRequest, AllocateResponse>, done: sendUnaryData<AllocateResponse>) => {
+      allocate: (
+        call: ServerUnaryCall<AllocateRequest, AllocateResponse>,
+        done: sendUnaryData<AllocateResponse>,
+      ) => {
         const atoms = new Map((this.atoms.get(resource.kind) ?? []).map((a) => [a.id, a]));
         const responses: ContainerAllocateResponse[] = [];
         for (const request of call.request.containerRequests) {
@@ -312,7 +335,8 @@ export class KubeletDevicePlugin {
             return;
           }
           const chosen = request.devicesIds.map((id) => atoms.get(id)!);
-          for (const atom of chosen) this.allocated.set(atom.id, { allocationId: atom.allocationId, resourceName });
+          for (const atom of chosen)
+            this.allocated.set(atom.id, { allocationId: atom.allocationId, resourceName });
           const visible = [...new Set(chosen.map((a) => a.visibleDevice))].join(',');
           responses.push({
             envs: {

@@ -19,6 +19,7 @@ import {
   RegistrationService,
 } from '../proto/gen/deviceplugin/v1beta1/api.ts';
 import { devicePluginApiVersion, kubeletSocketName } from './device-plugin.ts';
+import { writeKubeletCheckpoint } from './kubelet-checkpoint.ts';
 
 interface Plugin {
   request: RegisterRequest;
@@ -39,7 +40,10 @@ export class KubeletStandIn {
   private server: Server | null = null;
   private readonly plugins = new Map<string, Plugin>();
   /** Devices given to pods: pod name to resource name and device ids. */
-  readonly pods = new Map<string, { resourceName: string; deviceIds: string[]; response: AllocateResponse }>();
+  readonly pods = new Map<
+    string,
+    { resourceName: string; deviceIds: string[]; response: AllocateResponse }
+  >();
   /** Every Register the kubelet accepted, in order. */
   readonly registrations: RegisterRequest[] = [];
 
@@ -60,12 +64,15 @@ export class KubeletStandIn {
         }
         this.connect(call.request);
         this.registrations.push(call.request);
+        this.checkpoint();
         done(null, {});
       },
     });
     await new Promise<void>((resolve, reject) =>
-      server.bindAsync(`unix://${path.join(this.dir, kubeletSocketName)}`, ServerCredentials.createInsecure(), (err) =>
-        err ? reject(err) : resolve(),
+      server.bindAsync(
+        `unix://${path.join(this.dir, kubeletSocketName)}`,
+        ServerCredentials.createInsecure(),
+        (err) => (err ? reject(err) : resolve()),
       ),
     );
     this.server = server;
@@ -117,7 +124,11 @@ export class KubeletStandIn {
     }
     const preferred = await new Promise<string[]>((resolve, reject) =>
       client.getPreferredAllocation(
-        { containerRequests: [{ availableDeviceIDs: available, mustIncludeDeviceIDs: [], allocationSize: count }] },
+        {
+          containerRequests: [
+            { availableDeviceIDs: available, mustIncludeDeviceIDs: [], allocationSize: count },
+          ],
+        },
         (err, res) => (err ? reject(err) : resolve(res.containerResponses[0]?.deviceIDs ?? [])),
       ),
     );
@@ -128,12 +139,29 @@ export class KubeletStandIn {
       ),
     );
     this.pods.set(pod, { resourceName, deviceIds, response });
+    this.checkpoint();
     return response;
   }
 
   /** The pod ended: its devices are free for the next one. */
   removePod(pod: string): void {
     this.pods.delete(pod);
+    this.checkpoint();
+  }
+
+  /** What the kubelet keeps on disk: registered resources with their devices, and pods' devices. */
+  private checkpoint(): void {
+    writeKubeletCheckpoint(this.dir, {
+      registeredDevices: Object.fromEntries(
+        [...this.plugins.entries()].map(([name, p]) => [name, p.devices.map((d) => d.ID)]),
+      ),
+      podDeviceEntries: [...this.pods.entries()].map(([pod, p]) => ({
+        podUid: pod,
+        containerName: 'main',
+        resourceName: p.resourceName,
+        deviceIds: p.deviceIds,
+      })),
+    });
   }
 
   private connect(request: RegisterRequest): void {
@@ -147,9 +175,13 @@ export class KubeletStandIn {
     const plugin: Plugin = { request, client, stream, devices: [] };
     stream.on('data', (list: ListAndWatchResponse) => {
       plugin.devices = list.devices;
+      this.checkpoint();
     });
+    // A plugin gone (its stream ended): its resource is no longer registered.
     stream.on('error', () => {
-      if (this.plugins.get(request.resourceName) === plugin) this.plugins.delete(request.resourceName);
+      if (this.plugins.get(request.resourceName) !== plugin) return;
+      this.plugins.delete(request.resourceName);
+      if (this.server) this.checkpoint();
     });
     this.plugins.set(request.resourceName, plugin);
   }

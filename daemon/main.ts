@@ -110,7 +110,9 @@ common(program.command('site'))
       hardware,
       log,
     });
-    console.log(`site agent ${site.identity.nodeName} (${site.identity.nodeId}) of site ${site.identity.siteId}`);
+    console.log(
+      `site agent ${site.identity.nodeName} (${site.identity.nodeId}) of site ${site.identity.siteId}`,
+    );
     waitForSignal(() => site.stop());
   });
 
@@ -140,8 +142,17 @@ program
   )
   .option('--gpu-model <model>', 'GPU model', defaultSimShape.gpuModel)
   .option('--join-concurrency <n>', 'joins in flight at once', (v) => Number.parseInt(v, 10), 4)
+  .option(
+    '--kubelet <mode>',
+    "serve kubernetes bindings as a device plugin in <node dir>/device-plugins: 'stand-in' (an in-process kubelet per node) or 'external'",
+  )
   .option('--log-level <level>', 'log level', 'info')
   .action(async (flags) => {
+    if (flags.kubelet !== undefined && flags.kubelet !== 'stand-in' && flags.kubelet !== 'external') {
+      throw new Error(
+        `--kubelet must be 'stand-in' or 'external', not ${String(flags.kubelet).slice(0, 40)}`,
+      );
+    }
     const log = createLogger({ level: flags.logLevel, name: 'bcd-sim' });
     const fleet = await startSimulatedFleet({
       gatewayAddress: flags.gateway,
@@ -152,6 +163,7 @@ program
       log,
       shape: { gpus: flags.gpus, nvlinkDomainSize: flags.nvlinkDomain, gpuModel: flags.gpuModel },
       joinConcurrency: flags.joinConcurrency,
+      ...(flags.kubelet ? { kubelet: flags.kubelet } : {}),
     });
     for (const node of fleet.nodes) console.log(`${node.name} ${node.nodeId}`);
     waitForSignal(() => fleet.stop());

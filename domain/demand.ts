@@ -21,6 +21,14 @@ export const demandReasons = [
 ] as const;
 export type DemandReason = (typeof demandReasons)[number];
 
+/** The end reasons of a reservation that failed for want of capacity (recorded as `failed-capacity`). */
+export const capacityFailureReasons = ['max-pending-exceeded'] as const;
+
+/** Whether a reservation that ended `failed` with this reason failed for want of capacity. */
+export function isCapacityFailure(reason: string): boolean {
+  return (capacityFailureReasons as readonly string[]).includes(reason);
+}
+
 /** `hold notebook: 2 cores, 4 GiB` (VRAM only when the kind declares some). */
 export function holdShape(kind: { name: string; cpuCores: number; ramGiB: number; vramGiB: number }): string {
   return `hold ${kind.name}: ${figure(kind.cpuCores)} cores, ${figure(kind.ramGiB)} GiB${

@@ -66,6 +66,11 @@ export const hostSectionSchema = z.strictObject({
     .optional(),
   /** The cgroup hierarchy bcd enforces holds with: `v2`, `v2-systemd`, `v1`, or `none`. */
   cgroup: z.enum(['v2', 'v2-systemd', 'v1', 'none']).optional(),
+  /**
+   * Resource names besides bcd's through which the node's kubelet can hand its GPUs to pods
+   * (another device plugin registered, e.g. `nvidia.com/gpu`): the node condition ForeignGpuExposure.
+   */
+  foreignGpuResources: z.array(z.string().min(1).max(253)).max(64).optional(),
 });
 export type HostSection = z.infer<typeof hostSectionSchema>;
 

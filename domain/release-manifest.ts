@@ -20,11 +20,15 @@ import { compareVersions, versionPattern } from './release-version.ts';
 
 const sha256Hex = z.string().regex(/^[0-9a-f]{64}$/, 'a hex SHA-256 (64 lower-case hex digits)');
 
+/** One part of a file's path: letters, digits, '_', '.', '-', but never '.' or '..' (no lookahead, so
+ * every JSON Schema tool can generate and check it). */
+const pathPart = String.raw`(?:[A-Za-z0-9_-][A-Za-z0-9_.-]*|\.[A-Za-z0-9_-][A-Za-z0-9_.-]*|\.\.[A-Za-z0-9_.-]+)`;
+
 export const releaseFileSchema = z.strictObject({
   path: z
     .string()
     .regex(
-      /^(?!\.\.?(\/|$))(?!.*\/\.\.?(\/|$))[A-Za-z0-9_.-]+(\/[A-Za-z0-9_.-]+)*$/,
+      new RegExp(`^${pathPart}(?:\\/${pathPart})*$`),
       "a relative path of letters, digits, '_', '.', '-' and '/' (no '.' or '..' parts, no leading '/')",
     )
     .max(200),
@@ -88,9 +92,28 @@ export const releaseRefusals = [
 ] as const;
 export type ReleaseRefusal = (typeof releaseRefusals)[number];
 
-/** A refused release: INVALID_INPUT (CONFLICT for a downgrade) with `details.refusal`. */
+/** The field of `releases.publish` each refusal is about (`details.field`). */
+const refusedField: Record<ReleaseRefusal, string> = {
+  'bad-signature': 'signatures',
+  'unpinned-key': 'signatures',
+  'below-threshold': 'signatures',
+  'no-trust': 'signatures',
+  'digest-mismatch': 'files',
+  expired: 'manifest.expiresAt',
+  downgrade: 'manifest.version',
+  'protocol-unsupported': 'manifest.protocolVersion',
+  'control-plane-too-old': 'manifest.minControlPlaneVersion',
+};
+
+/**
+ * A refused release: INVALID_INPUT (CONFLICT for a downgrade) with `details.refusal` and the field
+ * it is about (`details.field`).
+ */
 export function releaseRefused(refusal: ReleaseRefusal, message: string): ComputeError {
-  return new ComputeError(refusal === 'downgrade' ? 'CONFLICT' : 'INVALID_INPUT', message, { refusal });
+  return new ComputeError(refusal === 'downgrade' ? 'CONFLICT' : 'INVALID_INPUT', message, {
+    refusal,
+    field: refusedField[refusal],
+  });
 }
 
 /** The bytes a release signature covers: a domain tag and the manifest's canonical JSON. */

@@ -41,3 +41,15 @@ export const rolloutWorkflow = {
   type: 'rolloutWorkflow',
   signals: { pause: 'pause', resume: 'resume', abort: 'abort' },
 } as const;
+
+/**
+ * How a rollout's workflow is started (id = the rollout id), by the API after `rollouts.create`
+ * commits and by the orphan sweeper when that start never happened. Starting it again while it
+ * runs is refused by its id (harmless).
+ */
+export function rolloutWorkflowStart(
+  rolloutId: string,
+  taskQueue: string,
+): { workflowId: string; taskQueue: string; args: [{ rolloutId: string }] } {
+  return { workflowId: rolloutId, taskQueue, args: [{ rolloutId }] };
+}

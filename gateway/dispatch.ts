@@ -1,5 +1,6 @@
 import type { Transaction } from 'kysely';
 import type { Database } from '../core/database.ts';
+import { transactionRetryingConflicts } from '../db/conflict-retry.ts';
 import { findInvalidCertificateSerials } from '../db/nodes/certificates.ts';
 import {
   expireOverdueCommands,
@@ -117,27 +118,23 @@ export class Dispatcher {
     }
     const heard = this.ctx.registry.heard;
     if (heard.size === 0) return;
-    const ids = [...heard.keys()].sort();
-    const epochs = ids.map((id) => heard.get(id)!);
+    const batch = [...heard.keys()].sort().map((nodeId) => ({ nodeId, epoch: heard.get(nodeId)! }));
     heard.clear();
+    // Put heartbeats back (unless a newer one already replaced them) for the next flush.
+    const putBack = (fences: ReadonlyArray<{ nodeId: string; epoch: number }>) => {
+      for (const { nodeId, epoch } of fences) if (!heard.has(nodeId)) heard.set(nodeId, epoch);
+    };
     // A node the database wrongly thinks silent (another gateway's sweep during a pause, a moved
-    // clock) while its session here is alive is connected again by its next heartbeat.
-    const revived = await this.ctx.db
-      .transaction()
-      .execute((trx) =>
-        recordHeartbeats(
-          trx,
-          this.ctx.options.gatewayId,
-          ids.map((nodeId, i) => ({ nodeId, epoch: epochs[i]! })),
-        ),
-      )
-      .catch((error: unknown) => {
-        // Put the batch back (unless a newer heartbeat already replaced it) for the next flush.
-        ids.forEach((id, i) => {
-          if (!heard.has(id)) heard.set(id, epochs[i]!);
-        });
-        throw error;
-      });
+    // clock) while its session here is alive is connected again by its next heartbeat. A deadlock
+    // or serialization conflict is retried; a batch that still fails waits for the next flush.
+    const { revived, deferred } = await transactionRetryingConflicts(this.ctx.db, (trx) =>
+      recordHeartbeats(trx, this.ctx.options.gatewayId, batch),
+    ).catch((error: unknown) => {
+      putBack(batch);
+      throw error;
+    });
+    // Rows another transaction held were skipped rather than waited for: the next flush writes them.
+    putBack(deferred);
     if (revived.length > 0) {
       this.ctx.log.info({ nodeIds: revived.slice(0, 20), count: revived.length }, 'nodes connected again');
       await wakeReservationsOnNodes(this.ctx, revived, 'node-reconnected');
@@ -178,7 +175,8 @@ export class Dispatcher {
   }
 
   private async markUnreachable(mark: (trx: Transaction<Database>) => Promise<string[]>): Promise<void> {
-    const ids = await this.ctx.db.transaction().execute(mark);
+    // The sweep skips held rows and a lapse locks one row, but a conflict is retried all the same.
+    const ids = await transactionRetryingConflicts(this.ctx.db, mark);
     if (ids.length > 0) {
       this.ctx.log.warn({ nodeIds: ids.slice(0, 20), count: ids.length }, 'nodes unreachable');
     }

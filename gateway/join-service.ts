@@ -267,6 +267,10 @@ export async function renewNodeCertificate(
     throw new ComputeError('UNAUTHENTICATED', 'the certificate is unknown, revoked or expired');
   }
   if (current.provisionState === 'retired') throw new ComputeError('ACCESS_DENIED', 'the node is retired');
+  if (current.role === 'ramdisk') {
+    // The discovery attestor's bound: a ramdisk's identity never outlives its 2 hours.
+    throw new ComputeError('INVALID_STATE', 'a ramdisk certificate is not renewed: it lasts at most 2 hours');
+  }
   const csr = await readCsr(request.csrPem);
   return options.db.transaction().execute(async (trx) => {
     if (!(await lockUnrevokedCertificate(trx, current.serial))) {

@@ -255,7 +255,10 @@ export class NodeSession implements RegisteredSession {
         }
         const sections = parseInventory(body.value.sections);
         await applyInventory(this.ctx.db, { nodeId: this.nodeId, epoch: this.epoch, sections });
-        if (sections.gpus) void wakeReservationsOnNodes(this.ctx, [this.nodeId], 'node-inventory-changed');
+        // GPUs' health and the host's ForeignGpuExposure both change what active reservations show.
+        if (sections.gpus || sections.host) {
+          void wakeReservationsOnNodes(this.ctx, [this.nodeId], 'node-inventory-changed');
+        }
         await markNodeReadyIfConverged(this.ctx.db, this);
         return;
       }

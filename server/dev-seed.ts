@@ -4,8 +4,8 @@ import type { Logger } from '../core/logger.ts';
 import { startSimulatedFleet } from '../daemon/sim.ts';
 import { createJoinToken } from '../db/nodes/join-tokens.ts';
 import { labelPoolInRuns } from '../db/nodes/labels.ts';
-import { bootstrapPlatform } from '../iam/bootstrap.ts';
 import type { ReleaseTrust } from '../domain/release-manifest.ts';
+import { bootstrapPlatform } from '../iam/bootstrap.ts';
 import { devReleaseVersions } from './dev-releases.ts';
 import { seedDemo } from './seed-demo.ts';
 import type { ControlPlane } from './serve.ts';
@@ -22,6 +22,8 @@ export async function seedDevStack(input: {
   log: Logger;
   /** The release signers the simulated bcds pin. */
   releaseTrust?: ReleaseTrust;
+  /** Several gateways (`dev --cluster`): the simulated servers are spread over them and fail over. */
+  gatewayAddresses?: string[];
 }) {
   const { plane, sim, log } = input;
   const { db } = plane.deps;
@@ -42,12 +44,16 @@ export async function seedDevStack(input: {
     log.info({ nodes: sim }, 'starting simulated GPU servers');
     const fleet = await startSimulatedFleet({
       gatewayAddress: plane.gateway.address,
+      ...(input.gatewayAddresses ? { gatewayAddresses: input.gatewayAddresses } : {}),
       caCertificatePem: plane.gateway.caCertificatePem,
       joinToken: joinToken.token,
       nodes: sim,
       rootDir: path.join(input.dataDir, 'sim'),
       log: log.child({ component: 'sim' }),
-      bcd: { version: devReleaseVersions.current, ...(input.releaseTrust ? { trust: input.releaseTrust } : {}) },
+      bcd: {
+        version: devReleaseVersions.current,
+        ...(input.releaseTrust ? { trust: input.releaseTrust } : {}),
+      },
     });
     // One simulated H100 server in MIG mode (seven 1g.10gb instances per GPU) for pool h100-mig.
     const migPool = demo.pools.find((p) => p.name === 'h100-mig')!;

@@ -10,6 +10,7 @@ import { devWebhookAllowHosts } from '../domain/webhook-target.ts';
 import { defaultToolsDir, startTemporalDevServer, waitForTemporal } from '../temporal/dev-server.ts';
 import { devDeploymentSecret } from './dev-secret.ts';
 import { devReleaseSigner, seedDevReleases } from './dev-releases.ts';
+import { seedDevMetal } from './dev-metal.ts';
 import { seedDevStack } from './dev-seed.ts';
 import { startControlPlane } from './serve.ts';
 import { startWatchdog, supervise } from './supervise.ts';
@@ -27,6 +28,9 @@ export interface DevStackInfo {
   releases: Array<{ id: string; version: string; current: boolean }>;
   /** The dev release signer's key file (for `releases sign`) and its pin. */
   releaseSigner: { keyFile: string; pin: string };
+  /** The bare-metal site, its site agent's machines (node ids), and the demo profile (signed image). */
+  sites: Array<{ id: string; name: string; machines: string[] }>;
+  profiles: Array<{ id: string; name: string; version: number }>;
 }
 
 export interface DevStack {
@@ -146,6 +150,8 @@ export async function startDevStack(options: {
       BETTER_COMPUTE_SECRET: config.BETTER_COMPUTE_SECRET ?? devDeploymentSecret(dataDir, log),
       // The dev release signer is pinned by the control plane and by every simulated bcd.
       BETTER_COMPUTE_RELEASE_PINS: [...config.BETTER_COMPUTE_RELEASE_PINS, signer.pin],
+      // The same dev signer signs the demo image of the bare-metal site.
+      BETTER_COMPUTE_IMAGE_SIGNER_PINS: [...config.BETTER_COMPUTE_IMAGE_SIGNER_PINS, signer.pin],
     };
     const plane = await startControlPlane({
       mode: 'all',
@@ -173,6 +179,15 @@ export async function startDevStack(options: {
       log,
     });
 
+    const metal = await seedDevMetal({
+      plane,
+      dataDir,
+      rootToken: demo.tenants.root.token,
+      signer,
+      log,
+    });
+    stops.push(metal.stop);
+
     const info: DevStackInfo = {
       apiUrl: plane.apiUrl!,
       temporalAddress,
@@ -183,6 +198,8 @@ export async function startDevStack(options: {
       pools: demo.pools,
       releases,
       releaseSigner: { keyFile: signer.keyFile, pin: signer.pin },
+      sites: metal.sites,
+      profiles: metal.profiles,
     };
     // Written whole and renamed into place, so a script waiting for dev.json never reads half of it.
     const devJson = path.join(dataDir, 'dev.json');

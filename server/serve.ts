@@ -6,7 +6,7 @@ import { createDb } from '../db/pool.ts';
 import { startWebhookDispatcher } from '../events/webhook-dispatcher.ts';
 import { startGateway } from '../gateway/server.ts';
 import { createEmbeddedIam, type EmbeddedIam } from '../iam/embedded/index.ts';
-import { connectTemporal } from '../temporal/client.ts';
+import { connectTemporal, temporalTls } from '../temporal/client.ts';
 import { createTemporalLifecycle } from '../temporal/lifecycle.ts';
 import { startWorker, type WorkerDeps } from '../temporal/worker.ts';
 import { type Compute, createCompute } from './compute.ts';
@@ -47,9 +47,11 @@ export async function startControlPlane(options: {
     const iam = createEmbeddedIam({ db: handle.db, log: log.child({ component: 'iam' }) });
     // Every mode talks to Temporal: the API starts and signals workflows, the gateway signals them
     // after writing a node's report, the worker runs them.
+    const tls = temporalTls(config);
     const connection = await connectTemporal({
       address: options.temporalAddress,
       namespace: config.TEMPORAL_NAMESPACE,
+      ...(tls ? { tls } : {}),
     });
     stops.push(connection.close);
     const temporal: Client = connection.client;
@@ -106,11 +108,13 @@ export async function startModeProcesses(
   }
   if (mode === 'worker' || mode === 'all') {
     if (input.temporal) {
+      const tls = temporalTls(config);
       const worker = await startWorker({
         db,
         log,
         iam: deps.iam,
         address: input.temporal.address,
+        ...(tls ? { tls } : {}),
         namespace: config.TEMPORAL_NAMESPACE,
         taskQueue: config.BETTER_COMPUTE_TASK_QUEUE,
         draftRetentionHours: config.BETTER_COMPUTE_DRAFT_RETENTION_HOURS,

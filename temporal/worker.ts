@@ -1,4 +1,5 @@
 import { fileURLToPath } from 'node:url';
+import type { TLSConfig } from '@temporalio/client';
 import {
   bundleWorkflowCode,
   type LogLevel,
@@ -87,6 +88,8 @@ export interface WorkerDeps {
   /** The Temporal frontend, e.g. 127.0.0.1:7233. */
   address: string;
   namespace?: string;
+  /** TLS to the frontend (`temporalTls(config)`). */
+  tls?: TLSConfig;
   taskQueue: string;
   /** Timer overrides for workflows this process starts (tests use seconds). */
   timers?: Partial<LifecycleTimers>;
@@ -113,10 +116,17 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
   const log = deps.log.child({ component: 'worker', taskQueue: deps.taskQueue });
   const namespace = deps.namespace ?? 'default';
   installTemporalRuntime(deps.log);
-  const temporal = await connectTemporal({ address: deps.address, namespace });
+  const temporal = await connectTemporal({
+    address: deps.address,
+    namespace,
+    ...(deps.tls ? { tls: deps.tls } : {}),
+  });
   let connection: NativeConnection;
   try {
-    connection = await NativeConnection.connect({ address: deps.address });
+    connection = await NativeConnection.connect({
+      address: deps.address,
+      ...(deps.tls ? { tls: deps.tls } : {}),
+    });
   } catch (error) {
     await temporal.close();
     throw error;
@@ -139,7 +149,11 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
     ...createGangActivities({ db: deps.db, log }),
     ...createBookingRepairActivities({ db: deps.db, log, caches }),
     ...createReportActivities({ db: deps.db, log }),
-    ...createRolloutActivities({ db: deps.db, log }),
+    ...createRolloutActivities({
+      db: deps.db,
+      log,
+      temporal: { client: temporal.client, taskQueue: deps.taskQueue },
+    }),
     ...createMetalActivities({ db: deps.db, log }),
     ...createUsageActivities({ db: deps.db, log, iam: deps.iam }),
     ...createSweeperActivities({

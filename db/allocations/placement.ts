@@ -13,6 +13,7 @@ import {
   summarizeNoFit,
 } from '../../domain/placer.ts';
 import type { NormalizedRequest } from '../../domain/reservation-request.ts';
+import { isTransientConflict } from '../conflict-retry.ts';
 import {
   BookingConflict,
   insertAllocationWithBookings,
@@ -236,13 +237,14 @@ export async function withPlacementTransaction<T>(
     try {
       return await db.transaction().execute(fn);
     } catch (error) {
-      const code = (error as { code?: string }).code;
-      const retryable = error instanceof PlacementContention || code === '40P01' || code === '40001';
+      const retryable = error instanceof PlacementContention || isTransientConflict(error);
       if (!retryable) throw error;
       if (attempt >= attempts) {
         throw error instanceof PlacementContention
           ? error
-          : new PlacementContention(`the placement met ${attempts} deadlocks or serialization conflicts in a row`);
+          : new PlacementContention(
+              `the placement met ${attempts} deadlocks or serialization conflicts in a row`,
+            );
       }
       await new Promise((resolve) => setTimeout(resolve, 2 + Math.random() * 8 * attempt));
     }

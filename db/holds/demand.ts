@@ -39,9 +39,29 @@ const visibleTo = (tenantId: string, poolId: string | undefined) => sql`
   AND u.recorded_at >= w.start`;
 
 /**
+ * Records, in the caller's transaction, that a reservation failed for want of capacity (the
+ * lifecycle ended it `failed` with a capacity reason, e.g. `max-pending-exceeded`): its ledger
+ * entry (written when it went pending) becomes `failed-capacity` with the failure's message, or is
+ * written so when it had none. One entry per reservation, so the request is still counted once;
+ * idempotent (a retried activity changes nothing more). Codes: none.
+ */
+export async function recordCapacityFailure(
+  trx: Trx,
+  row: { id: string; tenant_id: string; pool_id: string; request: unknown },
+  message: string,
+): Promise<void> {
+  const entry = reservationDemand(row, 'failed-capacity', message);
+  await sql`
+    INSERT INTO unmet_demand AS u (dedupe_key, tenant_id, pool_id, source, subject_id, shape, kind, device_request, reason, message)
+    VALUES (${entry.dedupeKey}, ${entry.tenantId}, ${entry.poolId}, ${entry.source}, ${entry.subjectId}, ${entry.shape},
+            null, ${JSON.stringify(entry.deviceRequest ?? null)}::jsonb, ${entry.reason}, ${entry.message})
+    ON CONFLICT (dedupe_key) DO UPDATE SET reason = EXCLUDED.reason, message = EXCLUDED.message
+      WHERE u.reason <> EXCLUDED.reason`.execute(trx);
+}
+
+/**
  * The ledger over the last `windowSeconds` before compute_now(): counts by shape, pool, tenant and
- * reason (a reservation recorded pending that since failed for want of capacity counts as
- * `failed-capacity`), and the top unmet shapes. Read-only.
+ * reason, and the top unmet shapes. Read-only.
  */
 export async function readDemandCounts(
   db: Db,
@@ -50,11 +70,8 @@ export async function readDemandCounts(
   const base = sql`
     WITH w AS (SELECT compute_now() - make_interval(secs => ${input.windowSeconds}) AS start, compute_now() AS end),
     d AS (
-      SELECT u.shape, u.pool_id, u.tenant_id, u.recorded_at,
-             CASE WHEN u.source = 'reservation' AND r.state = 'failed' AND r.end_reason = 'max-pending-exceeded'
-                  THEN 'failed-capacity' ELSE u.reason END AS reason
+      SELECT u.shape, u.pool_id, u.tenant_id, u.recorded_at, u.reason
       FROM unmet_demand u CROSS JOIN w
-      LEFT JOIN reservations r ON u.source = 'reservation' AND r.id = u.subject_id
       WHERE ${visibleTo(input.tenantId, input.poolId)}
     )`;
   const by = async (column: 'shape' | 'pool_id' | 'tenant_id' | 'reason') => {
@@ -137,7 +154,7 @@ export async function readPendingForDemand(
  */
 export function reservationDemand(
   row: { id: string; tenant_id: string; pool_id: string; request: unknown },
-  reason: Extract<DemandReason, 'pending' | 'capacity' | 'quota'>,
+  reason: Extract<DemandReason, 'pending' | 'capacity' | 'quota' | 'failed-capacity'>,
   message: string,
 ): UnmetDemandEntry {
   const request = row.request as Parameters<typeof reservationShape>[0];

@@ -46,7 +46,27 @@ export async function applyNodeInventory(
   }
   if (sections.gpus) await applyGpus(trx, nodeId, sections.gpus);
   if (sections.host) await applyHost(trx, nodeId, sections.host);
+  if (sections.host) await checkForeignGpuExposure(trx, nodeId, sections.host);
   await checkGpuCount(trx, nodeId);
+}
+
+/**
+ * ForeignGpuExposure: the node's bcd reports that something besides it (another device plugin)
+ * can hand the node's GPUs to pods. Active reservations on the node show `Degraded` for it; the
+ * node stays schedulable and nothing is released.
+ */
+async function checkForeignGpuExposure(trx: Trx, nodeId: string, host: HostSection): Promise<void> {
+  const foreign = host.foreignGpuResources ?? [];
+  if (foreign.length > 0) {
+    await setNodeCondition(trx, nodeId, {
+      type: 'ForeignGpuExposure',
+      reason: 'ForeignDevicePlugin',
+      message: `the kubelet can hand this node's GPUs to pods through ${foreign.join(', ')}, not only through bcd`,
+      effect: null,
+    });
+  } else {
+    await setNodeCondition(trx, nodeId, null, 'ForeignGpuExposure');
+  }
 }
 
 /**

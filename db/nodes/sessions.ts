@@ -173,41 +173,63 @@ export async function findSpecsToSend(
   return rows.map((r) => ({ nodeId: r.id, generation: Number(r.spec_generation), spec: r.spec }));
 }
 
+/** What one heartbeat flush did. */
+export interface RecordedHeartbeats {
+  /** Nodes the database had lost (unreachable or on no/another gateway), connected again. */
+  revived: string[];
+  /** Heard nodes whose row another transaction held: nothing written, for the next flush. */
+  deferred: SessionFence[];
+}
+
 /**
  * Records one flush of heartbeats heard by `gatewayId`, in the caller's transaction: each node
  * still at the heard epoch gets `last_heartbeat_at` and is connected on this gateway. A node the
  * database wrongly thought silent (another gateway's sweep during a pause, a moved clock) is
- * connected again and loses `NodeUnreachable`; those are answered. Rows are locked in id order
- * (the liveness sweep skips locked rows), so the two never deadlock. Whether a node was lost is
- * read from the row as locked: a sweep that committed while this waited for the lock counts.
+ * connected again and loses `NodeUnreachable`; those are answered as `revived`.
+ *
+ * Never waits for a node's row lock, so it can take no part in a deadlock: rows are locked in id
+ * order `FOR NO KEY UPDATE SKIP LOCKED` (the lock an UPDATE of non-key columns takes anyway, which
+ * lets inserts of rows referencing the node through), and a heard node whose row another
+ * transaction holds (the liveness sweep, a session opening, a rollout step enqueuing commands to
+ * many nodes in its own order) is answered as `deferred`, still at its epoch, for the caller's next
+ * flush. A node fenced by a newer epoch is neither. Whether a node was lost is read from the row
+ * as locked: a sweep that committed before this locked it counts. Idempotent.
  */
 export async function recordHeartbeats(
   trx: Trx,
   gatewayId: string,
   heard: ReadonlyArray<SessionFence>,
-): Promise<string[]> {
-  if (heard.length === 0) return [];
-  const { rows } = await sql<{ id: string; was_lost: boolean }>`
-    WITH locked AS (
+): Promise<RecordedHeartbeats> {
+  if (heard.length === 0) return { revived: [], deferred: [] };
+  const { rows } = await sql<{ id: string; epoch: string; was_lost: boolean; deferred: boolean }>`
+    WITH heard AS (
+      SELECT * FROM unnest(${heard.map((h) => h.nodeId)}::text[], ${heard.map((h) => h.epoch)}::bigint[])
+        AS t(id, epoch)
+    ), locked AS (
       SELECT n.id, (n.connectivity <> 'connected' OR n.session_gateway IS DISTINCT FROM ${gatewayId}) AS was_lost
-      FROM nodes n
-      JOIN unnest(${heard.map((h) => h.nodeId)}::text[], ${heard.map((h) => h.epoch)}::bigint[]) AS t(id, epoch)
-        ON n.id = t.id AND n.epoch = t.epoch
-      ORDER BY n.id FOR UPDATE OF n
+      FROM nodes n JOIN heard t ON n.id = t.id AND n.epoch = t.epoch
+      ORDER BY n.id FOR NO KEY UPDATE OF n SKIP LOCKED
+    ), written AS (
+      UPDATE nodes n SET last_heartbeat_at = compute_now(), connectivity = 'connected',
+        session_gateway = ${gatewayId}
+      FROM locked WHERE n.id = locked.id
+      RETURNING n.id, n.epoch, locked.was_lost
     )
-    UPDATE nodes n SET last_heartbeat_at = compute_now(), connectivity = 'connected',
-      session_gateway = ${gatewayId}
-    FROM locked WHERE n.id = locked.id
-    RETURNING n.id, locked.was_lost`.execute(trx);
-  const lost = rows.filter((r) => r.was_lost).map((r) => r.id);
-  if (lost.length > 0) {
+    SELECT id, epoch, was_lost, false AS deferred FROM written
+    UNION ALL
+    SELECT t.id, t.epoch, false, true FROM heard t
+    WHERE NOT EXISTS (SELECT 1 FROM locked l WHERE l.id = t.id)
+      AND EXISTS (SELECT 1 FROM nodes n WHERE n.id = t.id AND n.epoch = t.epoch)`.execute(trx);
+  const revived = rows.filter((r) => !r.deferred && r.was_lost).map((r) => r.id);
+  if (revived.length > 0) {
     await trx
       .deleteFrom('node_conditions')
-      .where('node_id', 'in', lost)
+      .where('node_id', 'in', revived)
       .where('type', '=', 'NodeUnreachable')
       .execute();
   }
-  return lost;
+  const deferred = rows.filter((r) => r.deferred).map((r) => ({ nodeId: r.id, epoch: Number(r.epoch) }));
+  return { revived, deferred };
 }
 
 /**
@@ -227,8 +249,10 @@ export async function markSessionUnreachable(trx: Trx, fence: SessionFence): Pro
 
 /**
  * Nodes whose heartbeats reached no gateway for a whole lease (by `compute_now()`) become
- * unreachable with `NodeUnreachable`; nothing they hold is released. Rows another transaction
- * holds are skipped (the next sweep sees them). Answers the node ids marked.
+ * unreachable with `NodeUnreachable`; nothing they hold is released. Never waits for a node's row
+ * lock (so, like the heartbeat flush, it takes no part in a deadlock): rows another transaction
+ * holds (a flush writing their heartbeat, a session opening) are skipped, the next sweep sees them.
+ * Answers the node ids marked.
  */
 export async function markSilentNodesUnreachable(trx: Trx, leaseSeconds: number): Promise<string[]> {
   const { rows } = await sql<{ id: string }>`
@@ -236,7 +260,7 @@ export async function markSilentNodesUnreachable(trx: Trx, leaseSeconds: number)
       SELECT id FROM nodes
       WHERE connectivity = 'connected'
         AND (last_heartbeat_at IS NULL OR last_heartbeat_at < compute_now() - make_interval(secs => ${leaseSeconds}))
-      ORDER BY id FOR UPDATE SKIP LOCKED
+      ORDER BY id FOR NO KEY UPDATE SKIP LOCKED
     )
     UPDATE nodes SET connectivity = 'unreachable', session_gateway = NULL, updated_at = compute_now()
     FROM stale WHERE nodes.id = stale.id

@@ -142,7 +142,9 @@ export async function insertRollout(
     }
     const candidates = await selectRolloutCandidates(trx, input.selector);
     if (candidates.length === 0) {
-      throw new ComputeError('INVALID_INPUT', 'selector: no node matches (check poolIds and labels)');
+      throw new ComputeError('INVALID_INPUT', 'selector: no node matches (check poolIds and labels)', {
+        field: 'selector',
+      });
     }
     // Round-robin by pool, so the first waves sample every pool.
     const byPool = new Map<string, string[]>();
@@ -193,6 +195,25 @@ export async function requireRollout(db: Db | Trx, id: string): Promise<RolloutR
   const rollout = await findRollout(db, id);
   if (!rollout) throw new ComputeError('NOT_FOUND', `rollout ${id} not found (rollouts.list shows them)`);
   return rollout;
+}
+
+/**
+ * The ids of rollouts still running or paused, created more than `graceMs` ago (oldest first, at
+ * most `limit`): each must have its workflow, which the orphan sweeper makes sure of.
+ */
+export async function findLiveRolloutIds(
+  db: Db,
+  input: { graceMs: number; limit: number },
+): Promise<string[]> {
+  const rows = await db
+    .selectFrom('rollouts')
+    .select('id')
+    .where('state', 'in', ['running', 'paused'])
+    .where('created_at', '<', sql<Date>`compute_now() - make_interval(secs => ${input.graceMs / 1000})`)
+    .orderBy('created_at')
+    .limit(input.limit)
+    .execute();
+  return rows.map((r) => r.id);
 }
 
 /** Rollouts newest first, optionally in one state. */

@@ -362,14 +362,14 @@ describe('reservations.create', () => {
     expect(res.body.data).toMatchObject({ state: 'placed', during: { start, end: start + 2 * 3_600_000 } });
   });
 
-  it('bounds a calendar start: at most 365 days ahead, at most 5 minutes past, by the clock', async () => {
+  it("bounds a calendar start: at most the pool's horizon (default 90 days) ahead, at most 5 minutes past, by the clock", async () => {
     const now = (await readComputeNow(h.t.db)).getTime();
     const day = 86_400_000;
     const refusals: Array<[string, unknown, RegExp]> = [
       [
         'start-far',
-        now + 366 * day,
-        /^start: .* is too far ahead; a reservation may start at most 365 days from now/,
+        now + 91 * day,
+        /^start: .* is too far ahead; in this pool a reservation may start at most 90 days from now .*pool policy calendar\.horizonDays/,
       ],
       [
         'start-past',
@@ -393,18 +393,21 @@ describe('reservations.create', () => {
       poolId,
       devices: [{ class: 'gpu', count: 2 }],
       duration: '2h',
-      start: now + 400 * day,
+      start: now + 91 * day,
     });
-    expect(preview.body.error).toMatchObject({ code: 'INVALID_INPUT', details: { field: 'start' } });
+    expect(preview.body.error).toMatchObject({
+      code: 'INVALID_INPUT',
+      details: { field: 'start', horizonDays: 90 },
+    });
     const { rows } = await sql<{ n: string }>`
       SELECT count(*) AS n FROM reservations WHERE idempotency_key LIKE 'start-%'`.execute(h.t.db);
     expect(Number(rows[0]!.n)).toBe(0);
 
-    // Within the bounds: a start a minute ago starts now; one 364 days ahead books that window.
+    // Within the bounds: a start a minute ago starts now; one 89 days ahead books that window.
     const late = await h.call(acme.token, 'reservations/create', base('start-late', { start: now - 60_000 }));
     expect(late.body.data.state).toBe('placed');
     expect(late.body.data.during.start).toBeGreaterThanOrEqual(now);
-    const ahead = now + 364 * day;
+    const ahead = now + 89 * day;
     const far = await h.call(acme.token, 'reservations/create', base('start-ahead', { start: ahead }));
     expect(far.body.data).toMatchObject({ state: 'placed', during: { start: ahead } });
     // A retry of an admitted key answers it, however the clock moved since.

@@ -159,6 +159,15 @@ describe('BookingRepair', () => {
     expect(placed.allocations[0].deviceIds).toHaveLength(2);
     expect(placed.repairs).toEqual([expect.objectContaining({ moment: 'pre-start', outcome: 'failed' })]);
     expect(await eventsOf(victim.id, 'reservation.repaired')).toHaveLength(0);
+    // A failed repair is published on its own, with the placer's summary.
+    const failedEvents = await eventsOf(victim.id, 'reservation.repair-failed');
+    expect(failedEvents).toHaveLength(1);
+    expect(failedEvents[0]!.data).toMatchObject({
+      moment: 'pre-start',
+      state: 'placed',
+      summary: expect.stringMatching(/0 of 3 nodes fit/),
+      bad: [expect.objectContaining({ nodeId: bad, reason: 'cordoned' })],
+    });
     // The others were healthy and untouched.
     for (const other of rs.slice(1)) expect((await get(other.id)).repairs).toEqual([]);
 

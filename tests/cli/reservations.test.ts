@@ -4,6 +4,7 @@ import { beforeAll, describe, expect, test, vi } from 'vitest';
 import { createComputeClient } from '../../client/index.ts';
 import { h100Shape } from '../../db/nodes/fleet.ts';
 import { useTestApi } from '../support/api.ts';
+import { insertOutboxEvent } from '../support/events.ts';
 import { seedPool } from '../support/fleet.ts';
 import { json, runCli } from './run-cli.ts';
 
@@ -326,10 +327,19 @@ describe('reserve and the lifecycle commands', () => {
       stdout += c.toString();
     });
     const exited = new Promise<number | null>((resolve) => child.on('exit', resolve));
-    const deadline = Date.now() + 30_000;
-    while (!stdout.includes('"kind":"state"') && Date.now() < deadline)
-      await new Promise((x) => setTimeout(x, 50));
-    await new Promise((x) => setTimeout(x, 800));
+    // It follows live once an event written now comes out on the stream (before that, a release
+    // could be read as its state instead): write a marker until one does, then release.
+    const deadline = Date.now() + 60_000;
+    while (!stdout.includes('"type":"test.watching"') && Date.now() < deadline) {
+      await insertOutboxEvent(api.database.db, {
+        type: 'test.watching',
+        subject: `reservation/${r.id}`,
+        tenantId: 'acme',
+      });
+      const waitUntil = Date.now() + 1_500;
+      while (!stdout.includes('"type":"test.watching"') && Date.now() < waitUntil)
+        await new Promise((x) => setTimeout(x, 50));
+    }
     await client.reservations.release({ tenantId: 'acme', reservationId: r.id });
     const code = await exited;
     expect(code).toBe(0);

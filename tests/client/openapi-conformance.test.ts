@@ -14,10 +14,21 @@ import { Ajv2020, type ValidateFunction } from 'ajv/dist/2020.js';
 import fc from 'fast-check';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { methods } from '../../api/registry.ts';
+import {
+  generateReleaseSigningKey,
+  type ReleaseManifest,
+  releaseFileEntry,
+  signRelease,
+} from '../../domain/release-manifest.ts';
+import { currentProtocolVersion } from '../../domain/release-version.ts';
+import { type Compute, createCompute } from '../../server/compute.ts';
+import { eventually } from '../support/eventually.ts';
+import { type SeededPool, seedPool } from '../support/fleet.ts';
 import { arbitraryFromSchema, type JsonSchema } from '../support/json-schema-arbitrary.ts';
 import { testLogger } from '../support/logger.ts';
 import { type MetalSite, startMetalSite } from '../support/metal-site.ts';
 import { useTempDir } from '../support/temp-dir.ts';
+import { startTestTemporal, type TestTemporal } from '../support/temporal.ts';
 import { createTwoTenants, type TwoTenants } from '../support/two-tenants.ts';
 
 const seed = Number(process.env.FUZZ_SEED ?? 20_261_117);
@@ -47,12 +58,14 @@ const methodIds = Object.entries(methods).flatMap(([group, m]) =>
  */
 const businessRules: Record<string, Record<string, string>> = {
   'reservations.create': {
-    start: 'a start lies within 5 minutes before and 365 days after the clock of the database',
+    start:
+      "a start lies within 5 minutes before and the pool's horizon (calendar.horizonDays, 90 by default) after the clock of the database",
     devices: "the device class must be the one the pool shares its GPUs as (the pool's sharing mode)",
     binding: "a binding must be one the pool offers (policy.kubernetes, a tenantRoot pool for 'node')",
   },
   'capacity.preview': {
-    start: 'a start lies within 5 minutes before and 365 days after the clock of the database',
+    start:
+      "a start lies within 5 minutes before and the pool's horizon (calendar.horizonDays, 90 by default) after the clock of the database",
     devices: "the device class must be the one the pool shares its GPUs as (the pool's sharing mode)",
     binding: "a binding must be one the pool offers (policy.kubernetes, a tenantRoot pool for 'node')",
   },
@@ -70,8 +83,27 @@ const businessRules: Record<string, Record<string, string>> = {
   'nodes.setMigLayout': {
     gpus: 'a GPU must be one the node has, which only its inventory knows',
   },
+  'admin.withdrawOffer': {
+    tenantId:
+      'the tenant must be offered the pool, not own it (an owner has no offer): which only the pools know',
+  },
   'admin.createIdentity': {
     personIdentityId: 'the identity an agent acts for must be a person, which only the directory knows',
+  },
+  'releases.publish': {
+    signatures:
+      'k distinct signatures must verify over the manifest with Ed25519 keys whose pins this control plane trusts: cryptography and configuration, not a shape',
+    files:
+      "each file's bytes must have the size and SHA-256 the manifest lists for its path, every listed path given once: a relation between two fields",
+    'manifest.expiresAt': 'a release must not have expired by the clock',
+    'manifest.protocolVersion':
+      "a release must speak this control plane's session protocol or one of the two before it, which depends on the version running",
+    'manifest.minControlPlaneVersion': 'a release may not need a newer control plane than the one running',
+  },
+  'rollouts.create': {
+    waves:
+      'cumulative percentages must increase from one wave to the next and end at 100: an order between items',
+    selector: 'a selector must name pools or labels and pick at least one node, which only the fleet knows',
   },
 };
 
@@ -83,6 +115,15 @@ const businessRules: Record<string, Record<string, string>> = {
 const knownGaps: Record<string, Record<string, string>> = {};
 
 let w: TwoTenants;
+/** The API the generated requests go to: the world's, with Temporal and the release signer pinned. */
+let app: Compute['app'];
+/** Temporal (dev server and a worker): rollouts run as workflows. */
+let temporal: TestTemporal;
+/** The release signer the control plane pins (the project's own signing code). */
+const releaseSigner = generateReleaseSigningKey();
+/** A pool of its own for the rollout (one node that never answers, so the rollout stays running). */
+let rolloutPool: SeededPool;
+let rolloutId: string | undefined;
 /** A real site (gateway, site agent, Redfish emulator) so the `metal.*` BMC calls can succeed. */
 let metal: MetalSite;
 const metalDir = useTempDir('bc-conformance-metal-');
@@ -194,7 +235,7 @@ async function send(
   path: string,
   init: { method?: string; token?: string | null; body?: string },
 ): Promise<Answer> {
-  const response = await w.api.compute.app.request(path, {
+  const response = await app.request(path, {
     method: init.method ?? 'POST',
     headers: {
       'content-type': 'application/json',
@@ -240,6 +281,8 @@ function knownValues(): Record<string, unknown[]> {
     confirmationId: [w.ofB.confirmationId],
     delegationId: [w.ofB.delegationId],
     role: ['member', 'viewer', 'admin'],
+    // No releaseId: a generated rollouts.create would then roll it out over the tenants' pools.
+    ...(rolloutId ? { rolloutId: [rolloutId] } : {}),
     duration: ['1h', '90m', 3_600_000],
     by: ['1h'],
   };
@@ -299,6 +342,30 @@ beforeAll(async () => {
     log: testLogger('conformance-metal'),
     machines: 1,
   });
+  temporal = await startTestTemporal({
+    name: 'conformance',
+    db: w.api.database.db,
+    log: testLogger('conformance-temporal'),
+    iam: w.api.iam,
+    timers: {},
+  });
+  app = createCompute({
+    ...w.api.deps,
+    temporal: temporal.client,
+    config: {
+      ...w.api.deps.config,
+      BETTER_COMPUTE_TASK_QUEUE: temporal.taskQueue,
+      BETTER_COMPUTE_RELEASE_PINS: [releaseSigner.pin],
+    },
+  }).app;
+  rolloutPool = await seedPool(w.api.database.db, {
+    siteId: w.sharedPool.siteId,
+    ownerTenantId: w.root.tenantId,
+    name: 'conformance-rollout',
+    nodes: 1,
+    namePrefix: 'rollout-node',
+    policy: { disruption: { maxUnavailable: 1, soakSeconds: 3_600, gateTimeoutSeconds: 3_600 } },
+  });
   const served = await w.api.compute.app.request('/api/compute/openapi.json');
   document = (await served.json()) as Record<string, unknown>;
   ajv.addSchema({ ...document, $id: 'doc' }, 'doc');
@@ -316,6 +383,7 @@ afterAll(async () => {
     );
   }
   for (const gap of gapsMet) console.log(`OpenAPI known gap met: ${gap}`);
+  await temporal?.stop();
   await metal?.stop();
   await w?.stop();
 });
@@ -559,10 +627,51 @@ describe('the OpenAPI document against the server', () => {
       const confirmationId = (held.body as { error?: { details?: { confirmationId?: string } } }).error
         ?.details?.confirmationId;
       await expectOk(w.b.member.token, 'confirmations/deny', { confirmationId });
+      // A bcd release signed with the project's own signing code, rolled out over the rollout pool;
+      // its one node never answers, so the rollout stays running through pause, resume and abort.
+      const files = new Map([['bin/bcd', Buffer.from('#!/bin/sh\n# conformance bcd 9.0.0\n')]]);
+      const manifest: ReleaseManifest = {
+        channel: 'stable',
+        version: '9.0.0',
+        protocolVersion: currentProtocolVersion,
+        minControlPlaneVersion: '0.1.0',
+        files: [...files].map(([path, content]) => releaseFileEntry(path, content)),
+        expiresAt: new Date(now + 86_400_000).toISOString(),
+      };
+      const release = await expectOk(w.root.token, 'releases/publish', {
+        manifest,
+        signatures: [signRelease(manifest, releaseSigner.privateKeyPem)],
+        files: [...files].map(([path, content]) => ({ path, content: content.toString('base64') })),
+      });
+      await expectOk(w.root.token, 'releases/list', { channel: 'stable' });
+      await expectOk(w.root.token, 'releases/get', { releaseId: release.data?.id });
+      const rollout = await expectOk(w.root.token, 'rollouts/create', {
+        releaseId: release.data?.id,
+        selector: { poolIds: [rolloutPool.poolId] },
+        waves: [100],
+        idempotencyKey: 'conformance-rollout',
+      });
+      rolloutId = rollout.data?.id as string;
+      await expectOk(w.root.token, 'rollouts/list', { state: 'running' });
+      const stateOf = async () =>
+        (
+          await send('/api/compute/rollouts/get', {
+            token: w.root.token,
+            body: JSON.stringify({ rolloutId }),
+          })
+        ).body as { data?: { state: string } };
+      await expectOk(w.root.token, 'rollouts/pause', { rolloutId, reason: 'conformance' });
+      // The signal's answer waits a bounded time on the workflow's step; resume needs it applied.
+      await eventually(async () => (await stateOf()).data?.state === 'paused', 60_000);
+      await expectOk(w.root.token, 'rollouts/resume', { rolloutId });
+      await eventually(async () => (await stateOf()).data?.state === 'running', 60_000);
+      await expectOk(w.root.token, 'rollouts/get', { rolloutId, nodes: true });
+      await expectOk(w.root.token, 'rollouts/abort', { rolloutId });
       expect(failures).toEqual([]);
-      // About 60 calls; the metal ones go through the site agent to the emulator (seconds each under load).
+      // About 70 calls; the metal ones go through the site agent to the emulator (seconds each under
+      // load), the rollout's wait on its workflow's steps.
     },
-    timeoutFor(60, 1_000),
+    timeoutFor(70, 1_000),
   );
 
   const callers = () => [

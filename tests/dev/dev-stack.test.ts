@@ -81,6 +81,9 @@ describe('npm run dev (better-compute dev)', () => {
     expect(first.temporalUiUrl).toMatch(/^http:\/\/127\.0\.0\.1:\d+$/);
     expect(first.pools).toEqual([
       expect.objectContaining({ name: 'h100', gpuModel: 'h100', nodes: 2, gpus: 16 }),
+      expect.objectContaining({ name: 'h100-mig', gpuModel: 'h100', nodes: 1, gpus: 2 }),
+      // Owned by acme with policy.kubernetes; its node's bcd serves an in-process kubelet stand-in.
+      expect.objectContaining({ name: 'k8s', gpuModel: 'h100', nodes: 1, gpus: 4 }),
     ]);
     expect((await fetch(first.temporalUiUrl!)).status).toBe(200);
     const whoami = await call(first, first.tenants.acme.token, 'system/whoami');

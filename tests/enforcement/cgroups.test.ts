@@ -76,7 +76,7 @@ describe.skipIf(!writable.ok)(
         expect(code).toBeNull();
         // The slice empties once the process is gone; then it can be removed.
       } finally {
-        await expect.poll(() => driver.remove(slice), { timeout: 10_000 }).toBe('removed');
+        await expect.poll(() => driver.remove(slice), { timeout: 30_000 }).toBe('removed');
       }
     });
 
@@ -92,7 +92,7 @@ describe.skipIf(!writable.ok)(
         child.kill('SIGKILL');
         await once(child, 'exit');
       }
-      await expect.poll(() => driver.remove(slice), { timeout: 10_000 }).toBe('removed');
+      await expect.poll(() => driver.remove(slice), { timeout: 30_000 }).toBe('removed');
     });
   },
 );

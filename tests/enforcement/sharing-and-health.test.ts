@@ -164,7 +164,7 @@ describe('time-slice and MPS slots, end to end', () => {
               .select('meter')
               .execute()
           ).length,
-        { timeout: 15_000, interval: 250 },
+        { timeout: 30_000, interval: 250 },
       )
       .toBeGreaterThanOrEqual(2);
     await h.compute.api.reservations.release(h.credential, { tenantId: 'acme', reservationId: r.id });

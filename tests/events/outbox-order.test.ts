@@ -10,6 +10,7 @@ import { newId } from '../../domain/ids.ts';
 import { createOutboxHub } from '../../events/outbox-hub.ts';
 import { type TestDatabase, useTestDatabase } from '../support/database.ts';
 import { insertOutboxEvent } from '../support/events.ts';
+import { eventually } from '../support/eventually.ts';
 import { testLogger } from '../support/logger.ts';
 
 const database = useTestDatabase({ max: 6 });
@@ -39,7 +40,7 @@ async function session() {
 async function readAtLeast(db: TestDatabase['db'], cursor: OutboxCursor, count: number) {
   const events: OutboxEvent[] = [];
   let at = cursor;
-  const deadline = Date.now() + 15_000;
+  const deadline = Date.now() + 30_000;
   while (events.length < count && Date.now() < deadline) {
     const page = await readOutbox(db, at, { tenantId: 'acme' }, 100);
     events.push(...page.events);
@@ -142,8 +143,7 @@ describe('reading the outbox', () => {
     );
     // The first pull joins the hub's tail and waits for an event.
     const first = follower.next();
-    await new Promise((r) => setTimeout(r, 100));
-    expect(hub.liveFollowers()).toBe(1);
+    await eventually(async () => hub.liveFollowers() === 1);
     const written: string[] = [];
     for (let i = 0; i < 20; i++) {
       const id = newId('evt');
@@ -155,7 +155,7 @@ describe('reading the outbox', () => {
     for (;;) {
       for (const event of next.value ?? []) seen.push(event.id);
       if (seen.length >= 20) break;
-      // Dawdle, so the hub's queue for us overflows at least once.
+      // Dawdle, so the hub's queue for us overflows at least once (a longer pause only helps).
       await new Promise((r) => setTimeout(r, 60));
       next = await follower.next();
     }

@@ -179,15 +179,18 @@ describe('the event stream', () => {
     // transaction of the cluster (another file's, say) has ended, a live stream would still get
     // the events written before it. Wait until they are past it, so "before" means before.
     await expect
-      .poll(async () => {
-        const listed = await readOutbox(
-          api.database.db,
-          outboxStart,
-          { tenantId: 'acme', types: ['test.before'] },
-          1000,
-        );
-        return before.every((id) => listed.events.some((e) => e.id === id));
-      })
+      .poll(
+        async () => {
+          const listed = await readOutbox(
+            api.database.db,
+            outboxStart,
+            { tenantId: 'acme', types: ['test.before'] },
+            1000,
+          );
+          return before.every((id) => listed.events.some((e) => e.id === id));
+        },
+        { timeout: 30_000, interval: 100 },
+      )
       .toBe(true);
     // One token per subject: a token holds at most BETTER_COMPUTE_EVENT_STREAMS_PER_TOKEN (8) streams.
     const clients = await Promise.all(
@@ -238,7 +241,7 @@ describe('the event stream', () => {
     const results = await Promise.race([
       Promise.all(readers),
       new Promise<never>((_, reject) =>
-        setTimeout(() => reject(new Error('streams did not finish')), 20_000),
+        setTimeout(() => reject(new Error('streams did not finish')), 45_000),
       ),
     ]);
     controller.abort();
@@ -247,7 +250,7 @@ describe('the event stream', () => {
       expect(new Set(seen).size).toBe(seen.length);
       expect([...seen].sort()).toEqual([...want].sort());
     }
-  });
+  }, 120_000);
 
   test('refuses a missing credential with the API envelope and a malformed Last-Event-ID', async () => {
     const anonymous = await fetch(`${api.url}/api/compute/events/stream`);

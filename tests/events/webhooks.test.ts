@@ -59,7 +59,7 @@ function emit(type: string, tenantId = 'acme') {
   });
 }
 
-async function until<T>(read: () => T | undefined, timeoutMs = 8000): Promise<T> {
+async function until<T>(read: () => T | undefined, timeoutMs = 30_000): Promise<T> {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
     const value = read();
@@ -71,7 +71,7 @@ async function until<T>(read: () => T | undefined, timeoutMs = 8000): Promise<T>
 
 /** The webhook's delivery records, oldest first, once there are at least `count`. */
 async function deliveriesOf(client: ComputeClient, webhookId: string, count: number) {
-  const deadline = Date.now() + 8000;
+  const deadline = Date.now() + 30_000;
   for (;;) {
     const { items } = await client.webhooks.deliveries({ tenantId: 'acme', webhookId });
     if (items.length >= count || Date.now() > deadline) return items.reverse();
@@ -121,7 +121,6 @@ describe('webhooks', () => {
       { db: api.database.db, log: api.deps.log, config: api.deps.config },
       { pollMs: 50, timeoutMs: 2000, maxAttempts: 3, backoffMs: () => 150 },
     );
-    const started = Date.now();
     const ids = [
       await emit('reservation.placed'),
       await emit('reservation.active'),
@@ -129,13 +128,16 @@ describe('webhooks', () => {
     ];
     await emit('reservation.placed', 'globex');
 
-    // The good endpoint gets all three, in order, long before the hanging one's 2 s deadline.
+    // The good endpoint gets all three, in order, while the hanging one still waits out its 2 s
+    // deadline (measured from the hanging request, not from the start: a loaded machine may be
+    // slow to begin delivering at all).
     const toGood = await until(() => {
       const list = received.filter((r) => r.path === '/good');
       return list.length >= 3 ? list : undefined;
     });
     expect(toGood.map((r) => r.headers['webhook-id'])).toEqual(ids);
-    expect(toGood.at(-1)!.at - started).toBeLessThan(1500);
+    const hangingSince = received.find((r) => r.path === '/hang')?.at ?? Number.POSITIVE_INFINITY;
+    expect(toGood.at(-1)!.at).toBeLessThan(hangingSince + 2000);
     for (const r of toGood) {
       expect(r.headers['content-type']).toBe('application/json');
       expect(
@@ -199,7 +201,7 @@ describe('webhooks', () => {
     await client.webhooks.delete({ tenantId: 'acme', webhookId: hang.id });
     const missing = await client.webhooks.delete({ tenantId: 'acme', webhookId: hang.id }).catch((e) => e);
     expect((missing as ComputeClientError).code).toBe('NOT_FOUND');
-  }, 30_000);
+  }, 120_000);
 
   test('a signature fails for a changed body, another secret or a stale timestamp', () => {
     const secret = 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw';

@@ -233,7 +233,7 @@ describe('a 4-node gang with a topology key', () => {
             0,
           );
         },
-        { timeout: 10_000 },
+        { timeout: 30_000 },
       )
       .toBe(0);
   });

@@ -14,26 +14,47 @@ import {
   issueNodeCertificate,
   readCsr,
 } from '../../domain/pki.ts';
-import { AgentServiceClient } from '../../proto/gen/agent/v1/agent.ts';
+import { AgentServiceClient, type ControlMessage } from '../../proto/gen/agent/v1/agent.ts';
 import { insertBareAllocation } from '../support/allocations.ts';
 import { eventually } from '../support/eventually.ts';
 import { gatewayTestLog, useGatewayFixture } from '../support/gateway.ts';
 
-/** Opens a session and answers the status it ends with (or 'open' after 1.5 s). */
+/**
+ * Opens a session with a Hello and answers the status it ends with, or 'open' once the gateway
+ * welcomes it (an event, not a time: a refusal that came late under load is still a refusal).
+ */
 async function sessionStatus(
   gateway: string,
   ca: string,
   key: string,
   cert: string,
+  nodeId: string,
 ): Promise<number | 'open'> {
   const tls = gatewayChannel(gateway, { caCertificatePem: ca, privateKeyPem: key, certificatePem: cert });
   const client = new AgentServiceClient(gateway, tls.credentials, tls.options);
   const stream = client.session(new Metadata());
   try {
-    return await new Promise((resolve) => {
+    return await new Promise((resolve, reject) => {
       stream.on('error', (e: { code: number }) => resolve(e.code));
-      stream.on('data', () => {});
-      setTimeout(() => resolve('open'), 1_500);
+      stream.on('data', (m: ControlMessage) => {
+        if (m.body?.$case === 'welcome') resolve('open');
+      });
+      stream.on('end', () => reject(new Error('the session ended without a status')));
+      stream.write({
+        body: {
+          $case: 'hello',
+          value: {
+            nodeId,
+            agentVersion: 'raw',
+            protocolVersion: 0,
+            capabilities: [],
+            journalId: 'jrn_sessionstatus',
+            lastAckedSeq: 0,
+            observedGeneration: 0,
+            inventory: [],
+          },
+        },
+      });
     });
   } finally {
     stream.cancel();
@@ -100,7 +121,15 @@ describe('faults and refusals', () => {
       validForMs: 3600_000,
     });
     const ca = fx.gateway.caCertificatePem;
-    expect(await sessionStatus(fx.gateway.address, ca, keys.privateKeyPem, forged.certificatePem)).toBe(16);
+    expect(
+      await sessionStatus(
+        fx.gateway.address,
+        ca,
+        keys.privateKeyPem,
+        forged.certificatePem,
+        fx.fleet.nodes[0]!.nodeId,
+      ),
+    ).toBe(16);
     // Revoked: the node's own certificate after revocation.
     // Revoked while its session is live: the session ends, and no new one opens.
     const victim = fx.fleet.nodes[2]!;
@@ -108,14 +137,21 @@ describe('faults and refusals', () => {
     expect(victim.agent.status.connected).toBe(true);
     await revokeNodeCertificates(fx.database.db, victim.nodeId);
     await eventually(async () => !victim.agent.status.connected);
+    // Absence of an effect: its reconnects (100 ms backoff) are refused meanwhile.
     await new Promise((r) => setTimeout(r, 500));
     expect(victim.agent.status.connected).toBe(false);
     expect(victim.agent.status.sessions).toBe(sessionsBefore);
     await victim.agent.stop();
     const identity = loadIdentity(victim.dir);
-    expect(await sessionStatus(fx.gateway.address, ca, identity.privateKeyPem, identity.certificatePem)).toBe(
-      16,
-    );
+    expect(
+      await sessionStatus(
+        fx.gateway.address,
+        ca,
+        identity.privateKeyPem,
+        identity.certificatePem,
+        victim.nodeId,
+      ),
+    ).toBe(16);
     // A certificate of a role that holds no node session (a site agent's).
     const site = await joinWithToken({
       gateway: fx.gateway.address,
@@ -131,14 +167,18 @@ describe('faults and refusals', () => {
       .set({ role: 'site' })
       .where('node_id', '=', site.nodeId)
       .execute();
-    expect(await sessionStatus(fx.gateway.address, ca, site.privateKeyPem, site.certificatePem)).toBe(7);
+    expect(
+      await sessionStatus(fx.gateway.address, ca, site.privateKeyPem, site.certificatePem, site.nodeId),
+    ).toBe(7);
     // The same certificate with a workload role opens a session.
     await fx.database.db
       .updateTable('node_certificates')
       .set({ role: 'node' })
       .where('node_id', '=', site.nodeId)
       .execute();
-    expect(await sessionStatus(fx.gateway.address, ca, site.privateKeyPem, site.certificatePem)).toBe('open');
+    expect(
+      await sessionStatus(fx.gateway.address, ca, site.privateKeyPem, site.certificatePem, site.nodeId),
+    ).toBe('open');
   });
 
   it('runs commands in order, expires late ones, and a restarted bcd never runs one twice', async () => {

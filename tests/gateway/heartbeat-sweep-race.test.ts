@@ -3,6 +3,7 @@ import { afterAll, beforeAll, expect, it } from 'vitest';
 import { insertPool, insertSite, registerReadyNodes } from '../../db/nodes/fleet.ts';
 import { markSilentNodesUnreachable, recordHeartbeats } from '../../db/nodes/sessions.ts';
 import { createTestDatabase, type TestDatabase } from '../support/database.ts';
+import { eventually } from '../support/eventually.ts';
 
 let t: TestDatabase;
 beforeAll(async () => {
@@ -38,7 +39,13 @@ it('a heartbeat flush that waited for a sweep still revives the node', async () 
   const flush = t.db
     .transaction()
     .execute((trx) => recordHeartbeats(trx, 'gw', [{ nodeId: node!.id, epoch: 0 }]));
-  await new Promise((r) => setTimeout(r, 300));
+  // The flush is blocked on the sweep's row lock (not merely started) before the sweep commits.
+  await eventually(async () => {
+    const { rows } = await sql<{ waiting: number }>`
+      SELECT count(*)::int AS waiting FROM pg_stat_activity
+      WHERE datname = current_database() AND wait_event_type = 'Lock'`.execute(t.db);
+    return rows[0]!.waiting > 0;
+  });
   release();
   expect(await sweep).toEqual([node!.id]);
   expect(await flush).toEqual([node!.id]);

@@ -1,5 +1,5 @@
 import { execFileSync } from 'node:child_process';
-import { describe, expect, it } from 'vitest';
+import { describe, expect, it, onTestFinished } from 'vitest';
 import { readDaemonStatus } from '../../daemon/status.ts';
 import { enqueueNodeCommand, findNodeCommand } from '../../db/nodes/commands.ts';
 import { eventually } from '../support/eventually.ts';
@@ -14,7 +14,21 @@ describe('lanes and bcd status', () => {
   it('bulk work never blocks control commands, and each lane runs in seq order', async () => {
     const db = fx.database.db;
     const node = fx.fleet.nodes[0]!;
-    node.hardware.diagnoseDelayMs = 1_500;
+    // The bulk diagnostic runs until the test lets it finish (a fixed delay raced the control
+    // command on a loaded machine).
+    let finishDiagnostics!: () => void;
+    const diagnosticsMayFinish = new Promise<void>((resolve) => {
+      finishDiagnostics = resolve;
+    });
+    const diagnose = node.hardware.diagnose;
+    node.hardware.diagnose = async function (this: typeof node.hardware, level: string) {
+      await diagnosticsMayFinish;
+      return diagnose.call(this, level);
+    };
+    onTestFinished(() => {
+      finishDiagnostics();
+      node.hardware.diagnose = diagnose;
+    });
     const diag = (level: string) => ({ nodeId: node.nodeId, kind: 'diag.nvml', payload: { level } });
     const bulk = await db.transaction().execute(async (trx) => {
       const first = await enqueueNodeCommand(trx, diag('full'));
@@ -29,7 +43,8 @@ describe('lanes and bcd status', () => {
     // the lane's only credit.
     expect((await findNodeCommand(db, bulk[0]!.id))?.state).toBe('delivered');
     expect((await findNodeCommand(db, bulk[1]!.id))?.state).toBe('queued');
-    await eventually(async () => (await findNodeCommand(db, bulk[1]!.id))?.state === 'succeeded', 10_000);
+    finishDiagnostics();
+    await eventually(async () => (await findNodeCommand(db, bulk[1]!.id))?.state === 'succeeded', 30_000);
     const [first, second] = await Promise.all(bulk.map((c) => findNodeCommand(db, c.id)));
     expect(first!.completedAt!.getTime()).toBeLessThanOrEqual(second!.deliveredAt!.getTime());
     expect(second!.result).toMatchObject({ level: 'quick', gpus: expect.any(Array) });

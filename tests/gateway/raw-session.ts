@@ -46,7 +46,7 @@ export async function openRawSession(
         },
       },
     });
-  const wait = async <T>(pick: () => T | undefined | null, timeoutMs = 5_000): Promise<T> => {
+  const wait = async <T>(pick: () => T | undefined | null, timeoutMs = 20_000): Promise<T> => {
     const deadline = Date.now() + timeoutMs;
     while (Date.now() < deadline) {
       const v = pick();

@@ -1,6 +1,8 @@
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { advanceComputeClock } from '../../db/clock.ts';
+import { PlacementContention, withPlacementTransaction } from '../../db/allocations/placement.ts';
+import { announceExpiredHolds } from '../../db/holds/holds.ts';
 import { countHostOversells } from '../../db/holds/invariants.ts';
 import { holderName } from '../../domain/holds.ts';
 import { createHoldsWorld, type HoldsWorld, hostShape } from './fixture.ts';
@@ -70,7 +72,9 @@ describe('host holds', () => {
           UNION ALL SELECT amount, during FROM hold_bookings WHERE node_id = ${node.id} AND resource = 'vcpu') b
         WHERE during @> compute_now()`.execute(w.api.database.db);
       expect(Number(rows[0]!.cores)).toBe(16);
-      console.log(`race ${race + 1}: ${holds} holds and ${placed} reservations took ${rows[0]!.cores} of 16 cores`);
+      console.log(
+        `race ${race + 1}: ${holds} holds and ${placed} reservations took ${rows[0]!.cores} of 16 cores`,
+      );
     }
   });
 
@@ -263,6 +267,103 @@ describe('host holds', () => {
       earliestStart: null,
     });
     expect(why.blocking).toEqual([{ reason: 'devices', nodes: 1, message: '1 lacks 4 free GPUs' }]);
+  });
+
+  it('answers a placement that lost every bounded retry as UNAVAILABLE with retryAfterSeconds, never INTERNAL', async () => {
+    let calls = 0;
+    const lost = await withPlacementTransaction(
+      w.api.database.db,
+      async () => {
+        calls++;
+        throw new PlacementContention();
+      },
+      3,
+    ).catch((error: unknown) => error);
+    expect(calls).toBe(3);
+    expect(lost).toMatchObject({
+      code: 'UNAVAILABLE',
+      details: { reason: 'placement-contention', retryAfterSeconds: 1 },
+    });
+    // A deadlock broken by PostgreSQL on every attempt ends the same way.
+    const deadlocked = await withPlacementTransaction(
+      w.api.database.db,
+      async (trx) => {
+        await sql`DO $$ BEGIN RAISE EXCEPTION 'deadlock' USING ERRCODE = '40P01'; END $$`.execute(trx);
+      },
+      2,
+    ).catch((error: unknown) => error);
+    expect(deadlocked).toMatchObject({ code: 'UNAVAILABLE', details: { reason: 'placement-contention' } });
+    expect((deadlocked as Error).message).toMatch(/retry it \(with the same idempotency key\)$/);
+  });
+
+  it('writes the audit row and the event of a hold taken and released, and hold.expired once for a lapsed one', async () => {
+    const { nodes } = await w.pool('records', 1, hostShape(1, 8, 32));
+    const node = nodes[0]!;
+    const records = async (holdId: string) => ({
+      events: (
+        await w.api.database.db
+          .selectFrom('outbox_events')
+          .select(['type', 'tenant_id', 'data'])
+          .where('subject', '=', `hold/${holdId}`)
+          .orderBy('seq')
+          .execute()
+      ).map((e) => ({ type: e.type, tenantId: e.tenant_id, data: e.data as Record<string, unknown> })),
+      audit: await w.api.database.db
+        .selectFrom('audit_events')
+        .select(['actor_identity_id', 'action', 'tenant_id', 'context'])
+        .where('resource_type', '=', 'compute-hold')
+        .where('resource_id', '=', holdId)
+        .orderBy('id')
+        .execute(),
+    });
+
+    const taken = (await hold(node.name, 'notebook', { idempotencyKey: 'recorded' })).body.data;
+    // A retry with the same key answers the same hold and writes nothing more.
+    expect((await hold(node.name, 'notebook', { idempotencyKey: 'recorded' })).body.data.id).toBe(taken.id);
+    await w.call('holds/heartbeat', { tenantId, holdId: taken.id });
+    expect((await w.call('holds/release', { tenantId, holdId: taken.id })).status).toBe(200);
+    expect((await w.call('holds/release', { tenantId, holdId: taken.id })).status).toBe(200);
+    const { events, audit } = await records(taken.id);
+    expect(events.map((e) => e.type)).toEqual(['hold.created', 'hold.released']);
+    expect(events[0]).toMatchObject({
+      tenantId,
+      data: { holdId: taken.id, nodeId: node.id, target: node.name, kind: 'notebook', cpuCores: 2, ramGiB: 4, state: 'live' },
+    });
+    expect(events[1]!.data).toMatchObject({ state: 'released', endedAt: expect.any(Number) });
+    expect(audit.map((a) => [a.actor_identity_id, a.action, a.tenant_id])).toEqual([
+      [w.acme.identityId, 'compute:capacity:hold', tenantId],
+      [w.acme.identityId, 'compute:capacity:hold', tenantId],
+    ]);
+    expect(audit.map((a) => a.context)).toEqual([
+      expect.objectContaining({ method: 'holds.create', change: 'hold.created', nodeId: node.id, kind: 'notebook' }),
+      expect.objectContaining({ method: 'holds.release', change: 'hold.released', nodeId: node.id, kind: 'notebook' }),
+    ]);
+
+    // A refusal is the ledger's, not the audit's or the outbox's.
+    const before = await sql<{ n: string }>`SELECT count(*) AS n FROM outbox_events WHERE type LIKE 'hold.%'`.execute(
+      w.api.database.db,
+    );
+    expect((await hold(node.name, 'browser')).body.error.code).toBe('CAPACITY_UNAVAILABLE');
+    const after = await sql<{ n: string }>`SELECT count(*) AS n FROM outbox_events WHERE type LIKE 'hold.%'`.execute(
+      w.api.database.db,
+    );
+    expect(after.rows[0]!.n).toBe(before.rows[0]!.n);
+
+    // A holder that goes quiet: concurrent sweeps announce the lapse exactly once.
+    const quiet = (await hold(node.name, 'diagnostics', { ttlSeconds: 10 })).body.data;
+    const sweep = () =>
+      w.api.database.db.transaction().execute((trx) => announceExpiredHolds(trx, { nodeId: node.id, limit: 100 }));
+    expect(await sweep()).toEqual([]);
+    await advanceComputeClock(w.api.database.db, 11_000);
+    const swept = await Promise.all([sweep(), sweep(), sweep()]);
+    expect(swept.flat()).toEqual([quiet.id]);
+    expect(await sweep()).toEqual([]);
+    const lapsed = await records(quiet.id);
+    expect(lapsed.events.map((e) => e.type)).toEqual(['hold.created', 'hold.expired']);
+    expect(lapsed.events[1]!.data).toMatchObject({ state: 'expired', holdId: quiet.id, kind: 'diagnostics' });
+    // Released after it lapsed: the release changes nothing and writes nothing.
+    await w.call('holds/release', { tenantId, holdId: quiet.id });
+    expect((await records(quiet.id)).events.map((e) => e.type)).toEqual(['hold.created', 'hold.expired']);
   });
 
   it('names the holder from the identity, and names no one it cannot', () => {

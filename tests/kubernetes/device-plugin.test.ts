@@ -1,14 +1,18 @@
-import { status } from '@grpc/grpc-js';
+import path from 'node:path';
+import { credentials, Server, ServerCredentials, type ServerWritableStream, status } from '@grpc/grpc-js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { kubernetesBindingCapability } from '../../daemon/agent.ts';
 import { KubeletStandIn } from '../../daemon/kubelet-stand-in.ts';
 import type { SimulatedFleet, SimulatedNode } from '../../daemon/sim.ts';
 import { insertPool, offerPool } from '../../db/nodes/fleet.ts';
 import type { StartedGateway } from '../../gateway/server.ts';
-import type {
-  AllocateResponse,
-  DevicePluginClient,
-  PreferredAllocationResponse,
+import {
+  type AllocateResponse,
+  type DevicePluginClient,
+  DevicePluginService,
+  type ListAndWatchResponse,
+  type PreferredAllocationResponse,
+  RegistrationClient,
 } from '../../proto/gen/deviceplugin/v1beta1/api.ts';
 import { useLifecycleApi } from '../lifecycle/harness.ts';
 import { eventually } from '../support/eventually.ts';
@@ -104,12 +108,18 @@ const bookedGpus = async (reservationId: string) =>
     .sort();
 const allocate = (client: DevicePluginClient, ids: string[]) =>
   new Promise<AllocateResponse>((resolve, reject) =>
-    client.allocate({ containerRequests: [{ devicesIds: ids }] }, (err, res) => (err ? reject(err) : resolve(res))),
+    client.allocate({ containerRequests: [{ devicesIds: ids }] }, (err, res) =>
+      err ? reject(err) : resolve(res),
+    ),
   );
 const prefer = (client: DevicePluginClient, available: string[], mustInclude: string[], size: number) =>
   new Promise<PreferredAllocationResponse>((resolve, reject) =>
     client.getPreferredAllocation(
-      { containerRequests: [{ availableDeviceIDs: available, mustIncludeDeviceIDs: mustInclude, allocationSize: size }] },
+      {
+        containerRequests: [
+          { availableDeviceIDs: available, mustIncludeDeviceIDs: mustInclude, allocationSize: size },
+        ],
+      },
       (err, res) => (err ? reject(err) : resolve(res)),
     ),
   );
@@ -170,10 +180,17 @@ describe('what the kubelet is given', () => {
     const answer = await allocate(client, [all[0]!, all[1]!]);
     expect(answer.containerResponses).toHaveLength(1);
     const container = answer.containerResponses[0]!;
-    expect(container.cdiDevices.map((d) => d.name)).toEqual([`bcd.dev/gpu=${all[0]}`, `bcd.dev/gpu=${all[1]}`]);
+    expect(container.cdiDevices.map((d) => d.name)).toEqual([
+      `bcd.dev/gpu=${all[0]}`,
+      `bcd.dev/gpu=${all[1]}`,
+    ]);
     expect(container.envs.NVIDIA_VISIBLE_DEVICES).toBe(`${all[0]},${all[1]}`);
     const allocationId = (
-      await h.db.selectFrom('allocations').where('reservation_id', '=', whole.id).select('id').executeTakeFirstOrThrow()
+      await h.db
+        .selectFrom('allocations')
+        .where('reservation_id', '=', whole.id)
+        .select('id')
+        .executeTakeFirstOrThrow()
     ).id;
     expect(container.envs.BCD_ALLOCATION_ID).toBe(allocationId);
 
@@ -189,7 +206,8 @@ describe('what the kubelet is given', () => {
     expect(domainOf(two[0]!)).toBe(domainOf(two[1]!));
     // One of them must be included: its domain sibling completes it, whatever the order offered.
     const pinned = [...all].reverse()[0]!;
-    const withPinned = (await prefer(client, [...all].reverse(), [pinned], 2)).containerResponses[0]!.deviceIDs;
+    const withPinned = (await prefer(client, [...all].reverse(), [pinned], 2)).containerResponses[0]!
+      .deviceIDs;
     expect(withPinned[0]).toBe(pinned);
     expect(domainOf(withPinned[1]!)).toBe(domainOf(pinned));
     // Ids the plugin does not advertise are never preferred.
@@ -256,16 +274,94 @@ describe('binding', () => {
     }
   });
 
-  it('a tenant the kubernetes pool is only offered to gets INVALID_INPUT with the reason', async () => {
-    await h.db.updateTable('pools').set({ owner_tenant_id: 'platform' }).where('id', '=', k8sPool).execute();
+  it('a tenant a kubernetes pool is only offered to gets INVALID_INPUT with the reason', async () => {
+    const offered = await insertPool(h.db, {
+      siteId: h.siteId,
+      ownerTenantId: 'platform',
+      name: 'k8s-offered',
+      gpuModel: 'h100',
+      policy: { kubernetes: true },
+    });
+    await offerPool(h.db, { poolId: offered, tenantId: 'acme', quota: { gpu: 16 } });
+    await expect(
+      h.compute.api.reservations.create(h.credential, {
+        tenantId: 'acme',
+        poolId: offered,
+        devices: [{ class: 'gpu', count: 1 }],
+        duration: '1h',
+        idempotencyKey: 'k8s-offered',
+        binding: 'kubernetes',
+      }),
+    ).rejects.toMatchObject({
+      code: 'INVALID_INPUT',
+      message: expect.stringContaining(`only the owner of pool ${offered} may book it for kubernetes`),
+    });
+  });
+});
+
+describe('ForeignGpuExposure', () => {
+  it('another device plugin registering nvidia.com/gpu makes the node report ForeignGpuExposure and an active reservation Degraded, until it goes', async () => {
+    const one = await reserve('k8s-foreign', 1, 'kubernetes');
+    await expect.poll(() => stateOf(one.id), { timeout: 30_000, interval: 200 }).toBe('active');
+    // Another vendor plugin on the same kubelet, advertising this node's GPUs as nvidia.com/gpu.
+    const socket = path.join(node.kubeletDir!, 'nvidia-gpu.sock');
+    const foreign = new Server();
+    foreign.addService(DevicePluginService, {
+      getDevicePluginOptions: (_call: unknown, done: (e: null, r: object) => void) =>
+        done(null, { preStartRequired: false, getPreferredAllocationAvailable: false }),
+      listAndWatch: (stream: ServerWritableStream<unknown, ListAndWatchResponse>) => {
+        stream.write({ devices: gpus.map((g) => ({ ID: g.uuid, health: 'Healthy', topology: undefined })) });
+      },
+      getPreferredAllocation: (_call: unknown, done: (e: null, r: object) => void) =>
+        done(null, { containerResponses: [] }),
+      allocate: (_call: unknown, done: (e: null, r: object) => void) =>
+        done(null, { containerResponses: [] }),
+      preStartContainer: (_call: unknown, done: (e: null, r: object) => void) => done(null, {}),
+    });
+    await new Promise<void>((resolve, reject) =>
+      foreign.bindAsync(`unix://${socket}`, ServerCredentials.createInsecure(), (err) =>
+        err ? reject(err) : resolve(),
+      ),
+    );
     try {
-      await expect(reserve('k8s-offered', 1, 'kubernetes')).rejects.toMatchObject({
-        code: 'INVALID_INPUT',
-        message: expect.stringContaining('only the owner of pool'),
-      });
+      const registration = new RegistrationClient(
+        `unix://${path.join(node.kubeletDir!, 'kubelet.sock')}`,
+        credentials.createInsecure(),
+      );
+      await new Promise<void>((resolve, reject) =>
+        registration.register(
+          {
+            version: 'v1beta1',
+            endpoint: 'nvidia-gpu.sock',
+            resourceName: 'nvidia.com/gpu',
+            options: undefined,
+          },
+          (err) => (err ? reject(err) : resolve()),
+        ),
+      );
+      registration.close();
+      await expect
+        .poll(async () => (await get(one.id)).conditions, { timeout: 30_000, interval: 200 })
+        .toContainEqual(expect.objectContaining({ type: 'Degraded', reason: 'ForeignGpuExposure' }));
+      const condition = await h.db
+        .selectFrom('node_conditions')
+        .where('node_id', '=', node.nodeId)
+        .where('type', '=', 'ForeignGpuExposure')
+        .select('message')
+        .executeTakeFirstOrThrow();
+      expect(condition.message).toContain('nvidia.com/gpu');
+      expect(await stateOf(one.id)).toBe('active');
     } finally {
-      await h.db.updateTable('pools').set({ owner_tenant_id: 'acme' }).where('id', '=', k8sPool).execute();
+      foreign.forceShutdown();
     }
+    await expect
+      .poll(async () => (await get(one.id)).conditions.map((c: { reason: string }) => c.reason), {
+        timeout: 30_000,
+        interval: 200,
+      })
+      .not.toContain('ForeignGpuExposure');
+    await h.compute.api.reservations.release(h.credential, { tenantId: 'acme', reservationId: one.id });
+    await expect.poll(advertised, { timeout: 20_000 }).toEqual([]);
   });
 });
 

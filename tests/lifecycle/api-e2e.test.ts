@@ -36,7 +36,7 @@ describe('admission and lifecycle together', () => {
     });
     expect(first.body.data.state).toBe('placed');
     const firstId = first.body.data.id as string;
-    await expect.poll(() => stateOf(firstId), { timeout: 10_000 }).toBe('binding');
+    await expect.poll(() => stateOf(firstId), { timeout: 30_000 }).toBe('binding');
 
     const second = await call('reservations/create', {
       tenantId: 'acme',
@@ -60,11 +60,11 @@ describe('admission and lifecycle together', () => {
     await h.temporal.client.workflow
       .getHandle(firstId)
       .signal('allocationReport', { allocationId: allocation.id, kind: 'bound' });
-    await expect.poll(() => stateOf(firstId), { timeout: 10_000 }).toBe('active');
+    await expect.poll(() => stateOf(firstId), { timeout: 30_000 }).toBe('active');
 
     const released = await call('reservations/release', { tenantId: 'acme', reservationId: firstId });
     expect(released.body.data.state).toBe('released');
-    await expect.poll(() => stateOf(secondId), { timeout: 10_000 }).toMatch(/^(placed|binding)$/);
+    await expect.poll(() => stateOf(secondId), { timeout: 30_000 }).toMatch(/^(placed|binding)$/);
     const placedOn = await h.db
       .selectFrom('allocations')
       .where('reservation_id', '=', secondId)
@@ -98,7 +98,7 @@ describe('admission and lifecycle together', () => {
     const id = created.body.data.id;
     const handle = h.temporal.client.workflow.getHandle(id);
     await expect
-      .poll(async () => (await handle.query(snapshotQuery))?.state, { timeout: 10_000 })
+      .poll(async () => (await handle.query(snapshotQuery))?.state, { timeout: 30_000 })
       .toBe('binding');
     const before = (await handle.query(snapshotQuery))!;
 
@@ -119,7 +119,7 @@ describe('admission and lifecycle together', () => {
     });
     expect(extended.status).toBe(200);
     await expect
-      .poll(async () => (await handle.query(snapshotQuery))?.end, { timeout: 5_000 })
+      .poll(async () => (await handle.query(snapshotQuery))?.end, { timeout: 20_000 })
       .toBe(before.end! + 300_000);
     // The node's assignment follows the new end (a new NodeSpec generation).
     await expect
@@ -134,7 +134,7 @@ describe('admission and lifecycle together', () => {
           ).spec as { devices?: Array<{ until: number }> };
           return spec.devices?.[0]?.until;
         },
-        { timeout: 5_000 },
+        { timeout: 20_000 },
       )
       .toBe(before.end! + 300_000);
     await call('reservations/release', { tenantId: 'acme', reservationId: id });

@@ -91,7 +91,7 @@ describe('attested bindings', () => {
     await waitForState(h, id, 'binding');
 
     await report(node.id, allocationId, null);
-    await expect.poll(() => eventTypes(h, id), { timeout: 5_000 }).toContain('reservation.binding-rejected');
+    await expect.poll(() => eventTypes(h, id), { timeout: 20_000 }).toContain('reservation.binding-rejected');
     expect((await waitForState(h, id, 'binding')).state).toBe('binding');
 
     await report(node.id, allocationId, keys.get(node.id)!);
@@ -117,7 +117,7 @@ describe('attested bindings', () => {
     await report(node.id, allocationId, keys.get(h.nodes[0]!.id)!);
     await expect
       .poll(() => reservationConditions(h, id), {
-        timeout: 5_000,
+        timeout: 20_000,
       })
       .toContainEqual(expect.objectContaining({ type: 'Degraded', reason: 'BindingLost' }));
     expect((await waitForState(h, id, 'active')).state).toBe('active');

@@ -21,7 +21,7 @@ describe('billing', () => {
         )
       ).rows[0]!.n;
     // While it runs, closed windows are already in the ledger.
-    await expect.poll(sent, { timeout: 10_000 }).toBeGreaterThanOrEqual(2);
+    await expect.poll(sent, { timeout: 30_000 }).toBeGreaterThanOrEqual(2);
     await h.lifecycle.signal(id, { type: 'release' });
     await waitForState(h, id, 'released');
     await h.temporal.client.workflow.getHandle(id).result();

@@ -13,7 +13,9 @@ import {
   waitForState,
 } from './harness.ts';
 
-const h = useLifecycleHarness({ name: 'binding', nodes: 4 });
+// Short enough that the timeout tests wait seconds; long enough that a test reports a binding
+// before it fires, even on a loaded machine.
+const h = useLifecycleHarness({ name: 'binding', nodes: 4, timers: { bindTimeoutMs: 6_000 } });
 
 const start = (id: string) => h.startLifecycle(id);
 
@@ -75,7 +77,7 @@ describe('binding (hold)', () => {
     await start(id);
     await waitForState(h, id, 'binding');
     expect(await nodeAssignments(h.nodes[0]!.id)).toEqual([allocationId]);
-    await expect.poll(() => bindAttempts(id), { timeout: 10_000 }).toBe(1);
+    await expect.poll(() => bindAttempts(id), { timeout: 30_000 }).toBe(1);
 
     const first = await h.db
       .selectFrom('allocations')
@@ -92,7 +94,7 @@ describe('binding (hold)', () => {
 
     // Placed again (admission's placer) and bound this time.
     const second = await expect
-      .poll(() => currentAllocation(id), { timeout: 10_000 })
+      .poll(() => currentAllocation(id), { timeout: 30_000 })
       .toMatchObject({ state: 'binding' })
       .then(() => currentAllocation(id));
     expect(second!.id).not.toBe(allocationId);
@@ -118,7 +120,7 @@ describe('binding (hold)', () => {
     await start(id);
     await waitForState(h, id, 'binding');
     await reportAllocation(h, id, allocationId, 'failed');
-    await expect.poll(() => bindAttempts(id), { timeout: 5_000 }).toBe(1);
+    await expect.poll(() => bindAttempts(id), { timeout: 20_000 }).toBe(1);
     expect(await pendingEventData(id)).toMatchObject({ reason: 'NodeRejectedBinding' });
     await h.lifecycle.signal(id, { type: 'release' });
     await waitForState(h, id, ['released', 'cancelled']);
@@ -128,7 +130,7 @@ describe('binding (hold)', () => {
     const { id } = await insertPlacedReservation(h, { node: h.nodes[2]! });
     await h.db.updateTable('reservations').set({ bind_attempts: 2 }).where('id', '=', id).execute();
     await start(id);
-    const failed = await waitForState(h, id, 'failed', 10_000);
+    const failed = await waitForState(h, id, 'failed', 40_000);
     expect(failed.end_reason).toBe('bind-timeout');
     expect(failed.conditions).toContainEqual(
       expect.objectContaining({
@@ -158,12 +160,12 @@ describe('binding (hold)', () => {
     await reportAllocation(h, id, allocationId, 'released');
     const conditions = () => reservationConditions(h, id);
     await expect
-      .poll(conditions, { timeout: 5_000 })
+      .poll(conditions, { timeout: 20_000 })
       .toContainEqual(expect.objectContaining({ type: 'Degraded', reason: 'BindingLost' }));
     expect((await waitForState(h, id, 'active')).state).toBe('active');
 
     await reportAllocation(h, id, allocationId, 'bound');
-    await expect.poll(conditions, { timeout: 5_000 }).toEqual([]);
+    await expect.poll(conditions, { timeout: 20_000 }).toEqual([]);
     await h.lifecycle.signal(id, { type: 'release' });
     await waitForState(h, id, 'released');
   });
@@ -177,7 +179,7 @@ describe('binding (hold)', () => {
     await waitForState(h, id, 'active');
     await setNodeHealth(id, node, 'unreachable', 'unhealthy');
     const conditions = () => reservationConditions(h, id);
-    await expect.poll(conditions, { timeout: 5_000 }).toEqual([
+    await expect.poll(conditions, { timeout: 20_000 }).toEqual([
       expect.objectContaining({ type: 'Degraded', reason: 'AtomUnhealthy' }),
       expect.objectContaining({
         type: 'NodeUnreachable',
@@ -188,7 +190,7 @@ describe('binding (hold)', () => {
     expect((await waitForState(h, id, 'active')).state).toBe('active');
 
     await setNodeHealth(id, node, 'connected', 'healthy');
-    await expect.poll(conditions, { timeout: 5_000 }).toEqual([]);
+    await expect.poll(conditions, { timeout: 20_000 }).toEqual([]);
     await h.lifecycle.signal(id, { type: 'release' });
     await waitForState(h, id, 'released');
   });

@@ -15,7 +15,7 @@ describe('delegated confirmation', () => {
       confirmationExpiresInMs: 1_500,
     });
     await start(id);
-    const expired = await waitForState(h, id, 'expired', 10_000);
+    const expired = await waitForState(h, id, 'expired', 30_000);
     expect(expired.end_reason).toBe('confirmation-expired');
     expect(await eventTypes(h, id)).toEqual(['reservation.expired']);
   });
@@ -27,7 +27,7 @@ describe('delegated confirmation', () => {
     });
     await start(id);
     const handle = h.temporal.client.workflow.getHandle(id);
-    await expect.poll(() => handle.query(snapshotQuery), { timeout: 5_000 }).not.toBeNull();
+    await expect.poll(() => handle.query(snapshotQuery), { timeout: 20_000 }).not.toBeNull();
     await expect(
       handle.executeUpdate(confirmationUpdate, { args: [{ decision: 'maybe' as 'approved' }] }),
     ).rejects.toThrow();

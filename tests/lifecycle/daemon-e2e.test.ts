@@ -75,7 +75,7 @@ describe('a reservation on a simulated bcd', () => {
           const node = await h.db.selectFrom('nodes').select('spec').executeTakeFirstOrThrow();
           return ((node.spec as { devices?: unknown[] }).devices ?? []).length;
         },
-        { timeout: 10_000 },
+        { timeout: 30_000 },
       )
       .toBe(0);
     expect(await h.temporal.client.workflow.getHandle(created.id).result()).toEqual({ state: 'released' });

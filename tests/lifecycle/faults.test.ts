@@ -79,9 +79,9 @@ describe('faults', () => {
     child = await spawnChildWorker(h, { activityTimeoutMs });
     const { id, allocationId } = await insertPlacedReservation(h, { node: h.nodes[1]! });
     await h.startLifecycle(id);
-    await waitForState(h, id, 'binding', 15_000);
+    await waitForState(h, id, 'binding', 30_000);
     await reportAllocation(h, id, allocationId, 'bound');
-    await waitForState(h, id, 'active', 15_000);
+    await waitForState(h, id, 'active', 30_000);
 
     // Marking windows sent waits on an advisory lock the test holds: the ledger write has committed.
     await sql`

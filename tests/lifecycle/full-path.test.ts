@@ -39,13 +39,14 @@ describe('a reservation lifecycle on Temporal', () => {
     const handle = h.temporal.client.workflow.getHandle(id);
     await expect
       .poll(async () => (await handle.describe()).typedSearchAttributes.get(searchAttributes.state), {
-        timeout: 5_000,
+        timeout: 20_000,
       })
       .toBe('active');
     const described = await handle.describe();
     expect(described.typedSearchAttributes.get(searchAttributes.tenant)).toBe('acme');
     expect(await described.memo).toMatchObject({ tenantId: 'acme', poolId: h.poolId });
 
+    // Active for a while, so the usage window below holds more than nothing.
     await new Promise((r) => setTimeout(r, 1_000));
     await h.lifecycle.signal(id, { type: 'release' });
     const released = await waitForState(h, id, 'released');

@@ -26,7 +26,7 @@ describe('the orphan sweeper (a Temporal Schedule)', () => {
     await waitForState(h, placed.id, 'binding', 20_000);
     await expect
       .poll(async () => (await h.temporal.client.workflow.getHandle(waiting).describe()).status.name, {
-        timeout: 10_000,
+        timeout: 30_000,
       })
       .toBe('RUNNING');
     const row = await h.db
@@ -55,7 +55,7 @@ describe('the orphan sweeper (a Temporal Schedule)', () => {
               .select('lifecycle_started_at')
               .executeTakeFirstOrThrow()
           ).lifecycle_started_at,
-        { timeout: 5_000 },
+        { timeout: 20_000 },
       )
       .not.toBeNull();
     const firstRun = (await handle.describe()).runId;

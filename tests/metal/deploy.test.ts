@@ -1,16 +1,19 @@
 import { createHash } from 'node:crypto';
 import { createServer, type Server } from 'node:http';
 import path from 'node:path';
+import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { BootNetwork } from '../../daemon/boot-network.ts';
 import { MetalMachines } from '../../daemon/metal-machines.ts';
 import { signImage } from '../../domain/metal-images.ts';
 import { generateReleaseSigningKey } from '../../domain/release-manifest.ts';
 import { createCompute } from '../../server/compute.ts';
+import { startWatchdog } from '../../server/supervise.ts';
 import { type ApiFixture, callApi, createApiFixture } from '../support/api.ts';
 import { eventually } from '../support/eventually.ts';
 import { testLogger } from '../support/logger.ts';
 import { emulatedSystems, type MetalSite, startMetalSite } from '../support/metal-site.ts';
+import { PlaneChild } from '../support/plane-children.ts';
 import { useTempDir } from '../support/temp-dir.ts';
 import { startTestTemporal, type TestTemporal } from '../support/temporal.ts';
 
@@ -153,11 +156,11 @@ describe('bare-metal provisioning workflows over the Redfish emulator', () => {
       .selectFrom('node_certificates')
       .where('node_id', 'in', site.machines)
       .where('role', '=', 'ramdisk')
-      .select(['not_before', 'not_after'])
+      .select(['not_before', 'not_after', 'created_at'])
       .execute();
     expect(certs.length).toBeGreaterThanOrEqual(site.machines.length);
     for (const c of certs)
-      expect(c.not_after.getTime() - c.not_before.getTime()).toBeLessThanOrEqual(2 * 3_600_000);
+      expect(c.not_after.getTime() - c.created_at.getTime()).toBeLessThanOrEqual(2 * 3_600_000);
     const listed = await call('workflows/list', { state: 'succeeded' });
     expect(listed.workflows.filter((w: any) => w.kind === 'inspect').length).toBe(site.machines.length);
     // Every inspected machine is powered off again.
@@ -382,5 +385,65 @@ describe('bare-metal provisioning workflows over the Redfish emulator', () => {
     const machine = await call('metal/getMachine', { nodeId: node });
     expect(machine.bmc.powerState).toBe('off');
     machines.silentRamdisks.delete(systems[3]!.uuid);
+  }, 300_000);
+
+  it('a worker SIGKILLed mid-deploy: a new one goes on from the same step, and no step’s command runs twice', async () => {
+    const node = site.machines[0]!;
+    const watchdog = startWatchdog();
+    const taskQueue = `metal-kill-${Date.now()}`;
+    const worker = new PlaneChild(
+      {
+        role: 'worker',
+        databaseUrl: api.database.url,
+        temporalAddress: temporal.address,
+        taskQueue,
+        timers: {},
+        activityTimeoutMs: 5_000,
+      },
+      watchdog,
+    );
+    try {
+      await worker.start();
+      const killable = createCompute({
+        ...api.deps,
+        temporal: temporal.client,
+        config: { ...api.deps.config, BETTER_COMPUTE_TASK_QUEUE: taskQueue },
+      });
+      const deployed = await callApi(killable.app, api.root.token, 'metal/deploy', {
+        nodeId: node,
+        profileId,
+        profileVersion: 1,
+        idempotencyKey: 'redeploy-kill',
+      });
+      expect(deployed.status, JSON.stringify(deployed.body)).toBe(200);
+      const id = deployed.body.data.id as string;
+      await until(id, (wf) => wf.steps.find((s: any) => s.name === 'wipe-disk')?.state !== 'pending');
+      await worker.kill();
+      await worker.start();
+      const done = await until(id, (wf) => wf.state !== 'running');
+      expect(done.state).toBe('succeeded');
+      expect(done.steps.filter((s: any) => s.phase === 'main').map((s: any) => s.attempts.length)).toEqual(
+        done.steps.filter((s: any) => s.phase === 'main').map(() => 1),
+      );
+      // Exactly one command per agent step of this workflow, on the site agent and on the machine.
+      const since = new Date(done.createdAt);
+      const commands = await api.database.db
+        .selectFrom('node_commands')
+        .where('created_at', '>=', since)
+        .where((eb) =>
+          eb.or([
+            eb('node_id', '=', node),
+            eb.and([eb('kind', 'like', 'bmc.%'), eb(sql`payload->>'machineNodeId'`, '=', node)]),
+          ]),
+        )
+        .select('kind')
+        .execute();
+      const agentSteps = done.steps.filter((s: any) => s.phase === 'main' && s.target !== 'control-plane');
+      expect(commands.length).toBe(agentSteps.length);
+      expect(await call('nodes/get', { nodeId: node })).toMatchObject({ provisionState: 'deployed' });
+    } finally {
+      await worker.kill();
+      await watchdog.stop();
+    }
   }, 300_000);
 });

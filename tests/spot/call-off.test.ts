@@ -65,7 +65,8 @@ describe('a preemption after its decision', () => {
     const now = (await readComputeNow(h.db)).getTime();
 
     // capacity.preview: no free capacity, but it would fit by preempting, from the notice deadline.
-    const preview = await h.compute.api.capacity.preview(h.credential, request('co-preview', 2));
+    const { idempotencyKey: _, ...previewInput } = request('co-preview', 2);
+    const preview = await h.compute.api.capacity.preview(h.credential, previewInput);
     expect(preview.fits).toBe(false);
     expect(preview.preemption).toMatchObject({
       spotReservations: [spot.id],

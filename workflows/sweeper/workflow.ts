@@ -2,10 +2,18 @@ import { proxyActivities } from '@temporalio/workflow';
 // biome-ignore lint/style/noRestrictedImports: a type-only import, erased before bundling
 import type { DraftCleanupActivities } from '../../activities/draft-cleanup.ts';
 // biome-ignore lint/style/noRestrictedImports: a type-only import, erased before bundling
+import type { RolloutActivities } from '../../activities/rollout.ts';
+// biome-ignore lint/style/noRestrictedImports: a type-only import, erased before bundling
 import type { SweeperActivities } from '../../activities/sweeper.ts';
 
-const { sweepOrphanReservations, sweepOrphanPreemptions, sweepExpiredHolds } = proxyActivities<SweeperActivities>({
-  startToCloseTimeout: '2 minutes',
+const { sweepOrphanReservations, sweepOrphanPreemptions, sweepExpiredHolds } =
+  proxyActivities<SweeperActivities>({
+    startToCloseTimeout: '2 minutes',
+    retry: { maximumAttempts: 3 },
+  });
+
+const { sweepOrphanRollouts } = proxyActivities<RolloutActivities>({
+  startToCloseTimeout: '1 minute',
   retry: { maximumAttempts: 3 },
 });
 
@@ -20,7 +28,8 @@ const maxDraftBatches = 20;
 /**
  * Run by the sweeper Schedule: starts (or wakes) the lifecycle of every non-terminal reservation
  * that has no running workflow, such as one whose API process died between commit and start, and
- * the workflow of every open spot preemption notice that has none, and announces lapsed host holds; then,
+ * the workflow of every open spot preemption notice and of every running or paused rollout that has
+ * none, and announces lapsed host holds; then,
  * given `draftRetentionMs`, removes refused requests older than it, a bounded batch per activity
  * while batches come back full (at most 20 a run; the next run goes on).
  */
@@ -30,11 +39,13 @@ export async function orphanSweeper(
   const sweep = { graceMs: input.graceMs ?? 10_000, limit: input.limit ?? 1_000 };
   const reservations = await sweepOrphanReservations(sweep);
   const preemptions = await sweepOrphanPreemptions(sweep);
+  const rollouts = await sweepOrphanRollouts(sweep);
   // Host holds that lapsed: their `hold.expired` events, then the ones past their hour retired.
   await sweepExpiredHolds({ limit: sweep.limit });
   const swept = {
     ...reservations,
     ...(preemptions.started.length ? { preemptions: preemptions.started } : {}),
+    ...(rollouts.started.length ? { rollouts: rollouts.started } : {}),
   };
   if (input.draftRetentionMs === undefined) return swept;
   const batch = input.draftBatch ?? 500;
