@@ -114,7 +114,13 @@ export class Dispatcher {
   async flushHeartbeats(): Promise<void> {
     const now = Date.now(); // wall time: the in-process liveness lease of each stream
     for (const session of this.ctx.registry.sessions.values()) {
-      if (now - session.lastSeenMs > this.ctx.options.leaseMs) void this.lapse(session as NodeSession);
+      if (now - session.lastSeenMs > this.ctx.options.leaseMs) {
+        // A lapse that fails to write is only logged: its node's stale heartbeat is the sweep's.
+        void this.lapse(session as NodeSession).catch((err: unknown) => {
+          if (!this.ctx.outage.failed(err, 'lapse'))
+            this.ctx.log.warn({ err }, 'marking a lapsed node failed');
+        });
+      }
     }
     const heard = this.ctx.registry.heard;
     if (heard.size === 0) return;
@@ -170,8 +176,8 @@ export class Dispatcher {
   async sweepLiveness(): Promise<void> {
     const leaseSeconds = this.ctx.options.leaseMs / 1000;
     await this.markUnreachable((trx) => markSilentNodesUnreachable(trx, leaseSeconds));
-    await expireOverdueCommands(this.ctx.db);
-    await failTimedOutCommands(this.ctx.db);
+    await transactionRetryingConflicts(this.ctx.db, (trx) => expireOverdueCommands(trx));
+    await transactionRetryingConflicts(this.ctx.db, (trx) => failTimedOutCommands(trx));
   }
 
   private async markUnreachable(mark: (trx: Transaction<Database>) => Promise<string[]>): Promise<void> {

@@ -17,8 +17,11 @@ import { devReleaseSigner, seedDevReleases } from './dev-releases.ts';
 import { seedDevStack } from './dev-seed.ts';
 import type { ControlPlane } from './serve.ts';
 
-/** What `.data/cluster/dev.json` holds: the dev stack's fields, and every process of the cluster. */
-export interface DevClusterInfo extends DevStackInfo {
+/**
+ * What `.data/cluster/dev.json` holds: the dev stack's fields (but the bare-metal site, which
+ * `dev --cluster` does not seed), and every process of the cluster.
+ */
+export interface DevClusterInfo extends Omit<DevStackInfo, 'sites' | 'profiles'> {
   gatewayAddresses: string[];
   temporalCaPath: string;
   processes: Array<{ name: string; pid: number; address: string | null; logFile: string }>;

@@ -71,15 +71,15 @@ export function registerProvisioningCommands(metal: Command) {
       .description('Deploy a profile to a ready machine (a workflow on Temporal); prints its steps.')
       .argument('<nodeId>', 'the machine')
       .addOption(required('--profile <profileId>', 'the profile'))
-      .option('--version <n>', 'the profile version (default: the latest)', parse.positiveInt)
+      .option('--profile-version <n>', 'the profile version (default: the latest)', parse.positiveInt)
       .option('--key <key>', 'idempotency key (default: one per call)'),
   ).action(
-    apiAction<{ profile: string; version?: number; key?: string }>(
+    apiAction<{ profile: string; profileVersion?: number; key?: string }>(
       async ({ client, out, options }, nodeId) => {
         const wf = await client.metal.deploy({
           nodeId: nodeId!,
           profileId: options.profile,
-          ...(options.version ? { profileVersion: options.version } : {}),
+          ...(options.profileVersion ? { profileVersion: options.profileVersion } : {}),
           idempotencyKey: options.key ?? `cli-${Date.now()}`,
         });
         out.result(wf, renderWorkflow);
@@ -215,7 +215,7 @@ export function registerCatalogCommands(program: Command) {
         'Register an image: name@version, format, its file (for the SHA-256) and the URL it is served from.',
       )
       .argument('<name@version>')
-      .addOption(required('--url <url>', 'where deploys stream it from'))
+      .addOption(required('--image-url <url>', 'where deploys stream it from'))
       .option('--format <format>', 'raw, qcow2 or iso', 'raw')
       .option('--file <path>', 'the image file (its SHA-256 is computed)')
       .option('--sha256 <hex>', 'its SHA-256, instead of --file')
@@ -346,13 +346,13 @@ export function registerCatalogCommands(program: Command) {
     }),
   );
   withConnection(
-    profiles.command('get').argument('<profileId>').option('--version <n>', 'a version', parse.positiveInt),
+    profiles.command('get').argument('<profileId>').option('--profile-version <n>', 'a version', parse.positiveInt),
   ).action(
-    apiAction<{ version?: number }>(async ({ client, out, options }, profileId) =>
+    apiAction<{ profileVersion?: number }>(async ({ client, out, options }, profileId) =>
       out.result(
         await client.profiles.get({
           profileId: profileId!,
-          ...(options.version ? { version: options.version } : {}),
+          ...(options.profileVersion ? { version: options.profileVersion } : {}),
         }),
         renderProfile,
       ),

@@ -1,3 +1,4 @@
+import path from 'node:path';
 import type { Command } from 'commander';
 import { type ProcessMode, parseConfig, processModes } from '../../core/config.ts';
 import { createLogger, type Logger } from '../../core/logger.ts';
@@ -52,7 +53,11 @@ export function registerServerCommands(program: Command) {
     )
     .option('--sim <n>', 'simulated GPU servers to start (8 GPUs each)', '8')
     .option('--json', 'print the stack as JSON instead of a summary')
-    .action(async (options: { sim: string; json?: boolean }) => {
+    .option(
+      '--cluster',
+      'the production shape instead: a Temporal cluster on PostgreSQL, two API processes behind HAProxy, two workers, two gateways (deploy/)',
+    )
+    .action(async (options: { sim: string; json?: boolean; cluster?: boolean }) => {
       const sim = Number(options.sim);
       if (!Number.isInteger(sim) || sim < 0 || sim > 10_000)
         fail(`--sim must be a whole number from 0 to 10000, got '${options.sim}'`, 2);
@@ -62,6 +67,44 @@ export function registerServerCommands(program: Command) {
         level: config.LOG_LEVEL,
         format: options.json ? 'json' : config.LOG_FORMAT,
       });
+      if (options.cluster) {
+        const { startDevCluster } = await import('../../server/cluster-dev.ts');
+        let devCluster: Awaited<ReturnType<typeof startDevCluster>>;
+        try {
+          devCluster = await startDevCluster({ config, log, sim });
+        } catch (error) {
+          log.debug({ err: error }, 'the cluster did not start');
+          fail(`${(error as Error).message} (nothing was left running)`);
+        }
+        stopOnSignal(log, devCluster.stop);
+        const { info } = devCluster;
+        if (options.json) console.log(JSON.stringify(info));
+        else {
+          console.log(
+            [
+              '',
+              'Better Compute cluster is running (Ctrl-C stops every process; a process that dies is restarted).',
+              `  API (HAProxy): ${info.apiUrl}`,
+              `  Temporal:      ${info.temporalAddress}  (TLS, CA ${info.temporalCaPath})`,
+              `  Gateways:      ${info.gatewayAddresses.join(', ')}`,
+              `  PostgreSQL:    ${info.databaseUrl}`,
+              '  Processes:',
+              ...info.processes.map(
+                (p) => `    ${p.name.padEnd(18)} pid ${String(p.pid).padEnd(8)} ${p.address ?? '-'}`,
+              ),
+              `  Logs:          ${path.dirname(info.processes.at(-1)!.logFile)}`,
+              `  root token:    ${info.tenants.root.token}   (tenant ${info.tenants.root.id})`,
+              `  acme token:    ${info.tenants.acme.token}   (tenant ${info.tenants.acme.id})`,
+              ...info.pools.map(
+                (p) => `  pool:          ${p.id}  ${p.name}: ${p.nodes} nodes, ${p.gpus} ${p.gpuModel} GPUs`,
+              ),
+              `  The same as JSON: ${config.BETTER_COMPUTE_DATA_DIR}/cluster/dev.json`,
+              '',
+            ].join('\n'),
+          );
+        }
+        return;
+      }
       const { startDevStack } = await import('../../server/dev-stack.ts');
       let stack: Awaited<ReturnType<typeof startDevStack>>;
       try {

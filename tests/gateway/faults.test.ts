@@ -152,32 +152,31 @@ describe('faults and refusals', () => {
         victim.nodeId,
       ),
     ).toBe(16);
-    // A certificate of a role that holds no node session (a site agent's).
-    const site = await joinWithToken({
+    // A retired node's certificate holds no session (PERMISSION_DENIED); every certificate role
+    // holds one since site agents and ramdisks have sessions too.
+    const joined = await joinWithToken({
       gateway: fx.gateway.address,
       token: await fx.token(1),
       caCertificatePem: ca,
-      dir: `${fx.dir}/site-agent`,
-      evidence: new SimHardware('site-agent').evidence(),
-      requestedName: 'site-agent',
+      dir: `${fx.dir}/retiring`,
+      evidence: new SimHardware('retiring').evidence(),
+      requestedName: 'retiring',
       agentVersion: 'test',
     });
-    await fx.database.db
-      .updateTable('node_certificates')
-      .set({ role: 'site' })
-      .where('node_id', '=', site.nodeId)
-      .execute();
+    const provisionState = (state: 'retired' | 'ready') =>
+      fx.database.db
+        .updateTable('nodes')
+        .set({ provision_state: state })
+        .where('id', '=', joined.nodeId)
+        .execute();
+    await provisionState('retired');
     expect(
-      await sessionStatus(fx.gateway.address, ca, site.privateKeyPem, site.certificatePem, site.nodeId),
+      await sessionStatus(fx.gateway.address, ca, joined.privateKeyPem, joined.certificatePem, joined.nodeId),
     ).toBe(7);
-    // The same certificate with a workload role opens a session.
-    await fx.database.db
-      .updateTable('node_certificates')
-      .set({ role: 'node' })
-      .where('node_id', '=', site.nodeId)
-      .execute();
+    // The same certificate of a node in service opens a session.
+    await provisionState('ready');
     expect(
-      await sessionStatus(fx.gateway.address, ca, site.privateKeyPem, site.certificatePem, site.nodeId),
+      await sessionStatus(fx.gateway.address, ca, joined.privateKeyPem, joined.certificatePem, joined.nodeId),
     ).toBe('open');
   });
 

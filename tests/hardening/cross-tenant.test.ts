@@ -660,15 +660,29 @@ const table: Record<string, Row> = {
   'sites.list': { noCrossTenantResource: 'sites belong to the platform, not to a tenant' },
   'sites.get': { noCrossTenantResource: 'sites belong to the platform, not to a tenant' },
   'sites.createToken': { noCrossTenantResource: 'site agents belong to the platform, not to a tenant' },
-  'releases.publish': { noCrossTenantResource: 'bcd releases belong to the platform (root administrators only)' },
-  'releases.list': { noCrossTenantResource: 'bcd releases belong to the platform (root administrators only)' },
+  'releases.publish': {
+    noCrossTenantResource: 'bcd releases belong to the platform (root administrators only)',
+  },
+  'releases.list': {
+    noCrossTenantResource: 'bcd releases belong to the platform (root administrators only)',
+  },
   'releases.get': { noCrossTenantResource: 'bcd releases belong to the platform (root administrators only)' },
-  'rollouts.create': { noCrossTenantResource: 'bcd rollouts belong to the platform (root administrators only)' },
+  'rollouts.create': {
+    noCrossTenantResource: 'bcd rollouts belong to the platform (root administrators only)',
+  },
   'rollouts.get': { noCrossTenantResource: 'bcd rollouts belong to the platform (root administrators only)' },
-  'rollouts.list': { noCrossTenantResource: 'bcd rollouts belong to the platform (root administrators only)' },
-  'rollouts.pause': { noCrossTenantResource: 'bcd rollouts belong to the platform (root administrators only)' },
-  'rollouts.resume': { noCrossTenantResource: 'bcd rollouts belong to the platform (root administrators only)' },
-  'rollouts.abort': { noCrossTenantResource: 'bcd rollouts belong to the platform (root administrators only)' },
+  'rollouts.list': {
+    noCrossTenantResource: 'bcd rollouts belong to the platform (root administrators only)',
+  },
+  'rollouts.pause': {
+    noCrossTenantResource: 'bcd rollouts belong to the platform (root administrators only)',
+  },
+  'rollouts.resume': {
+    noCrossTenantResource: 'bcd rollouts belong to the platform (root administrators only)',
+  },
+  'rollouts.abort': {
+    noCrossTenantResource: 'bcd rollouts belong to the platform (root administrators only)',
+  },
   'metal.enroll': {
     cases: [
       {
@@ -678,6 +692,7 @@ const table: Record<string, Row> = {
           poolId: w.b.ownPool.poolId,
           name: 'planted-metal',
           bmc: { address: 'https://192.0.2.10', systemId: '1', username: 'root', password: 'calvin' },
+          inspect: false,
         }),
         ...notFound,
         root: 'ok',
@@ -743,6 +758,145 @@ const table: Record<string, Row> = {
         input: (w) => ({ nodeId: w.b.ownPool.nodes[0]!.id }),
         ...notFound,
         root: 'NOT_FOUND',
+      },
+    ],
+  },
+  // Provisioning and the catalogue: B's node, B's tenant, ids that name nothing of A's.
+  'metal.deploy': {
+    cases: [
+      {
+        aim: "B's node",
+        input: (w) => ({
+          nodeId: w.b.ownPool.nodes[0]!.id,
+          profileId: 'prof_00000000000000000000000000',
+          idempotencyKey: 'cross-tenant',
+        }),
+        ...notFound,
+        root: 'NOT_FOUND',
+      },
+    ],
+  },
+  // Root's inspection of B's node would need Temporal, which this suite does not run.
+  'metal.inspect': {
+    cases: [
+      {
+        aim: 'a node of nobody',
+        input: () => ({ nodeId: 'node_00000000000000000000000000', idempotencyKey: 'cross-tenant' }),
+        ...notFound,
+        root: 'NOT_FOUND',
+      },
+    ],
+  },
+  'metal.abort': {
+    cases: [
+      {
+        aim: 'a workflow of nobody',
+        input: () => ({ workflowId: 'wf_00000000000000000000000000', reason: 'x' }),
+        ...notFound,
+        root: 'NOT_FOUND',
+      },
+    ],
+  },
+  'metal.retry': {
+    cases: [
+      {
+        aim: 'a workflow of nobody',
+        input: () => ({ workflowId: 'wf_00000000000000000000000000' }),
+        ...notFound,
+        root: 'NOT_FOUND',
+      },
+    ],
+  },
+  'workflows.get': {
+    cases: [
+      {
+        aim: 'a workflow of nobody',
+        input: () => ({ workflowId: 'wf_00000000000000000000000000' }),
+        ...notFound,
+        root: 'NOT_FOUND',
+      },
+    ],
+  },
+  'workflows.list': {
+    cases: [
+      { aim: "B's node", input: (w) => ({ nodeId: w.b.ownPool.nodes[0]!.id }), ...notFound, root: 'ok' },
+    ],
+  },
+  'images.register': {
+    cases: [
+      {
+        aim: "an image for B's tenant",
+        input: (w) => ({
+          tenantId: B(w),
+          name: 'planted',
+          version: '1',
+          format: 'raw',
+          sha256: 'a'.repeat(64),
+          url: 'http://192.0.2.10/planted.raw',
+        }),
+        ...notFound,
+        root: 'ok',
+      },
+    ],
+  },
+  'images.list': {
+    cases: [{ aim: "B's tenant", input: (w) => ({ tenantId: B(w) }), ...notFound, root: 'ok' }],
+  },
+  'images.get': {
+    cases: [
+      {
+        aim: 'an image of nobody',
+        input: () => ({ imageId: 'img_00000000000000000000000000' }),
+        member: 'ACCESS_DENIED',
+        admin: 'NOT_FOUND',
+        root: 'NOT_FOUND',
+      },
+    ],
+  },
+  'profiles.create': {
+    cases: [
+      {
+        aim: "a profile for B's tenant",
+        input: (w) => ({
+          tenantId: B(w),
+          name: 'planted',
+          spec: { imageId: 'img_00000000000000000000000000' },
+        }),
+        ...notFound,
+        root: 'NOT_FOUND',
+      },
+    ],
+  },
+  'profiles.list': {
+    cases: [{ aim: "B's tenant", input: (w) => ({ tenantId: B(w) }), ...notFound, root: 'ok' }],
+  },
+  'profiles.get': {
+    cases: [
+      {
+        aim: 'a profile of nobody',
+        input: () => ({ profileId: 'prof_00000000000000000000000000' }),
+        ...notFound,
+        root: 'NOT_FOUND',
+      },
+    ],
+  },
+  'nodes.setMaintenance': {
+    cases: [
+      {
+        aim: "B's cordoned node",
+        input: (w) => ({ nodeId: w.b.ownPool.nodes[2]!.id, reason: 'cross-tenant' }),
+        ...notFound,
+        root: 'ok',
+      },
+    ],
+  },
+  'nodes.clearMaintenance': {
+    cases: [
+      {
+        aim: "B's cordoned node",
+        input: (w) => ({ nodeId: w.b.ownPool.nodes[2]!.id }),
+        ...notFound,
+        root: 'ok',
       },
     ],
   },

@@ -39,7 +39,10 @@ describe('host holds and the demand ledger with the lifecycle on Temporal', () =
     expect(await entry()).toEqual([
       { reason: 'failed-capacity', message: "pending longer than the pool's maxPending of 4000 ms" },
     ]);
-    const report = await h.compute.api.capacity.demand(h.credential, { tenantId: h.tenantId, poolId: h.poolId });
+    const report = await h.compute.api.capacity.demand(h.credential, {
+      tenantId: h.tenantId,
+      poolId: h.poolId,
+    });
     expect(report.total).toBe(1);
     expect(report.byReason).toEqual([{ key: 'failed-capacity', count: 1 }]);
   });

@@ -44,6 +44,8 @@ export interface RolloutStack {
 export async function startRolloutStack(input: {
   name: string;
   pools: Array<{ name: string; nodes: number; disruption: DisruptionPolicy }>;
+  /** The orphan sweeper's Schedule (off unless asked). */
+  sweeper?: { everyMs: number; graceMs: number };
 }): Promise<RolloutStack> {
   const signer = newSigner();
   const api = await createApiFixture({
@@ -61,15 +63,17 @@ export async function startRolloutStack(input: {
     log,
     iam: api.iam,
     timers: {},
+    ...(input.sweeper ? { sweeper: input.sweeper } : {}),
   });
   const compute = createCompute({
     ...api.deps,
     temporal: temporal.client,
     config: { ...api.deps.config, BETTER_COMPUTE_TASK_QUEUE: temporal.taskQueue },
   });
+  // A long lease: a node loaded by a hundred others must not lose its session in its health gate.
   const gateway = await startTestGateway({
     db: api.database.db,
-    options: { leaseMs: 15_000, heartbeatIntervalMs: 2_000 },
+    options: { leaseMs: 30_000, heartbeatIntervalMs: 3_000 },
   });
   const dir = mkdtempSync(path.join(tmpdir(), 'bc-rollout-'));
   const faults = new Map<string, SimBehaviour>();
@@ -85,19 +89,24 @@ export async function startRolloutStack(input: {
     });
     siteId = seeded.siteId;
     pools.push({ id: seeded.poolId, name: pool.name, nodes: pool.nodes });
-    fleets.push(
-      await joinSimulatedFleet(gateway, api.database.db, seeded.poolId, {
-        nodes: pool.nodes,
-        rootDir: path.join(dir, pool.name),
-        namePrefix: pool.name,
-        joinConcurrency: 8,
-        minBackoffMs: 100,
-        maxBackoffMs: 1_000,
-        log,
-        bcd: { version: baseVersion, trust: { pins: [signer.pin], threshold: 1 }, faults },
-      }),
-    );
   }
+  // The pools' fleets join at once (the gateway's join throttle spreads them).
+  fleets.push(
+    ...(await Promise.all(
+      input.pools.map((pool, i) =>
+        joinSimulatedFleet(gateway, api.database.db, pools[i]!.id, {
+          nodes: pool.nodes,
+          rootDir: path.join(dir, pool.name),
+          namePrefix: pool.name,
+          joinConcurrency: 8,
+          minBackoffMs: 100,
+          maxBackoffMs: 1_000,
+          log,
+          bcd: { version: baseVersion, trust: { pins: [signer.pin], threshold: 1 }, faults },
+        }),
+      ),
+    )),
+  );
   const total = input.pools.reduce((n, p) => n + p.nodes, 0);
   await eventually(async () => {
     const rows = await api.database.db
