@@ -346,7 +346,10 @@ export function registerCatalogCommands(program: Command) {
     }),
   );
   withConnection(
-    profiles.command('get').argument('<profileId>').option('--profile-version <n>', 'a version', parse.positiveInt),
+    profiles
+      .command('get')
+      .argument('<profileId>')
+      .option('--profile-version <n>', 'a version', parse.positiveInt),
   ).action(
     apiAction<{ profileVersion?: number }>(async ({ client, out, options }, profileId) =>
       out.result(

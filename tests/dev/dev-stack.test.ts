@@ -16,6 +16,7 @@ interface DevJson {
   databaseUrl: string;
   tenants: { root: { id: string; token: string }; acme: { id: string; token: string } };
   pools: Array<{ id: string; name: string; gpuModel: string; nodes: number; gpus: number }>;
+  releases: Array<{ id: string; version: string; current: boolean }>;
 }
 
 async function startDev(ports: { api: number; gateway: number }): Promise<DevJson> {
@@ -88,6 +89,11 @@ describe('npm run dev (better-compute dev)', () => {
     expect((await fetch(first.temporalUiUrl!)).status).toBe(200);
     const whoami = await call(first, first.tenants.acme.token, 'system/whoami');
     expect(whoami.data).toMatchObject({ tenantId: 'acme' });
+    // The release the fleet runs and a newer signed one, ready to roll out (README: rollouts).
+    expect(first.releases).toEqual([
+      expect.objectContaining({ version: '0.1.0', current: true }),
+      expect.objectContaining({ version: '0.2.0', current: false }),
+    ]);
 
     expect(await stopDev()).toBe(0);
     expect(existsSync(path.join(dataDir, 'postgres', 'postmaster.pid'))).toBe(false);
@@ -101,6 +107,7 @@ describe('npm run dev (better-compute dev)', () => {
     expect(second.pools[0]!.id).toBe(first.pools[0]!.id);
     expect(second.tenants.acme.id).toBe(first.tenants.acme.id);
     expect(second.pools[0]!.nodes).toBe(2);
+    expect(second.releases).toEqual(first.releases);
     expect((await call(second, second.tenants.acme.token, 'system/whoami')).data).toMatchObject({
       tenantId: 'acme',
     });

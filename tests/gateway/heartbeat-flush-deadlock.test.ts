@@ -19,7 +19,9 @@ import { testLogger } from '../support/logger.ts';
  */
 const t = useTestDatabase({ max: 16 });
 let ids: string[];
-const rounds = 40;
+const rounds = 30;
+// Each round is a few real transactions racing on 200 rows: slow on a loaded machine, never stuck.
+const stressTimeoutMs = 240_000;
 
 beforeAll(async () => {
   const { nodes } = await seedPool(t.db, {
@@ -109,63 +111,72 @@ async function expectLiveness(heard: ReadonlySet<string>, gateways: readonly str
 }
 
 describe('the heartbeat flush and the liveness sweep under concurrency', () => {
-  it('two gateways flushing overlapping nodes and two sweeps, run together, never fail', async () => {
-    const a = gateway('gw_a');
-    const b = gateway('gw_b');
-    for (let round = 0; round < rounds; round++) {
-      await everyNodeSilent();
-      const heardA = shuffled(ids).slice(0, 120);
-      const heardB = shuffled(ids).slice(0, 120);
-      hear(a.registry, heardA);
-      hear(b.registry, heardB);
-      const outcomes = await Promise.allSettled(
-        shuffled([
-          () => a.dispatcher.flushHeartbeats(),
-          () => b.dispatcher.flushHeartbeats(),
-          () => a.dispatcher.sweepLiveness(),
-          () => b.dispatcher.sweepLiveness(),
-        ]).map((run) => run()),
-      );
-      expect(rejections(outcomes)).toEqual([]);
-      await drain(a, b);
-      // Rows a flush held were skipped by the sweeps: one quiet sweep settles everything silent.
-      await a.dispatcher.sweepLiveness();
-      await expectLiveness(new Set([...heardA, ...heardB]), ['gw_a', 'gw_b']);
-    }
-  });
+  it(
+    'two gateways flushing overlapping nodes and two sweeps, run together, never fail',
+    async () => {
+      const a = gateway('gw_a');
+      const b = gateway('gw_b');
+      for (let round = 0; round < rounds; round++) {
+        await everyNodeSilent();
+        const heardA = shuffled(ids).slice(0, 120);
+        const heardB = shuffled(ids).slice(0, 120);
+        hear(a.registry, heardA);
+        hear(b.registry, heardB);
+        const outcomes = await Promise.allSettled(
+          shuffled([
+            () => a.dispatcher.flushHeartbeats(),
+            () => b.dispatcher.flushHeartbeats(),
+            () => a.dispatcher.sweepLiveness(),
+            () => b.dispatcher.sweepLiveness(),
+          ]).map((run) => run()),
+        );
+        expect(rejections(outcomes)).toEqual([]);
+        await drain(a, b);
+        // Rows a flush held were skipped by the sweeps: one quiet sweep settles everything silent.
+        await a.dispatcher.sweepLiveness();
+        await expectLiveness(new Set([...heardA, ...heardB]), ['gw_a', 'gw_b']);
+      }
+    },
+    stressTimeoutMs,
+  );
 
-  it('a transaction writing many nodes in its own order deadlocks neither the flush nor the sweep', async () => {
-    const a = gateway('gw_a');
-    const before = await t.db
-      .selectFrom('node_commands')
-      .select(sql<string>`count(*)`.as('n'))
-      .executeTakeFirst();
-    const writes: Array<{ nodeId: string }> = [];
-    for (let round = 0; round < rounds; round++) {
-      await everyNodeSilent();
-      const heard = shuffled(ids).slice(0, 150);
-      hear(a.registry, heard);
-      // As a rollout step: one command per node it starts, in its own (here random) order.
-      const started = shuffled(ids).slice(0, 40);
-      const outcomes = await Promise.allSettled([
-        a.dispatcher.flushHeartbeats(),
-        a.dispatcher.sweepLiveness(),
-        t.db.transaction().execute(async (trx) => {
-          for (const nodeId of started) await enqueueNodeCommand(trx, { nodeId, kind: 'inventory.refresh' });
-        }),
-      ]);
-      expect(rejections(outcomes)).toEqual([]);
-      writes.push(...started.map((nodeId) => ({ nodeId })));
-      await drain(a);
-      await a.dispatcher.sweepLiveness();
-      await expectLiveness(new Set(heard), ['gw_a']);
-    }
-    const after = await t.db
-      .selectFrom('node_commands')
-      .select(sql<string>`count(*)`.as('n'))
-      .executeTakeFirst();
-    expect(Number(after!.n) - Number(before!.n)).toBe(writes.length);
-  });
+  it(
+    'a transaction writing many nodes in its own order deadlocks neither the flush nor the sweep',
+    async () => {
+      const a = gateway('gw_a');
+      const before = await t.db
+        .selectFrom('node_commands')
+        .select(sql<string>`count(*)`.as('n'))
+        .executeTakeFirst();
+      const writes: Array<{ nodeId: string }> = [];
+      for (let round = 0; round < rounds; round++) {
+        await everyNodeSilent();
+        const heard = shuffled(ids).slice(0, 150);
+        hear(a.registry, heard);
+        // As a rollout step: one command per node it starts, in its own (here random) order.
+        const started = shuffled(ids).slice(0, 40);
+        const outcomes = await Promise.allSettled([
+          a.dispatcher.flushHeartbeats(),
+          a.dispatcher.sweepLiveness(),
+          t.db.transaction().execute(async (trx) => {
+            for (const nodeId of started)
+              await enqueueNodeCommand(trx, { nodeId, kind: 'inventory.refresh' });
+          }),
+        ]);
+        expect(rejections(outcomes)).toEqual([]);
+        writes.push(...started.map((nodeId) => ({ nodeId })));
+        await drain(a);
+        await a.dispatcher.sweepLiveness();
+        await expectLiveness(new Set(heard), ['gw_a']);
+      }
+      const after = await t.db
+        .selectFrom('node_commands')
+        .select(sql<string>`count(*)`.as('n'))
+        .executeTakeFirst();
+      expect(Number(after!.n) - Number(before!.n)).toBe(writes.length);
+    },
+    stressTimeoutMs,
+  );
 
   it('a heartbeat whose node another transaction holds is written by the next flush, never waited for', async () => {
     const a = gateway('gw_a');

@@ -1,7 +1,7 @@
 import type { ChildProcess } from 'node:child_process';
 import { sql } from 'kysely';
 import pg from 'pg';
-import { afterAll, describe, expect, it } from 'vitest';
+import { afterAll, describe, expect, it, vi } from 'vitest';
 import { checkBookingInvariants } from '../../db/allocations/invariants.ts';
 import { killChild, spawnChildWorker } from './children.ts';
 import {
@@ -11,6 +11,10 @@ import {
   useLifecycleHarness,
   waitForState,
 } from './harness.ts';
+
+// Each test starts a worker in a child process and waits for it several times over; on a loaded
+// machine that alone can take most of a minute.
+vi.setConfig({ testTimeout: 180_000 });
 
 const activityTimeoutMs = 3_000;
 const h = useLifecycleHarness({

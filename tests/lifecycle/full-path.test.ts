@@ -71,7 +71,8 @@ describe('a reservation lifecycle on Temporal', () => {
     expect((after.spec as { devices: unknown[] }).devices).toEqual([]);
     expect(await quotaRefunded(h, id)).toBe(true);
 
-    // Billing: one window of about a second of two GPUs, sent once to the IAM ledger.
+    // Billing: one window of the seconds it was active (not the booked hour; a loaded machine
+    // may stretch those seconds to a minute), sent once to the IAM ledger.
     expect(await handle.result()).toEqual({ state: 'released' });
     const windows = await h.db
       .selectFrom('usage_windows')
@@ -81,7 +82,7 @@ describe('a reservation lifecycle on Temporal', () => {
     expect(windows).toHaveLength(1);
     expect(windows[0]!.meter).toBe('gpu.h100.hours');
     expect(Number(windows[0]!.quantity)).toBeGreaterThan(0);
-    expect(Number(windows[0]!.quantity)).toBeLessThan(0.01);
+    expect(Number(windows[0]!.quantity)).toBeLessThan(0.1);
     expect(windows[0]!.sent_at).not.toBeNull();
     const ledger = await sql<{
       n: number;

@@ -81,7 +81,7 @@ describe("the README's bare-metal walkthrough", () => {
     );
     expect(result.code, `${result.stderr}\n${result.stdout.slice(-2000)}`).toBe(0);
     expect(result.stdout).toMatch(/write-image\s+ramdisk\s+succeeded/);
-    expect(result.stdout).toMatch(/state\s+succeeded/);
-    expect(result.stdout).toMatch(/deployed/);
+    expect(result.stdout).toMatch(/state:\s+succeeded/);
+    expect(result.stdout).toMatch(/state:\s+deployed/);
   }, 900_000);
 });
