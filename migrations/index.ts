@@ -37,13 +37,13 @@ export const migrations: Record<string, Migration> = {
   '2026-11-29T40-events-and-webhooks': eventsAndWebhooks,
   '2026-11-29T55-admission-hardening': admissionHardening,
   '2026-11-29T60-node-trust': nodeTrust,
-  '2026-11-30T50-releases-rollouts': releasesRollouts,
   '2026-11-30T10-host-holds': hostHolds,
-  '2026-11-30T70-bare-metal': bareMetal,
   '2026-11-30T20-gang': gang,
   '2026-11-30T21-calendar': calendar,
   '2026-11-30T23-pool-administration': poolAdministration,
+  '2026-11-30T50-releases-rollouts': releasesRollouts,
   '2026-11-30T60-node-enforcement': nodeEnforcement,
+  '2026-11-30T70-bare-metal': bareMetal,
 };
 
 export const migrationProvider: MigrationProvider = {
