@@ -34,6 +34,12 @@ export interface StepPlan {
   maxAttempts: number;
 }
 
+/**
+ * The Temporal names of a provisioning workflow, here so the API can start and wake one without
+ * importing workflow code: its type, and `wake`, its one signal.
+ */
+export const metalWorkflowNames = { type: 'metalWorkflow', wakeSignal: 'wake' } as const;
+
 export const metalWorkflowKinds = ['deploy', 'inspect', 'clean'] as const;
 export type MetalWorkflowKind = (typeof metalWorkflowKinds)[number];
 

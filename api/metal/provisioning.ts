@@ -4,6 +4,7 @@ import { insertAuditEvent } from '../../db/events/audit.ts';
 import { findImage, imageUsableBy } from '../../db/metal/images.ts';
 import {
   findMetalWorkflow,
+  findMetalWorkflowByKey,
   insertMetalWorkflow,
   listMetalWorkflowIds,
   type MetalWorkflowView,
@@ -12,8 +13,12 @@ import {
 } from '../../db/metal/workflows.ts';
 import { lockNodeProvisioning } from '../../db/nodes/provision.ts';
 import { ComputeError } from '../../domain/errors.ts';
-import { metalWorkflowStates, planDeploy, planInspect } from '../../domain/metal-steps.ts';
-import { metalWorkflowType, wakeMetalWorkflowSignal } from '../../workflows/metal/messages.ts';
+import {
+  metalWorkflowNames,
+  metalWorkflowStates,
+  planDeploy,
+  planInspect,
+} from '../../domain/metal-steps.ts';
 import { defineMethod, type MethodContext } from '../method.ts';
 import { operatorReason, requireNode, requireTenantRead } from '../nodes-access.ts';
 import { requireProfile } from './profiles.ts';
@@ -44,7 +49,7 @@ async function startTemporal(ctx: MethodContext, wf: MetalWorkflowView): Promise
 /** The same by id (metal.enroll starts the inspection). */
 export async function startMetalTemporalWorkflow(ctx: MethodContext, id: string): Promise<void> {
   try {
-    await temporalOf(ctx).workflow.start(metalWorkflowType, {
+    await temporalOf(ctx).workflow.start(metalWorkflowNames.type, {
       workflowId: id,
       taskQueue: ctx.deps.config.BETTER_COMPUTE_TASK_QUEUE,
       args: [{ workflowId: id }],
@@ -111,12 +116,7 @@ const deploy = defineMethod({
     const { workflowId: id } = await ctx.deps.db.transaction().execute(async (trx) => {
       const node = await lockNodeProvisioning(trx, input.nodeId);
       if (node.maintenance) {
-        const same = await trx
-          .selectFrom('metal_workflows')
-          .where('node_id', '=', input.nodeId)
-          .where('idempotency_key', '=', input.idempotencyKey)
-          .select('id')
-          .executeTakeFirst();
+        const same = await findMetalWorkflowByKey(trx, input.nodeId, input.idempotencyKey);
         if (!same) {
           throw new ComputeError(
             'INVALID_STATE',
@@ -204,7 +204,7 @@ const abort = defineMethod({
       });
     });
     await startTemporal(ctx, wf);
-    await temporalOf(ctx).workflow.getHandle(wf.id).signal(wakeMetalWorkflowSignal);
+    await temporalOf(ctx).workflow.getHandle(wf.id).signal(metalWorkflowNames.wakeSignal);
     return workflowView(
       await settle(ctx, wf.id, (now) => now.phase === 'cleanup' || now.state !== 'running'),
     );
@@ -221,7 +221,7 @@ const retry = defineMethod({
     const wf = await requireWorkflow(ctx, input.workflowId, 'compute:nodes:provision');
     await ctx.deps.db.transaction().execute((trx) => retryMetalWorkflow(trx, wf.id));
     await startTemporal(ctx, wf);
-    await temporalOf(ctx).workflow.getHandle(wf.id).signal(wakeMetalWorkflowSignal);
+    await temporalOf(ctx).workflow.getHandle(wf.id).signal(metalWorkflowNames.wakeSignal);
     return workflowView((await findMetalWorkflow(ctx.deps.db, wf.id))!);
   },
 });

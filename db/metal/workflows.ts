@@ -178,6 +178,21 @@ function stepView(row: {
   };
 }
 
+/** The id of the node's workflow started with this idempotency key, or null. */
+export async function findMetalWorkflowByKey(
+  db: Db | Trx,
+  nodeId: string,
+  idempotencyKey: string,
+): Promise<string | null> {
+  const row = await db
+    .selectFrom('metal_workflows')
+    .where('node_id', '=', nodeId)
+    .where('idempotency_key', '=', idempotencyKey)
+    .select('id')
+    .executeTakeFirst();
+  return row?.id ?? null;
+}
+
 /** One workflow with its steps (in order), or null. */
 export async function findMetalWorkflow(db: Db | Trx, workflowId: string): Promise<MetalWorkflowView | null> {
   const row = await db

@@ -16,7 +16,7 @@ describe('deploy/', () => {
     const script = readFileSync(path.join(deployDir, 'temporal', 'register-namespace.sh'), 'utf8');
     const names = [...script.matchAll(/--name (\w+)/g)].map((m) => m[1]);
     expect(names.sort()).toEqual(Object.values(searchAttributes).map((k) => k.name).sort());
-    expect(Object.values(searchAttributes).every((k) => k.valueType === 'KEYWORD')).toBe(true);
+    expect(Object.values(searchAttributes).every((k) => k.type === 'KEYWORD')).toBe(true);
   });
 
   it('has a Procfile line for every kind of process, expanded from the environment', () => {

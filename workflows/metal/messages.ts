@@ -5,8 +5,7 @@
  * acts on them at once, whatever it was waiting for.
  */
 import { defineQuery, defineSignal } from '@temporalio/workflow';
-
-export const metalWorkflowType = 'metalWorkflow';
+import { metalWorkflowNames } from '../../domain/metal-steps.ts';
 
 export interface MetalWorkflowInput {
   workflowId: string;
@@ -14,7 +13,7 @@ export interface MetalWorkflowInput {
   pollMs?: number;
 }
 
-export const wakeMetalWorkflowSignal = defineSignal<[]>('wake');
+export const wakeMetalWorkflowSignal = defineSignal<[]>(metalWorkflowNames.wakeSignal);
 
 /** The last step's outcome as the workflow saw it. */
 export const metalProgressQuery = defineQuery<{ state: string; step: string | null; rounds: number } | null>(
