@@ -14,30 +14,37 @@ const end = new Date(start.getTime() + 2 * hour);
 const t = useTestDatabase({ max: 40 });
 let poolId: string;
 let node: RegisteredNode;
-let reservationId: string;
 
 beforeAll(async () => {
   const pool = await seedPool(t.db, { nodes: 1 });
   poolId = pool.poolId;
   node = pool.nodes[0]!;
-  // A reservation to hang the allocations on (its own bare allocation books nothing).
-  const bare = await t.db
-    .transaction()
-    .execute((trx) => insertBareAllocation(trx, { poolId, nodeId: node!.id, start, end }));
-  const row = await t.db
-    .selectFrom('allocations')
-    .select('reservation_id')
-    .where('id', '=', bare)
-    .executeTakeFirstOrThrow();
-  reservationId = row.reservation_id!;
 });
+
+/**
+ * A reservation of its own for each booking: a reservation holds at most one current allocation
+ * per node. Its bare allocation (which books nothing) is superseded so the booking is its only one.
+ */
+async function newReservation(): Promise<string> {
+  return t.db.transaction().execute(async (trx) => {
+    const bare = await insertBareAllocation(trx, { poolId, nodeId: node.id, start, end });
+    const row = await trx
+      .updateTable('allocations')
+      .set({ superseded_at: new Date() })
+      .where('id', '=', bare)
+      .returning('reservation_id')
+      .executeTakeFirstOrThrow();
+    return row.reservation_id!;
+  });
+}
 
 const book = (deviceIds: string[], resources: { vcpu?: number; memoryGiB?: number }) => {
   const allocationId = newId('alloc');
   return {
     allocationId,
-    run: () =>
-      t.db.transaction().execute((trx) =>
+    run: async () => {
+      const reservationId = await newReservation();
+      return t.db.transaction().execute((trx) =>
         insertAllocationWithBookings(trx, {
           allocationId,
           reservationId,
@@ -47,7 +54,8 @@ const book = (deviceIds: string[], resources: { vcpu?: number; memoryGiB?: numbe
           start,
           end,
         }),
-      ),
+      );
+    },
   };
 };
 
