@@ -139,10 +139,10 @@ describe('capacity nodes', () => {
     });
     expect(json(onePool).nodes.map((n: { nodeId: string }) => n.nodeId)).toEqual([bare.nodeId]);
     expect(table.stdout.split('\n')[0]).toMatch(
-      /^NODE\s+ACCEPTS\s+GPUS\s+VCPUS\s+MEMORY GIB\s+RESERVED\s+WHY NOT\s+HEARTBEAT$/,
+      /^NODE\s+ACCEPTS\s+GPUS\s+VCPUS\s+MEMORY GIB\s+RESERVED\s+WHY NOT\s+CALENDAR\s+HEARTBEAT$/,
     );
     expect(table.stdout).toMatch(
-      /zz-bare-00000\s+no\s+8\/8\s+not reported\s+not reported\s+0 GPU\s+cordoned \(fan\)\s+not reported/,
+      /zz-bare-00000\s+no\s+8\/8\s+not reported\s+not reported\s+0 GPU\s+cordoned \(fan\)\s+-\s+not reported/,
     );
     expect(table.stdout).toMatch(/\s+yes\s+5\/8\s+120\/192\s+1280\/2048\s+0 GPU\s+/);
   });
