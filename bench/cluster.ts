@@ -84,7 +84,8 @@ async function measure(shape: string, apiUrl: string, db: Db) {
   };
   // wall time: until the last lifecycle of the load started (at most a minute after it)
   const deadline = Date.now() + 60_000;
-  while ((await count()) < load.committed && Date.now() < deadline) await new Promise((r) => setTimeout(r, 200));
+  while ((await count()) < load.committed && Date.now() < deadline)
+    await new Promise((r) => setTimeout(r, 200));
   const started = await count();
   const startSeconds = (performance.now() - t0) / 1000;
   return {
@@ -95,7 +96,10 @@ async function measure(shape: string, apiUrl: string, db: Db) {
     errors: load.errors,
     lifecyclesStarted: started,
     lifecycleStartsPerSecond: started / startSeconds,
-    loadAverage: os.loadavg().map((l) => l.toFixed(1)).join(' '),
+    loadAverage: os
+      .loadavg()
+      .map((l) => l.toFixed(1))
+      .join(' '),
   };
 }
 
@@ -103,7 +107,13 @@ async function single() {
   const dir = mkdtempSync(path.join(tmpdir(), 'bc-bench-single-'));
   const watchdog = startWatchdog();
   const postgres = await startLocalPostgres({ dataDir: path.join(dir, 'postgres'), database: 'bench', log });
-  const temporal = await startTemporalDevServer({ dataDir: path.join(dir, 'temporal'), toolsDir, log, headless: true, persist: false });
+  const temporal = await startTemporalDevServer({
+    dataDir: path.join(dir, 'temporal'),
+    toolsDir,
+    log,
+    headless: true,
+    persist: false,
+  });
   const handle = createDb(postgres.url, { max: 4 });
   try {
     await migrateToLatest(handle.db);
@@ -142,7 +152,13 @@ async function single() {
 
 async function cluster() {
   const dir = mkdtempSync(path.join(tmpdir(), 'bc-bench-cluster-'));
-  const started = await startCluster({ log, dataDir: dir, toolsDir, env: { PATH: process.env.PATH, HOME: process.env.HOME }, planeEnv });
+  const started = await startCluster({
+    log,
+    dataDir: dir,
+    toolsDir,
+    env: { PATH: process.env.PATH, HOME: process.env.HOME },
+    planeEnv,
+  });
   const handle = createDb(started.databaseUrl, { max: 4 });
   try {
     return await measure('cluster', started.apiUrl, handle.db);

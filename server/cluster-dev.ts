@@ -11,10 +11,10 @@ import { defaultToolsDir } from '../temporal/dev-server.ts';
 import { createTemporalLifecycle } from '../temporal/lifecycle.ts';
 import { type Cluster, type ClusterMember, startCluster } from './cluster.ts';
 import { createCompute } from './compute.ts';
-import type { DevStackInfo } from './dev-stack.ts';
-import { devDeploymentSecret } from './dev-secret.ts';
 import { devReleaseSigner, seedDevReleases } from './dev-releases.ts';
+import { devDeploymentSecret } from './dev-secret.ts';
 import { seedDevStack } from './dev-seed.ts';
+import type { DevStackInfo } from './dev-stack.ts';
 import type { ControlPlane } from './serve.ts';
 
 /**
@@ -38,11 +38,15 @@ export interface DevCluster {
  * seeded like `dev` (tenants, pools, releases) through the cluster's database, with `sim` simulated
  * servers spread over the gateways. Stops everything it started if a step fails.
  */
-export async function startDevCluster(options: { config: Config; log: Logger; sim: number }): Promise<DevCluster> {
+export async function startDevCluster(options: {
+  config: Config;
+  log: Logger;
+  sim: number;
+}): Promise<DevCluster> {
   const { config, log } = options;
   if (config.DATABASE_URL || config.TEMPORAL_ADDRESS) {
     throw new Error(
-      'dev --cluster starts its own PostgreSQL and Temporal cluster: unset DATABASE_URL and TEMPORAL_ADDRESS (or run `serve` processes against them as the README\'s production section shows)',
+      "dev --cluster starts its own PostgreSQL and Temporal cluster: unset DATABASE_URL and TEMPORAL_ADDRESS (or run `serve` processes against them as the README's production section shows)",
     );
   }
   const dataDir = path.resolve(config.BETTER_COMPUTE_DATA_DIR, 'cluster');
@@ -51,7 +55,8 @@ export async function startDevCluster(options: { config: Config; log: Logger; si
   const planeEnv: Record<string, string> = {
     BETTER_COMPUTE_SECRET: config.BETTER_COMPUTE_SECRET ?? devDeploymentSecret(dataDir, log),
     BETTER_COMPUTE_RELEASE_PINS: [...config.BETTER_COMPUTE_RELEASE_PINS, signer.pin].join(','),
-    BETTER_COMPUTE_WEBHOOK_ALLOW_HOSTS: process.env.BETTER_COMPUTE_WEBHOOK_ALLOW_HOSTS ?? 'localhost,127.0.0.1,[::1]',
+    BETTER_COMPUTE_WEBHOOK_ALLOW_HOSTS:
+      process.env.BETTER_COMPUTE_WEBHOOK_ALLOW_HOSTS ?? 'localhost,127.0.0.1,[::1]',
     LOG_LEVEL: config.LOG_LEVEL,
   };
   const cluster = await startCluster({
@@ -63,7 +68,8 @@ export async function startDevCluster(options: { config: Config; log: Logger; si
   });
   const stops: Array<() => Promise<void>> = [cluster.stop];
   const stopAll = async () => {
-    for (const stop of stops.reverse()) await stop().catch((err) => log.warn({ err }, 'error while stopping'));
+    for (const stop of stops.reverse())
+      await stop().catch((err) => log.warn({ err }, 'error while stopping'));
   };
   try {
     // This process seeds through the same database and Temporal as the cluster's processes.
@@ -78,7 +84,9 @@ export async function startDevCluster(options: { config: Config; log: Logger; si
     });
     stops.push(temporal.close);
     const iam = createEmbeddedIam({ db: handle.db, log: log.child({ component: 'iam' }) });
-    const lifecycle = createTemporalLifecycle(temporal.client, { taskQueue: planeConfig.BETTER_COMPUTE_TASK_QUEUE });
+    const lifecycle = createTemporalLifecycle(temporal.client, {
+      taskQueue: planeConfig.BETTER_COMPUTE_TASK_QUEUE,
+    });
     const deps = { config: planeConfig, db: handle.db, log, iam, temporal: temporal.client, lifecycle };
     const caCertificatePem = await ensureCaCertificate(handle.db, {
       trustDomain: planeConfig.BETTER_COMPUTE_TRUST_DOMAIN,
@@ -109,7 +117,12 @@ export async function startDevCluster(options: { config: Config; log: Logger; si
       signer,
       log,
     });
-    const describe = (m: ClusterMember) => ({ name: m.name, pid: m.pid(), address: m.address, logFile: m.logFile });
+    const describe = (m: ClusterMember) => ({
+      name: m.name,
+      pid: m.pid(),
+      address: m.address,
+      logFile: m.logFile,
+    });
     const info: DevClusterInfo = {
       apiUrl: cluster.apiUrl,
       temporalAddress: cluster.temporalAddress,

@@ -121,7 +121,9 @@ export async function startClusterChild(input: {
   const pid = child.pid;
   if (pid === undefined) {
     const exit = await exited;
-    throw new Error(`${input.name} did not start (${exit.code ?? exit.signal}): is ${input.argv[0]} installed?`);
+    throw new Error(
+      `${input.name} did not start (${exit.code ?? exit.signal}): is ${input.argv[0]} installed?`,
+    );
   }
   input.watchdog.watch(pid, 'SIGKILL');
   void exited.then(() => input.watchdog.unwatch(pid));

@@ -90,7 +90,8 @@ export async function startCluster(options: ClusterOptions): Promise<Cluster> {
   const stops: Array<() => Promise<void>> = [];
   const members: ClusterMember[] = [];
   const stopAll = async () => {
-    for (const stop of stops.reverse()) await stop().catch((err) => log.warn({ err }, 'error while stopping'));
+    for (const stop of stops.reverse())
+      await stop().catch((err) => log.warn({ err }, 'error while stopping'));
     await watchdog.stop();
   };
 
@@ -123,7 +124,8 @@ export async function startCluster(options: ClusterOptions): Promise<Cluster> {
         // wall time: waiting for the supervisor's restart
         const deadline = Date.now() + timeoutMs;
         while (supervisor.current().pid === pid) {
-          if (Date.now() > deadline) throw new Error(`${member.name} was not restarted within ${timeoutMs} ms`);
+          if (Date.now() > deadline)
+            throw new Error(`${member.name} was not restarted within ${timeoutMs} ms`);
           await new Promise((resolve) => setTimeout(resolve, 200));
         }
       },
@@ -236,7 +238,11 @@ export async function startCluster(options: ClusterOptions): Promise<Cluster> {
             ready: async () => {
               if (!(await portAnswers(servicePort))) return false;
               if (kind !== 'temporal-frontend') return true;
-              const client = await connectTemporal({ address: temporalAddress, connectTimeoutMs: 1_000, tls });
+              const client = await connectTemporal({
+                address: temporalAddress,
+                connectTimeoutMs: 1_000,
+                tls,
+              });
               await client.close();
               return true;
             },
@@ -275,6 +281,10 @@ export async function startCluster(options: ClusterOptions): Promise<Cluster> {
       TEMPORAL_TLS: 'true',
       TEMPORAL_TLS_CA_PATH: temporalCaPath,
       LOG_FORMAT: 'json',
+      // Readiness is read from each process's log (`worker running`...): info at least.
+      LOG_LEVEL: ['debug', 'trace'].includes(options.planeEnv?.LOG_LEVEL ?? '')
+        ? options.planeEnv!.LOG_LEVEL!
+        : 'info',
       BETTER_COMPUTE_DB_POOL_MAX: options.planeEnv?.BETTER_COMPUTE_DB_POOL_MAX ?? '10',
     };
     await run(...migrateArgv(planeEnv));
@@ -343,7 +353,12 @@ export async function startCluster(options: ClusterOptions): Promise<Cluster> {
       ...Object.fromEntries(apiPorts.map((p, i) => [`BC_API_${i + 1}`, `127.0.0.1:${p}`])),
     };
     await keep(
-      { name: 'load-balancer', kind: 'load-balancer', address: apiUrl, logFile: path.join(logsDir, 'load-balancer.log') },
+      {
+        name: 'load-balancer',
+        kind: 'load-balancer',
+        address: apiUrl,
+        logFile: path.join(logsDir, 'load-balancer.log'),
+      },
       () =>
         startClusterChild({
           name: 'load-balancer',
@@ -368,7 +383,8 @@ export async function startCluster(options: ClusterOptions): Promise<Cluster> {
       members,
       member: (name) => {
         const found = members.find((m) => m.name === name);
-        if (!found) throw new Error(`no cluster member ${name}: one of ${members.map((m) => m.name).join(', ')}`);
+        if (!found)
+          throw new Error(`no cluster member ${name}: one of ${members.map((m) => m.name).join(', ')}`);
         return found;
       },
       stop: stopAll,

@@ -106,7 +106,13 @@ export async function ensureTemporalCli(toolsDir: string, log: Logger): Promise<
     { module: temporalCliModule, into: cached },
     'building the Temporal CLI with go install (first run only; a few minutes)',
   );
-  await goInstall({ go, modules: [temporalCliModule], gobin: path.join(toolsDir, 'bin'), what: 'the Temporal CLI', log });
+  await goInstall({
+    go,
+    modules: [temporalCliModule],
+    gobin: path.join(toolsDir, 'bin'),
+    what: 'the Temporal CLI',
+    log,
+  });
   log.info({ path: cached }, 'the Temporal CLI is built');
   return cached;
 }

@@ -24,7 +24,6 @@ import {
 } from '../../domain/release-manifest.ts';
 import { currentProtocolVersion } from '../../domain/release-version.ts';
 import { type Compute, createCompute } from '../../server/compute.ts';
-import { eventually } from '../support/eventually.ts';
 import { type SeededPool, seedPool } from '../support/fleet.ts';
 import { arbitraryFromSchema, type JsonSchema } from '../support/json-schema-arbitrary.ts';
 import { testLogger } from '../support/logger.ts';
@@ -710,15 +709,15 @@ describe('the OpenAPI document against the server', () => {
         ).body as { data?: { state: string } };
       await expectOk(w.root.token, 'rollouts/pause', { rolloutId, reason: 'conformance' });
       // The signal's answer waits a bounded time on the workflow's step; resume needs it applied.
-      await eventually(async () => (await stateOf()).data?.state === 'paused', 60_000);
+      await expect.poll(async () => (await stateOf()).data?.state, { timeout: 120_000 }).toBe('paused');
       await expectOk(w.root.token, 'rollouts/resume', { rolloutId });
-      await eventually(async () => (await stateOf()).data?.state === 'running', 60_000);
+      await expect.poll(async () => (await stateOf()).data?.state, { timeout: 120_000 }).toBe('running');
       await expectOk(w.root.token, 'rollouts/get', { rolloutId, nodes: true });
       await expectOk(w.root.token, 'rollouts/abort', { rolloutId });
       expect(failures).toEqual([]);
     },
     // Nine calls; the signals wait on the workflow's steps (seconds each under load).
-    timeoutFor(10, 15_000),
+    timeoutFor(10, 30_000),
   );
 
   const callers = () => [

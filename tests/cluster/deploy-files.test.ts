@@ -15,7 +15,11 @@ describe('deploy/', () => {
   it('registers exactly the search attributes the workflows carry, all Keyword', () => {
     const script = readFileSync(path.join(deployDir, 'temporal', 'register-namespace.sh'), 'utf8');
     const names = [...script.matchAll(/--name (\w+)/g)].map((m) => m[1]);
-    expect(names.sort()).toEqual(Object.values(searchAttributes).map((k) => k.name).sort());
+    expect(names.sort()).toEqual(
+      Object.values(searchAttributes)
+        .map((k) => k.name)
+        .sort(),
+    );
     expect(Object.values(searchAttributes).every((k) => k.type === 'KEYWORD')).toBe(true);
   });
 
@@ -24,13 +28,28 @@ describe('deploy/', () => {
     expect(Object.keys(procfile).sort()).toEqual([...clusterProcessKinds].sort());
     expect(commandArgv(procfile.api, {}).slice(-3)).toEqual(['serve', '--mode', 'api']);
     expect(() => commandArgv(procfile['temporal-history'], {})).toThrow(/needs TEMPORAL_SERVER/);
-    expect(commandArgv(procfile['temporal-history'], { TEMPORAL_SERVER: '/x/server', BC_DEPLOY_DIR: '/d' })).toEqual(
-      ['/x/server', '--root', '/', '--config', '/d/temporal', '--env', 'cluster', '--allow-no-auth', 'start', '--service', 'history'],
-    );
+    expect(
+      commandArgv(procfile['temporal-history'], { TEMPORAL_SERVER: '/x/server', BC_DEPLOY_DIR: '/d' }),
+    ).toEqual([
+      '/x/server',
+      '--root',
+      '/',
+      '--config',
+      '/d/temporal',
+      '--env',
+      'cluster',
+      '--allow-no-auth',
+      'start',
+      '--service',
+      'history',
+    ]);
   });
 
   it("the load balancer's configuration is valid for the HAProxy the project fetches", () => {
-    const haproxy = ensureHaproxy(process.env.BETTER_COMPUTE_TOOLS_DIR ?? defaultToolsDir(), testLogger('deploy'));
+    const haproxy = ensureHaproxy(
+      process.env.BETTER_COMPUTE_TOOLS_DIR ?? defaultToolsDir(),
+      testLogger('deploy'),
+    );
     const out = execFileSync(haproxy.binary, ['-c', '-f', path.join(deployDir, 'haproxy', 'haproxy.cfg')], {
       encoding: 'utf8',
       env: {
@@ -50,10 +69,12 @@ describe('deploy/', () => {
     expect(JSON.parse(body!).error.code).toBe('UNAVAILABLE');
   }, 120_000);
 
-  it('reads TLS to Temporal from TEMPORAL_TLS and TEMPORAL_TLS_* (the CLI flags\' names)', () => {
+  it("reads TLS to Temporal from TEMPORAL_TLS and TEMPORAL_TLS_* (the CLI flags' names)", () => {
     expect(temporalTls(parseConfig({}))).toBeUndefined();
     expect(temporalTls(parseConfig({ TEMPORAL_TLS: 'true' }))).toEqual({});
-    expect(temporalTls(parseConfig({ TEMPORAL_TLS: 'false', TEMPORAL_TLS_CA_PATH: '/nope' }))).toBeUndefined();
+    expect(
+      temporalTls(parseConfig({ TEMPORAL_TLS: 'false', TEMPORAL_TLS_CA_PATH: '/nope' })),
+    ).toBeUndefined();
     expect(() => temporalTls(parseConfig({ TEMPORAL_TLS_CA_PATH: '/nope/ca.pem' }))).toThrow(
       /TEMPORAL_TLS_CA_PATH \(\/nope\/ca.pem\) cannot be read/,
     );
