@@ -3,7 +3,7 @@ import { mkdirSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import type { Logger } from '../core/logger.ts';
-import { freePort, startLocalPostgres } from '../db/local-postgres.ts';
+import { freePort, isPortFree, startLocalPostgres } from '../db/local-postgres.ts';
 import { createCertificateAuthority, issueServerCertificate } from '../domain/pki.ts';
 import { connectTemporal, temporalTls } from '../temporal/client.ts';
 import { ensureTemporalCli } from '../temporal/dev-server.ts';
@@ -172,16 +172,18 @@ export async function startCluster(options: ClusterOptions): Promise<Cluster> {
 
     // Temporal's ports, and its frontend's certificate from a CA of the cluster's own.
     const port = async () => freePort();
+    // Temporal keeps its services' ports in a smallint column: they must be below 32768.
+    const temporalPort = async () => freePortBelow32768();
     const temporalPorts = {
-      TEMPORAL_FRONTEND_PORT: await port(),
-      TEMPORAL_FRONTEND_MEMBERSHIP_PORT: await port(),
-      TEMPORAL_FRONTEND_HTTP_PORT: await port(),
-      TEMPORAL_HISTORY_PORT: await port(),
-      TEMPORAL_HISTORY_MEMBERSHIP_PORT: await port(),
-      TEMPORAL_MATCHING_PORT: await port(),
-      TEMPORAL_MATCHING_MEMBERSHIP_PORT: await port(),
-      TEMPORAL_WORKER_PORT: await port(),
-      TEMPORAL_WORKER_MEMBERSHIP_PORT: await port(),
+      TEMPORAL_FRONTEND_PORT: await temporalPort(),
+      TEMPORAL_FRONTEND_MEMBERSHIP_PORT: await temporalPort(),
+      TEMPORAL_FRONTEND_HTTP_PORT: await temporalPort(),
+      TEMPORAL_HISTORY_PORT: await temporalPort(),
+      TEMPORAL_HISTORY_MEMBERSHIP_PORT: await temporalPort(),
+      TEMPORAL_MATCHING_PORT: await temporalPort(),
+      TEMPORAL_MATCHING_MEMBERSHIP_PORT: await temporalPort(),
+      TEMPORAL_WORKER_PORT: await temporalPort(),
+      TEMPORAL_WORKER_MEMBERSHIP_PORT: await temporalPort(),
     };
     const tlsDir = path.join(dataDir, 'tls');
     mkdirSync(tlsDir, { recursive: true });
@@ -248,11 +250,10 @@ export async function startCluster(options: ClusterOptions): Promise<Cluster> {
             },
           }),
       );
-    // History and matching first: the frontend and the internal worker find them through membership.
-    await Promise.all([
-      temporalService('temporal-history', temporalPorts.TEMPORAL_HISTORY_PORT),
-      temporalService('temporal-matching', temporalPorts.TEMPORAL_MATCHING_PORT),
-    ]);
+    // One at a time: the first writes the cluster's metadata (two at once race on it), and the
+    // frontend and the internal worker find history and matching through membership.
+    await temporalService('temporal-history', temporalPorts.TEMPORAL_HISTORY_PORT);
+    await temporalService('temporal-matching', temporalPorts.TEMPORAL_MATCHING_PORT);
     await temporalService('temporal-frontend', temporalPorts.TEMPORAL_FRONTEND_PORT);
     await temporalService('temporal-worker', temporalPorts.TEMPORAL_WORKER_PORT);
 
@@ -392,6 +393,19 @@ export async function startCluster(options: ClusterOptions): Promise<Cluster> {
   } catch (error) {
     await stopAll();
     throw error;
+  }
+}
+
+const taken = new Set<number>();
+
+/** A free loopback port from 20000 to 32767 (random, so parallel clusters rarely collide), never one handed out before. */
+async function freePortBelow32768(): Promise<number> {
+  for (;;) {
+    const candidate = 20_000 + Math.floor(Math.random() * 12_768);
+    if (!taken.has(candidate) && (await isPortFree(candidate))) {
+      taken.add(candidate);
+      return candidate;
+    }
   }
 }
 

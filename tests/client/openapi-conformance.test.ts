@@ -115,6 +115,16 @@ const businessRules: Record<string, Record<string, string>> = {
  */
 const knownGaps: Record<string, Record<string, string>> = {};
 
+/**
+ * Methods whose success this world cannot reach, and the test that validates their success
+ * instead: a deploy needs an inspected machine whose ramdisk joins through a site agent.
+ */
+const successValidatedElsewhere: Record<string, string> = {
+  'metal.deploy': 'tests/metal/deploy.test.ts',
+  'metal.abort': 'tests/metal/deploy.test.ts',
+  'metal.retry': 'tests/metal/deploy.test.ts',
+};
+
 let w: TwoTenants;
 /** The API the generated requests go to: the world's, with Temporal and the release signer pinned. */
 let app: Compute['app'];
@@ -613,8 +623,9 @@ describe('the OpenAPI document against the server', () => {
       await w.api.database.db
         .insertInto('host_resources')
         .values([
-          { node_id: holdNode, resource: 'vcpu', capacity: 8, allocatable: 8 },
-          { node_id: holdNode, resource: 'memoryGiB', capacity: 32, allocatable: 32 },
+          // Room for the reservations later requests place on this node too (per-GPU host shares).
+          { node_id: holdNode, resource: 'vcpu', capacity: 1024, allocatable: 1024 },
+          { node_id: holdNode, resource: 'memoryGiB', capacity: 16384, allocatable: 16384 },
         ])
         .onConflict((oc) => oc.doNothing())
         .execute();
@@ -823,7 +834,7 @@ describe('the OpenAPI document against the server', () => {
   });
 
   // After every test above (its root calls may change what later generated requests meet).
-  it.each(methodIds)(
+  it.each(methodIds.filter((id) => !(id in successValidatedElsewhere)))(
     '%s has validated a success (generating more requests while it has none)',
     async (operationId) => {
       if (succeededMethods.has(operationId)) return;
