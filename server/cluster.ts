@@ -208,6 +208,7 @@ export async function startCluster(options: ClusterOptions): Promise<Cluster> {
       BC_DEPLOY_DIR: deployDir.replace(/\/$/, ''),
       TEMPORAL_DYNAMIC_CONFIG: path.join(deployDir, 'temporal', 'dynamicconfig.yaml'),
       TEMPORAL_HISTORY_SHARDS: String(options.historyShards ?? 4),
+      TEMPORAL_LOG_LEVEL: options.env.TEMPORAL_LOG_LEVEL ?? 'warn',
       TEMPORAL_DB_HOST: '127.0.0.1',
       TEMPORAL_DB_PORT: String(postgresPort),
       TEMPORAL_DB_USER: 'postgres',
@@ -255,7 +256,8 @@ export async function startCluster(options: ClusterOptions): Promise<Cluster> {
     await temporalService('temporal-history', temporalPorts.TEMPORAL_HISTORY_PORT);
     await temporalService('temporal-matching', temporalPorts.TEMPORAL_MATCHING_PORT);
     await temporalService('temporal-frontend', temporalPorts.TEMPORAL_FRONTEND_PORT);
-    await temporalService('temporal-worker', temporalPorts.TEMPORAL_WORKER_PORT);
+    // The internal worker serves no gRPC: it is up once it answers on its membership port.
+    await temporalService('temporal-worker', temporalPorts.TEMPORAL_WORKER_MEMBERSHIP_PORT);
 
     const namespace = options.env.TEMPORAL_NAMESPACE ?? 'default';
     const registerEnv = {
