@@ -288,6 +288,7 @@ async function signal(
     .signal(name, ...args);
   const deadline = Date.now() + 5_000; // wall time: a bounded wait on the workflow's step
   let now = before;
+  // wall time: a bounded wait on the rollout
   while (!reached(now) && Date.now() < deadline && !ctx.signal.aborted) {
     await new Promise((r) => setTimeout(r, 100));
     now = await requireRollout(ctx.deps.db, id);

@@ -221,7 +221,12 @@ export async function startCluster(options: ClusterOptions): Promise<Cluster> {
     log.info('Temporal schema set up on PostgreSQL (default and visibility stores)');
 
     const temporalAddress = `127.0.0.1:${temporalPorts.TEMPORAL_FRONTEND_PORT}`;
-    const tlsConfig = { TEMPORAL_TLS: 'true' as const, TEMPORAL_TLS_CA_PATH: temporalCaPath };
+    // Dialled by name (the certificate carries `localhost` too): TLS forbids an IP as server name.
+    const tlsConfig = {
+      TEMPORAL_TLS: 'true' as const,
+      TEMPORAL_TLS_CA_PATH: temporalCaPath,
+      TEMPORAL_TLS_SERVER_NAME: 'localhost',
+    };
     const tls = temporalTls(tlsConfig);
     const temporalService = (kind: ClusterProcessKind, servicePort: number) =>
       keep(
@@ -266,6 +271,7 @@ export async function startCluster(options: ClusterOptions): Promise<Cluster> {
       TEMPORAL_NAMESPACE: namespace,
       TEMPORAL_TLS: 'true',
       TEMPORAL_TLS_CA_PATH: temporalCaPath,
+      TEMPORAL_TLS_SERVER_NAME: 'localhost',
     };
     await eventuallyRun(path.join(deployDir, 'temporal', 'register-namespace.sh'), registerEnv, 60_000);
     await waitForNamespace(temporalAddress, namespace, tls!);
@@ -283,6 +289,7 @@ export async function startCluster(options: ClusterOptions): Promise<Cluster> {
       TEMPORAL_NAMESPACE: namespace,
       TEMPORAL_TLS: 'true',
       TEMPORAL_TLS_CA_PATH: temporalCaPath,
+      TEMPORAL_TLS_SERVER_NAME: 'localhost',
       LOG_FORMAT: 'json',
       // Readiness is read from each process's log (`worker running`...): info at least.
       LOG_LEVEL: ['debug', 'trace'].includes(options.planeEnv?.LOG_LEVEL ?? '')

@@ -99,6 +99,7 @@ async function runBmc(
   );
   const deadline = Date.now() + input.waitSeconds * 1000; // wall time: the caller's bounded wait
   let command: CommandView | null = await findNodeCommand(ctx.deps.db, queued.commandId);
+  // wall time: a bounded wait for the command
   while (command && !terminal.has(command.state) && Date.now() < deadline && !ctx.signal.aborted) {
     await new Promise((resolve) => setTimeout(resolve, 250));
     command = await findNodeCommand(ctx.deps.db, queued.commandId);

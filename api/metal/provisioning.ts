@@ -80,6 +80,7 @@ async function requireWorkflow(
 async function settle(ctx: MethodContext, id: string, reached: (wf: MetalWorkflowView) => boolean) {
   const deadline = Date.now() + 5_000; // wall time: a bounded wait on the workflow's next round
   let wf = (await findMetalWorkflow(ctx.deps.db, id))!;
+  // wall time: a bounded wait on the workflow
   while (!reached(wf) && Date.now() < deadline && !ctx.signal.aborted) {
     await new Promise((r) => setTimeout(r, 100));
     wf = (await findMetalWorkflow(ctx.deps.db, id))!;

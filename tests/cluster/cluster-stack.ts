@@ -3,6 +3,7 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import type { Client } from '@temporalio/client';
+import { parseConfig } from '../../core/config.ts';
 import type { Db } from '../../core/database.ts';
 import type { Logger } from '../../core/logger.ts';
 import { type SimulatedFleet, startSimulatedFleet } from '../../daemon/sim.ts';
@@ -63,7 +64,7 @@ export async function startClusterStack(input: { nodes: number }): Promise<Clust
     stops.push(cluster.stop);
     const handle = createDb(cluster.databaseUrl, { max: 6, applicationName: 'cluster-test' });
     stops.push(handle.close);
-    const tls = temporalTls({ TEMPORAL_TLS: 'true', TEMPORAL_TLS_CA_PATH: cluster.temporalCaPath });
+    const tls = temporalTls(parseConfig(cluster.planeEnv));
     const temporal = await connectTemporal({
       address: cluster.temporalAddress,
       namespace: cluster.namespace,
