@@ -218,6 +218,8 @@ describe('time-slice and MPS slots, end to end', () => {
     ]);
     await h.compute.api.reservations.release(h.credential, { tenantId: 'acme', reservationId: r.id });
     await expect.poll(() => stateOf(r.id), { timeout: 20_000, interval: 200 }).toBe('released');
+    // The lifecycle writes the last window as it ends the reservation: wait for the workflow.
+    await h.temporal.client.workflow.getHandle(r.id).result();
     const meters = await h.db
       .selectFrom('usage_windows')
       .where('reservation_id', '=', r.id)
