@@ -9,9 +9,6 @@ export default defineConfig({
       // The production-shaped cluster under faults (issue 18) is still being proven: it runs only
       // when asked, `BC_CLUSTER_TEST=1 npm test -- tests/cluster`, after `npm run cluster:tools`.
       ...(process.env.BC_CLUSTER_TEST ? [] : ['tests/cluster/cluster-faults.test.ts']),
-      // The rollout control rules (pause, resume, worker kill, rollback, orphan restart) failed in
-      // their setup on the last full run (issue 11 stays open): run with BC_ROLLOUT_CONTROL_TEST=1.
-      ...(process.env.BC_ROLLOUT_CONTROL_TEST ? [] : ['tests/rollouts/rollout-control.test.ts']),
     ],
     globalSetup: ['tests/global-setup.ts'],
     testTimeout: 60_000,

@@ -117,9 +117,10 @@ describe('BookingRepair', () => {
     );
 
     // Its own workflow, filterable in the Temporal UI.
-    const described = await h.temporal.client.workflow
-      .getHandle(bookingRepairWorkflowId(r.id, 'pre-start'))
-      .describe();
+    // The repair commits inside its activity; the workflow's search attributes land as it closes.
+    const repair = h.temporal.client.workflow.getHandle(bookingRepairWorkflowId(r.id, 'pre-start'));
+    await repair.result();
+    const described = await repair.describe();
     expect(described.type).toBe('bookingRepair');
     expect(described.typedSearchAttributes.get(searchAttributes.reservation)).toBe(r.id);
     expect(described.typedSearchAttributes.get(searchAttributes.state)).toBe('repaired');
@@ -127,9 +128,9 @@ describe('BookingRepair', () => {
     // At the start the repair runs again (finds it healthy) and the reservation binds.
     await advanceComputeClock(h.db, 15 * 60_000);
     await expect.poll(async () => (await get(r.id)).state, { timeout: 30_000 }).toBe('binding');
-    const atStart = await h.temporal.client.workflow
-      .getHandle(bookingRepairWorkflowId(r.id, 'start'))
-      .describe();
+    const startRepair = h.temporal.client.workflow.getHandle(bookingRepairWorkflowId(r.id, 'start'));
+    await startRepair.result();
+    const atStart = await startRepair.describe();
     expect(atStart.typedSearchAttributes.get(searchAttributes.state)).toBe('healthy');
     await call('reservations/release', { tenantId: 'acme', reservationId: r.id });
     await cordon(from, false);

@@ -84,20 +84,23 @@ describe('the throttle on Join', () => {
   it('bcd join waits out the pushback and gets in', async () => {
     const gateway = await startTestGateway({
       db: fx.database.db,
-      options: { joinsPerSecondPerPeer: 4, joinBurstPerPeer: 1, joinsPerSecond: 1_000, joinBurst: 1_000 },
+      // One join per 2 s from a peer: the second join is pushed back however slowly the machine
+      // brings the two to the gateway.
+      options: { joinsPerSecondPerPeer: 0.5, joinBurstPerPeer: 1, joinsPerSecond: 1_000, joinBurst: 1_000 },
     });
     try {
-      const join = async (name: string) =>
+      const tokens = [await fx.token(1), await fx.token(1)];
+      const join = async (name: string, token: string) =>
         joinWithToken({
           gateway: gateway.address,
-          token: await fx.token(1),
+          token,
           caCertificatePem: gateway.caCertificatePem,
           dir: `${fx.dir}/${name}`,
           evidence: new SimHardware(name).evidence(),
           requestedName: name,
           agentVersion: 'test',
         });
-      const [first, second] = await Promise.all([join('patient-1'), join('patient-2')]);
+      const [first, second] = await Promise.all([join('patient-1', tokens[0]!), join('patient-2', tokens[1]!)]);
       expect(first.nodeId).not.toBe(second.nodeId);
       expect(gateway.stats().joinsThrottled).toBeGreaterThan(0);
     } finally {

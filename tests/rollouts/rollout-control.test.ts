@@ -63,8 +63,12 @@ describe('a rollout pauses, resumes, aborts, survives its worker and its missing
     expect(events).toHaveLength(1);
     expect((events[0]!.data as { failures: unknown[] }).failures).toHaveLength(1);
     // Which rollouts are paused, from Temporal's visibility.
-    const described = await stack.temporal.client.workflow.getHandle(rollout.id).describe();
-    expect(described.searchAttributes.ComputeState).toEqual(['paused']);
+    // The row turns paused inside the step's activity; the workflow's upsert lands just after it.
+    await expect
+      .poll(async () => (await stack.temporal.client.workflow.getHandle(rollout.id).describe()).searchAttributes.ComputeState, {
+        timeout: 30_000,
+      })
+      .toEqual(['paused']);
 
     // A signal's answer waits a bounded time for the workflow's step: under load, wait for the state.
     expect((await stack.call('rollouts/abort', { rolloutId: rollout.id })).status).toBe(200);

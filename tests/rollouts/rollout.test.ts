@@ -68,8 +68,11 @@ describe('rollouts of signed bcd releases in waves', { timeout: 600_000 }, () =>
       .groupBy('node_id')
       .execute();
     expect(commands.every((c) => Number(c.n) === 1)).toBe(true);
-    // The workflow carries the release, the wave and the state for the Temporal UI.
-    const described = await stack.temporal.client.workflow.getHandle(created.id).describe();
+    // The workflow carries the release, the wave and the state for the Temporal UI. The row turns
+    // completed inside the last activity; the workflow's closing task lands just after it.
+    const handle = stack.temporal.client.workflow.getHandle(created.id);
+    await handle.result();
+    const described = await handle.describe();
     expect(described.searchAttributes).toMatchObject({
       ComputeState: ['completed'],
       ComputeRelease: [releaseId],
