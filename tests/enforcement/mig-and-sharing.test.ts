@@ -3,7 +3,7 @@ import path from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { convergeDevices } from '../../daemon/devices.ts';
 import { SimHardware } from '../../daemon/hardware.ts';
-import { migLayoutCommands, parseMigInventory } from '../../daemon/mig.ts';
+import { migLayoutCommands, parseMigInventory, parseMigList } from '../../daemon/mig.ts';
 import { assignmentLimits, formatCpulist, parseCpulist } from '../../domain/host-limits.ts';
 import { gpusSectionSchema } from '../../domain/inventory-sections.ts';
 import { atomMeter, atomWorth } from '../../domain/sharing.ts';
@@ -32,6 +32,21 @@ describe('MIG inventory from nvidia-smi (captured A100 and H100 output)', () => 
     expect(gpu.instances).toHaveLength(7);
     expect(new Set(gpu.instances.map((i) => i.profile))).toEqual(new Set(['1g.10gb']));
     expect(gpu.instances.map((i) => i.gpuInstanceId)).toEqual([7, 8, 9, 11, 12, 13, 14]);
+  });
+
+  it('reads the listings real A100 80GB and H100 80GB machines printed, mixed profiles in device order', () => {
+    const a100 = parseMigList(fixture('published/a100-80gb-pcie.L.txt'));
+    expect([...a100.keys()]).toEqual(['GPU-4101de38-535a-4255-ac14-a63e072d7a10']);
+    expect(a100.get('GPU-4101de38-535a-4255-ac14-a63e072d7a10')!.map((d) => d.profile)).toEqual([
+      '3g.40gb',
+      '2g.20gb',
+      '1g.10gb',
+      '1g.10gb',
+    ]);
+    const h100 = parseMigList(fixture('published/h100-80gb-hbm3.L.txt'));
+    const devices = h100.get('GPU-b4895dbf-9350-2524-a89b-98161ddd9fe4')!;
+    expect(devices.map((d) => d.profile)).toEqual(['3g.40gb', '2g.20gb', '1g.10gb', '1g.10gb']);
+    expect(devices[0]!.uuid).toBe('MIG-7089d0f3-293f-58c9-8f8c-5ea666eedbde');
   });
 
   it('the simulator produces the same shapes, valid against the inventory schema, and applies layouts', () => {
