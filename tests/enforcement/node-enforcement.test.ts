@@ -85,7 +85,7 @@ const events = async (id: string) =>
       .execute()
   ).map((e) => ({ type: e.type, data: e.data as Record<string, unknown> }));
 
-describe('host resources, enforced', () => {
+describe('host resources, enforced', { timeout: 300_000 }, () => {
   it('--cpus 4 --memory 8 becomes active with its slice holding exactly those limits; release removes it', async () => {
     const created = await h.compute.api.reservations.create(h.credential, {
       tenantId: 'acme',
@@ -95,7 +95,7 @@ describe('host resources, enforced', () => {
       duration: '1h',
       idempotencyKey: 'enforce-slice',
     });
-    await expect.poll(() => stateOf(created.id), { timeout: 30_000, interval: 200 }).toBe('active');
+    await expect.poll(() => stateOf(created.id), { timeout: 90_000, interval: 200 }).toBe('active');
     const allocation = await h.db
       .selectFrom('allocations')
       .where('reservation_id', '=', created.id)
@@ -131,7 +131,7 @@ describe('host resources, enforced', () => {
     expect(back.cpus).not.toBe('');
 
     await h.compute.api.reservations.release(h.credential, { tenantId: 'acme', reservationId: created.id });
-    await expect.poll(() => driver.exists(slice), { timeout: 20_000, interval: 200 }).toBe(false);
+    await expect.poll(() => driver.exists(slice), { timeout: 60_000, interval: 200 }).toBe(false);
   });
 
   it('a hold the host memory cannot take is refused by the node (AllocationFailed) and stays unbound', async () => {
@@ -159,7 +159,7 @@ describe('host resources, enforced', () => {
       });
       await expect
         .poll(async () => (await events(created.id)).some((e) => e.type === 'reservation.pending'), {
-          timeout: 20_000,
+          timeout: 60_000,
         })
         .toBe(true);
       await h.compute.api.reservations.release(h.credential, { tenantId: 'acme', reservationId: created.id });
@@ -169,7 +169,7 @@ describe('host resources, enforced', () => {
   });
 });
 
-describe('honest node reports', () => {
+describe('honest node reports', { timeout: 300_000 }, () => {
   it('a binding on a GPU the node sees unhealthy is refused, and the control plane re-places it elsewhere', async () => {
     const node = hostFleet.nodes[0]!;
     // The driver loses GPU 0 before the control plane hears of it.
@@ -181,7 +181,7 @@ describe('honest node reports', () => {
       duration: '1h',
       idempotencyKey: 'enforce-replace',
     });
-    await expect.poll(() => stateOf(created.id), { timeout: 40_000, interval: 200 }).toBe('active');
+    await expect.poll(() => stateOf(created.id), { timeout: 90_000, interval: 200 }).toBe('active');
     const gpu0 = (await node.hardware.gpus()).gpus[0]!.uuid;
     const bound = await get(created.id);
     expect(JSON.stringify(bound)).not.toContain(gpu0);
@@ -201,7 +201,7 @@ describe('honest node reports', () => {
       duration: '1h',
       idempotencyKey: 'enforce-lost',
     });
-    await expect.poll(() => stateOf(created.id), { timeout: 30_000, interval: 200 }).toBe('active');
+    await expect.poll(() => stateOf(created.id), { timeout: 90_000, interval: 200 }).toBe('active');
     const uuid = (
       await h.db
         .selectFrom('device_bookings as b')
@@ -216,11 +216,11 @@ describe('honest node reports', () => {
     node.hardware.hiddenGpus = node.hardware.shape.gpus - index;
     node.agent.convergePass();
     const conditions = async () => (await get(created.id)).conditions.map((c) => `${c.type}/${c.reason}`);
-    await expect.poll(conditions, { timeout: 20_000, interval: 200 }).toContain('Degraded/BindingLost');
+    await expect.poll(conditions, { timeout: 60_000, interval: 200 }).toContain('Degraded/BindingLost');
     node.hardware.hiddenGpus = 0;
     node.agent.sendInventory(['gpus']);
     node.agent.convergePass();
-    await expect.poll(conditions, { timeout: 20_000, interval: 200 }).toEqual([]);
+    await expect.poll(conditions, { timeout: 60_000, interval: 200 }).toEqual([]);
     const types = (await events(created.id)).map((e) => e.type);
     expect(types).toContain('reservation.binding-restored');
     const changes = (await events(created.id)).filter((e) => e.type === 'reservation.conditions-changed');
@@ -229,7 +229,7 @@ describe('honest node reports', () => {
   });
 });
 
-describe('fractional GPUs', () => {
+describe('fractional GPUs', { timeout: 300_000 }, () => {
   it('books a MIG instance by profile, refuses a layout change while it is booked, and new atoms wait for the generation', async () => {
     const created = await h.compute.api.reservations.create(h.credential, {
       tenantId: 'acme',
@@ -238,7 +238,7 @@ describe('fractional GPUs', () => {
       duration: '1h',
       idempotencyKey: 'enforce-mig',
     });
-    await expect.poll(() => stateOf(created.id), { timeout: 30_000, interval: 200 }).toBe('active');
+    await expect.poll(() => stateOf(created.id), { timeout: 90_000, interval: 200 }).toBe('active');
     expect(JSON.stringify(await get(created.id))).toContain('bcd.dev/gpu=MIG-');
     const node = await h.db
       .selectFrom('nodes')
@@ -310,7 +310,7 @@ describe('fractional GPUs', () => {
                 .executeTakeFirstOrThrow()
             ).observed_generation,
           ),
-        { timeout: 20_000 },
+        { timeout: 60_000 },
       )
       .toBeGreaterThanOrEqual(generation);
     const big = await h.compute.api.reservations.create(h.credential, {
@@ -320,7 +320,7 @@ describe('fractional GPUs', () => {
       duration: '1h',
       idempotencyKey: 'enforce-mig-3g',
     });
-    await expect.poll(() => stateOf(big.id), { timeout: 30_000, interval: 200 }).toBe('active');
+    await expect.poll(() => stateOf(big.id), { timeout: 90_000, interval: 200 }).toBe('active');
     for (const id of [created.id, big.id]) {
       await h.compute.api.reservations.release(h.credential, { tenantId: 'acme', reservationId: id });
     }
