@@ -3,6 +3,7 @@ import type { Database, Db } from '../core/database.ts';
 import type { Logger } from '../core/logger.ts';
 import { lockCurrentAllocations, startBindingAllocations } from '../db/allocations/lifecycle.ts';
 import { recordCapacityFailure } from '../db/holds/demand.ts';
+import { holdMachinesForCleaning, startMachineDeploys } from '../db/metal/dedicated-leases.ts';
 import {
   lockReservationAtVersion,
   markLifecycleStarted,
@@ -13,6 +14,7 @@ import { recordReservationEvent } from '../db/reservations/lifecycle-events.ts';
 import { assignReservationDevices } from '../db/reservations/lifecycle-nodespec.ts';
 import { endCurrentAllocations, refundReservationQuota } from '../db/reservations/lifecycle-release.ts';
 import { callOffPreemptionsBy } from '../db/reservations/preemption-call-off.ts';
+import { beginKubernetesRelease } from '../db/reservations/releasing.ts';
 import { lockReservation } from '../db/reservations/reservations.ts';
 import { isCapacityFailure } from '../domain/demand.ts';
 import { ComputeError } from '../domain/errors.ts';
@@ -20,6 +22,8 @@ import { terminalEventTypes } from '../domain/event-types.ts';
 import type { Condition, LifecycleTimers, ReservationSnapshot } from '../domain/reservation-lifecycle.ts';
 import { isRenewable, isTerminal, type TerminalState } from '../domain/reservation-states.ts';
 import { asActivity } from './failure.ts';
+import { createMachineLeaseActivities } from './dedicated-root.ts';
+import { createKubernetesReleaseActivities } from './kubernetes-release.ts';
 
 export interface ReservationActivityDeps {
   db: Db;
@@ -58,6 +62,11 @@ export function createReservationActivities({ db, log }: ReservationActivityDeps
   }
 
   return {
+    // A held kubernetes release's steps (carry, finish) run in the same lifecycle.
+    ...createKubernetesReleaseActivities({ db, log }),
+    // A dedicated-root lease's deploys are judged in the same lifecycle.
+    ...createMachineLeaseActivities({ db, log }),
+
     /**
      * Reads the truth (level-triggered: every wake-up starts here) and marks the lifecycle started.
      * Null when the reservation does not exist.
@@ -86,7 +95,11 @@ export function createReservationActivities({ db, log }: ReservationActivityDeps
         (row) => row.state === 'placed',
         async (trx, row) => {
           await startBindingAllocations(trx, row.id);
-          const nodeIds = await assignReservationDevices(trx, row.id, bindingOf(row));
+          // Dedicated root: the lease's profile is deployed on each machine instead of a NodeSpec.
+          const nodeIds =
+            row.binding_kind === 'node'
+              ? await startMachineDeploys(trx, row)
+              : await assignReservationDevices(trx, row.id, bindingOf(row));
           await updateReservation(trx, row.id, {
             state: 'binding',
             bindDeadline: new Date(input.bindDeadline),
@@ -201,6 +214,12 @@ export function createReservationActivities({ db, log }: ReservationActivityDeps
         input,
         (row) => !isTerminal(row.state),
         async (trx, row) => {
+          // A kubernetes binding whose pods may hold its GPUs is releasing until the node reports them free.
+          if (input.state === 'released' && (await beginKubernetesRelease(trx, row, input.reason))) {
+            return { applied: true, state: 'releasing' };
+          }
+          // Dedicated root: deployed machines keep their bookings until they are wiped.
+          if (row.binding_kind === 'node') await holdMachinesForCleaning(trx, row);
           await endCurrentAllocations(trx, row.id, 'released');
           await refundReservationQuota(trx, row.id);
           // Ended during the notice it gave (e.g. its pool archived): the spot ones keep their capacity.

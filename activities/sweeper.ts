@@ -2,6 +2,7 @@ import type { Db } from '../core/database.ts';
 import type { ReservationLifecycle } from '../core/deps.ts';
 import type { Logger } from '../core/logger.ts';
 import { announceExpiredHolds, retireEndedHolds } from '../db/holds/holds.ts';
+import { findUnfinishedDrains, finishDrains } from '../db/nodes/drains.ts';
 import { findSweepCandidates } from '../db/reservations/lifecycle.ts';
 import { findOpenPreemptions } from '../db/reservations/preemption.ts';
 
@@ -36,6 +37,18 @@ export function createSweeperActivities({ db, log, lifecycle }: SweeperActivityD
         if (expired.length > 0) log.info({ expired }, 'host holds expired (no heartbeat within their TTL)');
         return { expired, retired };
       });
+    },
+
+    /**
+     * The safety net under finished drains: every draining node whose drain has not finished is
+     * checked again (`finishDrains`, level-triggered), at most `limit` a run, in one transaction.
+     */
+    async sweepUnfinishedDrains(input: { limit: number }): Promise<{ drained: string[] }> {
+      const candidates = await findUnfinishedDrains(db, input.limit);
+      if (candidates.length === 0) return { drained: [] };
+      const drained = await db.transaction().execute((trx) => finishDrains(trx, candidates));
+      if (drained.length > 0) log.info({ drained }, 'drains finished by the sweep');
+      return { drained };
     },
 
     async sweepOrphanReservations(input: { graceMs: number; limit: number }): Promise<{ started: string[] }> {

@@ -3,6 +3,7 @@ import { readPoolCapacity } from '../db/allocations/capacity.ts';
 import { previewGangPlacement } from '../db/allocations/gang-placement.ts';
 import { placementRequestOf, previewPlacement } from '../db/allocations/placement.ts';
 import { readComputeNow } from '../db/clock.ts';
+import { previewMachines } from '../db/metal/dedicated-placement.ts';
 import { poolForTenant, resolveRequestForPool } from '../db/reservations/draft.ts';
 import { type PlannedPreemption, planSpotPreemption } from '../db/reservations/preemption.ts';
 import { quotaNeeds, readTenantQuotas } from '../db/reservations/quota.ts';
@@ -107,10 +108,12 @@ const preview = defineMethod({
       : undefined;
     const outcome = gang
       ? gangPlanOutcome(gang, window)
-      : await previewPlacement(db, placement, ctx.deps.caches);
+      : request.binding === 'node'
+        ? await previewMachines(db, { poolId: pool.id, count: request.devices[0]!.count, window })
+        : await previewPlacement(db, placement, ctx.deps.caches);
     // What create would do next: preempt spot reservations (read only here, nothing is cut).
     const planned =
-      outcome.fits || gang
+      outcome.fits || gang || request.binding === 'node'
         ? null
         : await planSpotPreemption(db, {
             poolId: pool.id,

@@ -16,6 +16,11 @@ export const nodeView = z.object({
   cordoned: z.boolean(),
   cordonReason: z.string().nullable(),
   draining: z.boolean(),
+  /** The drain finished: the node's last allocation ended (nodes.uncordon clears it). */
+  drained: z.boolean(),
+  drainedAt: z.number().nullable(),
+  /** The operator's taints (nodes.taint): named NoSchedule reasons, also among the conditions. */
+  taints: z.array(z.string()),
   maintenance: z.boolean(),
   /** Why the node is in maintenance (an operator's reason, or the workflow step that failed). */
   maintenanceReason: z.string().nullable(),
@@ -81,6 +86,8 @@ export async function loadNodeViews(
   return nodes.map((n) => ({
     ...n,
     ...(calendar ? { calendarBookings: calendar.get(n.id) ?? [] } : {}),
+    drained: n.drainedAt !== null,
+    drainedAt: ms(n.drainedAt),
     lastHeartbeatAt: ms(n.lastHeartbeatAt),
     certificateNotAfter: ms(n.certificateNotAfter),
     conditions: n.conditions.map((c) => ({ ...c, since: c.since.getTime() })),

@@ -2,6 +2,7 @@ import { z } from 'zod';
 import { countCalendarBookings } from '../db/allocations/calendar-bookings.ts';
 import { insertAuditEvent } from '../db/events/audit.ts';
 import { insertOutboxEvent } from '../db/events/outbox.ts';
+import { finishDrains } from '../db/nodes/drains.ts';
 import { listNodeIds, setNodeSchedulingFlags } from '../db/nodes/nodes.ts';
 import { countLiveAllocations } from '../db/nodes/workloads.ts';
 import { ComputeError } from '../domain/errors.ts';
@@ -78,22 +79,25 @@ async function setCordon(
       draining,
       reason: input.reason ?? null,
     });
-    if (!changed) return;
-    await insertOutboxEvent(trx, {
-      type: eventTypes[action],
-      subject: `node/${input.nodeId}`,
-      tenantId: scope.tenantId,
-      data: { nodeId: input.nodeId, poolId: scope.poolId, reason: input.reason ?? null },
-    });
-    await insertAuditEvent(trx, {
-      tenantId: scope.tenantId,
-      actorIdentityId: ctx.principal.identityId,
-      action,
-      resourceType: 'compute-node',
-      resourceId: input.nodeId,
-      requestId: ctx.requestId,
-      context: { sessionKind: ctx.principal.sessionKind, reason: input.reason ?? null },
-    });
+    if (changed) {
+      await insertOutboxEvent(trx, {
+        type: eventTypes[action],
+        subject: `node/${input.nodeId}`,
+        tenantId: scope.tenantId,
+        data: { nodeId: input.nodeId, poolId: scope.poolId, reason: input.reason ?? null },
+      });
+      await insertAuditEvent(trx, {
+        tenantId: scope.tenantId,
+        actorIdentityId: ctx.principal.identityId,
+        action,
+        resourceType: 'compute-node',
+        resourceId: input.nodeId,
+        requestId: ctx.requestId,
+        context: { sessionKind: ctx.principal.sessionKind, reason: input.reason ?? null },
+      });
+    }
+    // A node drained while it holds nothing is drained at once (node.drained follows node.draining).
+    if (draining) await finishDrains(trx, [input.nodeId]);
   });
   const [node] = await loadNodeViews(ctx.deps.db, [input.nodeId], { devices: false });
   const calendar = (await countCalendarBookings(ctx.deps.db, [input.nodeId])).get(input.nodeId);
@@ -127,7 +131,8 @@ const cordon = defineMethod({
 });
 
 const uncordon = defineMethod({
-  summary: 'Let placements reach the node again (clears cordon and drain).',
+  summary:
+    'Let placements reach the node again (clears cordon, drain and a finished drain; taints stay until nodes.untaint).',
   action: 'compute:nodes:uncordon',
   input: z.strictObject({ nodeId }),
   output: changeOutput,
@@ -135,7 +140,8 @@ const uncordon = defineMethod({
 });
 
 const drain = defineMethod({
-  summary: 'Cordon the node and mark it draining (NoSchedule) until it is empty; nothing is released.',
+  summary:
+    'Cordon the node and mark it draining (NoSchedule); nothing is released. The drain finishes (drained, event node.drained) when its last allocation ends or is moved off it; nodes.uncordon clears it.',
   action: 'compute:nodes:drain',
   input: z.strictObject({ nodeId, reason: operatorReason.optional() }),
   output: changeOutput,

@@ -13,7 +13,7 @@ import { sql } from 'kysely';
 import { BookingConflict, insertDeviceBookings } from '../db/allocations/bookings.ts';
 import { checkBookingInvariants } from '../db/allocations/invariants.ts';
 import { h100Shape, insertPool, insertSite, registerReadyNodes } from '../db/nodes/fleet.ts';
-import { benchDatabase, runLoad } from './support.ts';
+import { benchDatabase, prepareBookingLoad, runLoad } from './support.ts';
 
 const { values } = parseArgs({
   options: { seconds: { type: 'string', default: '10' }, devices: { type: 'string', default: '100000' } },
@@ -40,57 +40,17 @@ try {
   });
   const devices = nodes.flatMap((n) => n.deviceIds).slice(0, deviceCount);
   // One allocation per booking attempt, created up front so the loop measures bookings only.
-  const allocationCount = 400_000;
-  await sql`
-    INSERT INTO reservations (id, tenant_id, pool_id, owner_identity_id, idempotency_key, request, request_hash,
-                              state, duration_ms)
-    VALUES ('rsv_bench', 'tnt_bench', ${poolId}, 'idn_bench', 'bench', '{}', 'bench', 'placed', 3600000)`.execute(
-    bench.db,
-  );
-  await sql`
-    INSERT INTO allocations (id, reservation_id, node_id, state, during)
-    SELECT 'alloc_' || g, 'rsv_bench', ${nodes[0]!.id}, 'planned', tstzrange(compute_now(), compute_now() + interval '1 hour')
-    FROM generate_series(1, ${allocationCount}) AS g`.execute(bench.db);
-  await sql`CREATE TABLE device_bookings_unguarded (LIKE device_bookings INCLUDING DEFAULTS)`.execute(
-    bench.db,
-  );
+  const load = await prepareBookingLoad(bench.db, { poolId, nodeId: nodes[0]!.id, deviceIds: devices });
   await sql`VACUUM ANALYZE`.execute(bench.db);
   console.log(
     `loaded ${devices.length} devices on ${nodes.length} nodes in ${((performance.now() - t0) / 1000).toFixed(1)} s`,
   );
 
-  let next = 1;
-  const allocation = () => `alloc_${next++}`;
-  // Random device, random one-hour slot in a year: almost never a conflict.
-  const slot = () => new Date(epoch + Math.floor(Math.random() * 8760) * hour);
-
-  const guarded = await runLoad(8, seconds, async () => {
-    const start = slot();
-    const booking = {
-      deviceId: devices[Math.floor(Math.random() * devices.length)]!,
-      allocationId: allocation(),
-      start,
-      end: new Date(start.getTime() + hour),
-    };
-    try {
-      await bench.db.transaction().execute((trx) => insertDeviceBookings(trx, [booking]));
-      return true;
-    } catch (error) {
-      if (error instanceof BookingConflict) return false;
-      throw error;
-    }
-  });
+  const allocation = load.allocation;
+  const guarded = await load.guarded(8, seconds);
   console.log('1. no contention, 8 connections, guarded:', guarded);
 
-  const unguarded = await runLoad(8, seconds, async () => {
-    const start = slot();
-    await bench.db.transaction().execute((trx) =>
-      sql`INSERT INTO device_bookings_unguarded (device_id, allocation_id, during)
-          VALUES (${devices[Math.floor(Math.random() * devices.length)]!}, ${allocation()},
-                  tstzrange(${start}, ${new Date(start.getTime() + hour)}, '[)'))`.execute(trx),
-    );
-    return true;
-  });
+  const unguarded = await load.unguarded(8, seconds);
   console.log('2. no contention, 8 connections, no constraint and no locks:', unguarded);
 
   const hot = devices.slice(0, 8);

@@ -365,6 +365,20 @@ try {
       `max ${latencies.at(-1)?.toFixed(0)} ms (${commandSeconds.toFixed(1)} s); ` +
       `sessions open ${gateway.sessionCount()}; event-loop delay p99 ${loopP99()}; load average ${load()}`,
   );
+  // The last line, for scripts that run this one (bench/scale.ts --commands).
+  console.log(
+    JSON.stringify({
+      nodes,
+      connectSeconds: Number(connectSeconds.toFixed(1)),
+      commands: {
+        enqueued: commandCount,
+        completed: latencies.length,
+        perSecond: rate,
+        p50Ms: Math.round(percentile(latencies, 50)),
+        p99Ms: Math.round(percentile(latencies, 99)),
+      },
+    }),
+  );
 } finally {
   fleet?.kill('SIGKILL');
   await gateway.stop();

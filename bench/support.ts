@@ -1,10 +1,19 @@
-import { rmSync } from 'node:fs';
+import { readdirSync, readFileSync, rmSync } from 'node:fs';
 import path from 'node:path';
+import { sql } from 'kysely';
 import pg from 'pg';
-import { createLogger } from '../core/logger.ts';
+import { parseConfig } from '../core/config.ts';
+import type { Db } from '../core/database.ts';
+import { createLogger, type Logger } from '../core/logger.ts';
+import { BookingConflict, insertDeviceBookings } from '../db/allocations/bookings.ts';
 import { startLocalPostgres } from '../db/local-postgres.ts';
 import { migrateToLatest } from '../db/migrate.ts';
+import { offerPool } from '../db/nodes/fleet.ts';
 import { createDb, type DbHandle } from '../db/pool.ts';
+import { bootstrapPlatform } from '../iam/bootstrap.ts';
+import { createEmbeddedIam } from '../iam/embedded/index.ts';
+import { createCompute } from '../server/compute.ts';
+import { listen } from '../server/http.ts';
 
 /**
  * A fresh migrated database for one benchmark: on DATABASE_URL's server when set, else on a
@@ -105,5 +114,187 @@ export async function runLoad(
     perSecond: Math.round(committed / elapsed),
     p50Ms: Number(percentile(latencies, 50).toFixed(2)),
     p99Ms: Number(percentile(latencies, 99).toFixed(2)),
+  };
+}
+
+/** CPU seconds (user + system) so far of the PostgreSQL server's processes (postmaster and backends), from /proc. */
+export function postgresCpuSeconds(postmasterPid: number | null): number {
+  if (!postmasterPid) return 0;
+  const tick = 100;
+  let total = 0;
+  for (const pid of readdirSync('/proc').filter((p) => /^\d+$/.test(p))) {
+    try {
+      const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]!.split(' ');
+      if (Number(pid) === postmasterPid || Number(fields[1]) === postmasterPid) {
+        total += (Number(fields[11]) + Number(fields[12])) / tick;
+      }
+    } catch {
+      // the process ended meanwhile
+    }
+  }
+  return total;
+}
+
+/** CPU seconds (user + system) this Node process has used so far. */
+export function nodeCpuSeconds(): number {
+  const { user, system } = process.cpuUsage();
+  return (user + system) / 1e6;
+}
+
+/** The postmaster's pid of the server `pool` reaches (null when its data directory is not readable here). */
+export async function postmasterPidOf(pool: pg.Pool): Promise<number | null> {
+  const { rows } = await pool.query('SHOW data_directory');
+  try {
+    return Number(readFileSync(path.join(rows[0].data_directory, 'postmaster.pid'), 'utf8').split('\n')[0]);
+  } catch {
+    return null;
+  }
+}
+
+/**
+ * Booking attempts for `deviceIds` without placement around them: one reservation and `count`
+ * planned allocations created up front (each attempt books for a fresh one; all on one node, so
+ * they are stored as superseded: a reservation has one current allocation per node), and an unguarded copy
+ * of `device_bookings` (no constraint, no locks) to compare with. `remove` deletes all of it.
+ */
+export async function prepareBookingLoad(
+  db: Db,
+  input: { poolId: string; nodeId: string; deviceIds: readonly string[]; count?: number },
+) {
+  const count = input.count ?? 400_000;
+  await sql`
+    INSERT INTO reservations (id, tenant_id, pool_id, owner_identity_id, idempotency_key, request, request_hash,
+                              state, duration_ms)
+    VALUES ('rsv_bench', 'tnt_bench', ${input.poolId}, 'idn_bench', 'bench', '{}', 'bench', 'placed', 3600000)`.execute(
+    db,
+  );
+  await sql`
+    INSERT INTO allocations (id, reservation_id, node_id, state, during, superseded_at)
+    SELECT 'alloc_' || g, 'rsv_bench', ${input.nodeId}, 'planned', tstzrange(compute_now(), compute_now() + interval '1 hour'),
+           compute_now()
+    FROM generate_series(1, ${count}) AS g`.execute(db);
+  await sql`CREATE TABLE device_bookings_unguarded (LIKE device_bookings INCLUDING DEFAULTS)`.execute(db);
+  let next = 1;
+  const allocation = () => `alloc_${next++}`;
+  const devices = input.deviceIds;
+  const hour = 3_600_000;
+  const epoch = Date.UTC(2030, 0, 1);
+  // Random device, random one-hour slot in a year: almost never a conflict.
+  const slot = () => new Date(epoch + Math.floor(Math.random() * 8760) * hour);
+  const device = () => devices[Math.floor(Math.random() * devices.length)]!;
+  return {
+    allocation,
+    /** Guarded bookings (per-device locks in order, the EXCLUDE constraint), no contention. */
+    guarded: (workers: number, seconds: number) =>
+      runLoad(workers, seconds, async () => {
+        const start = slot();
+        const booking = {
+          deviceId: device(),
+          allocationId: allocation(),
+          start,
+          end: new Date(start.getTime() + hour),
+        };
+        try {
+          await db.transaction().execute((trx) => insertDeviceBookings(trx, [booking]));
+          return true;
+        } catch (error) {
+          if (error instanceof BookingConflict) return false;
+          throw error;
+        }
+      }),
+    /** The same inserts into the copy without the constraint and without locks. */
+    unguarded: (workers: number, seconds: number) =>
+      runLoad(workers, seconds, async () => {
+        const start = slot();
+        await db.transaction().execute((trx) =>
+          sql`INSERT INTO device_bookings_unguarded (device_id, allocation_id, during)
+              VALUES (${device()}, ${allocation()}, tstzrange(${start}, ${new Date(start.getTime() + hour)}, '[)'))`.execute(
+            trx,
+          ),
+        );
+        return true;
+      }),
+    /** Deletes the bookings, allocations, reservation and table it made. */
+    remove: async () => {
+      await sql`DELETE FROM device_bookings WHERE allocation_id IN (SELECT id FROM allocations WHERE reservation_id = 'rsv_bench')`.execute(
+        db,
+      );
+      await sql`DELETE FROM allocations WHERE reservation_id = 'rsv_bench'`.execute(db);
+      await sql`DELETE FROM reservations WHERE id = 'rsv_bench'`.execute(db);
+      await sql`DROP TABLE device_bookings_unguarded`.execute(db);
+    },
+  };
+}
+
+/**
+ * The HTTP API on a real port over `db`, with `tenants` tenants each offered `quotaGpus` of
+ * `poolId` and holding one member token (rate limits off: the clients measure admission, not the
+ * per-token limit), warmed up with one create per tenant. `place` creates one reservation of
+ * `gpus` GPUs in one NVLink domain for `hours` (the whole admission path, a fresh idempotency key).
+ */
+export async function startPlacementApi(
+  db: Db,
+  input: { poolId: string; quotaGpus: number; log: Logger; tenants?: number },
+) {
+  const iam = createEmbeddedIam({ db, log: input.log });
+  const { rootAdminToken } = await bootstrapPlatform(iam);
+  const tokens: Array<{ tenantId: string; token: string }> = [];
+  for (let i = 0; i < (input.tenants ?? 10); i++) {
+    const tenantId = `tenant-${i}`;
+    await iam.admin.createTenant({ id: tenantId, name: tenantId });
+    const identity = await iam.admin.createIdentity({ tenantId, kind: 'service', name: 'loader' });
+    await iam.admin.bindRole({ identityId: identity.id, role: 'member' });
+    tokens.push({ tenantId, token: (await iam.admin.createToken({ identityId: identity.id })).token });
+    await offerPool(db, { poolId: input.poolId, tenantId, quota: { gpu: input.quotaGpus } });
+  }
+  const config = parseConfig({
+    BETTER_COMPUTE_RATE_LIMIT_PER_TOKEN: '0',
+    BETTER_COMPUTE_RATE_LIMIT_PER_TENANT: '0',
+  });
+  const compute = createCompute({ config, db, log: input.log, iam });
+  const server = await listen(compute.app, '127.0.0.1', 0);
+  const post = async (token: string, body: unknown) => {
+    const response = await fetch(`${server.url}/api/compute/reservations/create`, {
+      method: 'POST',
+      headers: {
+        authorization: `Bearer ${token}`,
+        'content-type': 'application/json',
+        'x-better-compute': '1',
+      },
+      body: JSON.stringify(body),
+    });
+    const json = (await response.json()) as {
+      data?: { state: string };
+      error?: { code: string; message: string };
+    };
+    if (json.error) throw Object.assign(new Error(json.error.message), { code: json.error.code });
+    return json.data!;
+  };
+  // Warm-up: authentication caches and the per-GPU share.
+  for (const t of tokens) {
+    await post(t.token, {
+      tenantId: t.tenantId,
+      poolId: input.poolId,
+      devices: [{ class: 'gpu', count: 1 }],
+      duration: '1h',
+      idempotencyKey: `warm-${t.tenantId}`,
+    });
+  }
+  let key = 0;
+  return {
+    rootAdminToken,
+    /** One create by client `client`'s tenant: true when placed, false when left pending. */
+    place: async (client: number, shape: { gpus: number; duration: string }) => {
+      const t = tokens[client % tokens.length]!;
+      const r = await post(t.token, {
+        tenantId: t.tenantId,
+        poolId: input.poolId,
+        devices: [{ class: 'gpu', count: shape.gpus, topology: 'nvlink-all' }],
+        duration: shape.duration,
+        idempotencyKey: `bench-${key++}`,
+      });
+      return r.state === 'placed';
+    },
+    stop: () => server.stop(),
   };
 }

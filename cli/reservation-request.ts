@@ -20,6 +20,9 @@ export interface RequestOptions {
   kubernetes?: boolean;
   gang?: number;
   topologyKey?: string;
+  binding?: 'hold' | 'kubernetes' | 'node';
+  profile?: string;
+  profileVersion?: number;
 }
 
 /** Adds the request flags (seed: `reserve --tenant T --pool P --gpus N --for 8h …`). */
@@ -44,6 +47,14 @@ export function withRequestOptions(command: Command, mandatory: boolean): Comman
       "spot: billed on the spot meter; a regular request may preempt it after the pool's notice (spot.noticeSeconds, 120 s by default)",
     )
     .option('--kubernetes', "binding: 'kubernetes' (the pool's owner only)")
+    .addOption(
+      new Option(
+        '--binding <binding>',
+        'hold (default), kubernetes, or node: whole bare machines of a tenantRoot pool with --profile deployed on them (--gpus is then the number of machines)',
+      ).choices(['hold', 'kubernetes', 'node']),
+    )
+    .option('--profile <id>', 'with --binding node: the deploy profile (prof_…) installed on each machine')
+    .option('--profile-version <n>', 'with --profile: its version (default the latest)', parse.positiveInt)
     .option(
       '--gang <n>',
       'a gang: this many nodes (2 to 64), each with --gpus, all or nothing',
@@ -59,6 +70,14 @@ export function withRequestOptions(command: Command, mandatory: boolean): Comman
 export function requestFromOptions(options: RequestOptions, tenantId: string) {
   if (options.pool === undefined || options.gpus === undefined || options.for === undefined) {
     throw new CliError('--preview needs --pool, --gpus and --for, as reserve does');
+  }
+  if ((options.profile !== undefined) !== (options.binding === 'node')) {
+    throw new CliError(
+      '--binding node and --profile <id> go together: the profile is deployed on each leased machine',
+    );
+  }
+  if (options.kubernetes && options.binding !== undefined && options.binding !== 'kubernetes') {
+    throw new CliError(`--kubernetes contradicts --binding ${options.binding}`);
   }
   if (options.topologyKey !== undefined && options.gang === undefined) {
     throw new CliError('--topology-key needs --gang <n>: it places the members of a gang');
@@ -87,6 +106,15 @@ export function requestFromOptions(options: RequestOptions, tenantId: string) {
     ...(options.lease !== undefined ? { leaseSeconds: options.lease } : {}),
     ...(options.spot ? { spot: true } : {}),
     ...(options.kubernetes ? { binding: 'kubernetes' as const } : {}),
+    ...(options.binding !== undefined ? { binding: options.binding } : {}),
+    ...(options.profile !== undefined
+      ? {
+          node: {
+            profileId: options.profile,
+            ...(options.profileVersion !== undefined ? { profileVersion: options.profileVersion } : {}),
+          },
+        }
+      : {}),
     ...(options.gang !== undefined
       ? {
           gang: {

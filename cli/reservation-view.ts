@@ -36,6 +36,12 @@ export function renderReservation(r: Reservation): string {
     ],
     ['key', r.idempotencyKey],
   ];
+  if (r.state === 'releasing') {
+    fields.push([
+      'releasing',
+      'pods still hold its GPUs; the release finishes when the node reports them free',
+    ]);
+  }
   if (r.lease) fields.push(['lease', `${r.lease.seconds}s, expires ${formatTime(r.lease.expiresAt) ?? '-'}`]);
   if (r.endReason) fields.push(['ended', r.endReason]);
   if (r.binding) fields.push(['binding', JSON.stringify(r.binding)]);
@@ -51,7 +57,10 @@ export function renderReservation(r: Reservation): string {
   if (r.gang) lines.push(...renderGang(r));
   if (r.conditions.length > 0) {
     lines.push('conditions:');
-    for (const c of r.conditions) lines.push(`  ${c.type} (${c.reason}): ${c.message}`);
+    for (const c of r.conditions) {
+      const since = c.since === undefined ? '' : ` (since ${formatTime(c.since)})`;
+      lines.push(`  ${c.type} (${c.reason}): ${c.message}${since}`);
+    }
   }
   if (r.repairs.length > 0) {
     lines.push('booking repairs:');

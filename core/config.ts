@@ -40,6 +40,8 @@ export const configSchema = z.object({
   BETTER_COMPUTE_GATEWAY_MAX_SESSIONS: z.coerce.number().int().min(1).max(1_000_000).default(20_000),
   /** A bcd connection that sends no Hello this long is closed; until then it holds no session slot. */
   BETTER_COMPUTE_GATEWAY_HELLO_TIMEOUT_SECONDS: z.coerce.number().positive().max(600).default(10),
+  /** Commands are pushed at their enqueue's commit; this slow poll only covers a lost notification. */
+  BETTER_COMPUTE_GATEWAY_COMMAND_POLL_SECONDS: z.coerce.number().min(0.05).max(600).default(5),
   /** Join calls per second one peer address may make (bursts of five times as many); then RESOURCE_EXHAUSTED. */
   BETTER_COMPUTE_GATEWAY_JOINS_PER_SECOND_PER_PEER: z.coerce.number().positive().max(100_000).default(10),
   /** Join calls per second the gateway takes from all peers together (bursts of twice as many). */

@@ -96,6 +96,8 @@ export interface NodesTable {
   cordoned: Generated<boolean>;
   cordon_reason: string | null;
   draining: Generated<boolean>;
+  /** When a drain finished (the node's last allocation ended); null while draining or not draining. */
+  drained_at: ColumnType<Date | null, Date | string | null | undefined, Date | string | null>;
   maintenance: Generated<boolean>;
   maintenance_reason: string | null;
   power_state: Generated<'on' | 'off' | 'unknown'>;

@@ -108,6 +108,8 @@ export class NodeAgent {
           // A list the kubelet newly holds binds its holds: report at once, outside the stream's handler.
           advertisedChanged: () => setImmediate(() => this.convergePass()),
           foreignChanged: () => this.sendInventory(['host']),
+          // Pods let go of withdrawn GPUs: their holds are reported released at once.
+          podsChanged: () => setImmediate(() => this.convergePass()),
         })
       : null;
     const plugin = this.devicePlugin;
@@ -122,6 +124,7 @@ export class NodeAgent {
       inventoryChanged: () => this.sendInventory(['gpus']),
       ...(plugin
         ? {
+            kubernetesPodsHolding: (stableIds) => plugin.podsHolding(stableIds),
             kubernetesAdvertised: (hold) =>
               plugin.advertised({ allocationId: hold.allocationId, stableIds: hold.gpuUuids }),
             holdsChanged: (held) =>

@@ -52,6 +52,8 @@ export interface DevicePluginOptionsInput {
   advertisedChanged?(): void;
   /** Another device plugin can hand this node's GPUs to pods now, or no longer can. */
   foreignChanged?(resources: readonly string[]): void;
+  /** The pods holding bcd's devices changed (the kubelet's checkpoint says so). */
+  podsChanged?(): void;
   /** How often kubelet.sock and the plugin's own sockets are checked (default 1 s). */
   watchIntervalMs?: number;
 }
@@ -82,6 +84,8 @@ export class KubeletDevicePlugin {
   private migCapable = false;
   private gpuIds = new Set<string>();
   private foreign: string[] = [];
+  /** The pods' holdings of bcd's devices last read from the kubelet's checkpoint, as a key. */
+  private podsKey = '';
   private timer: NodeJS.Timeout | null = null;
   private ticking = false;
   private stopped = false;
@@ -115,6 +119,24 @@ export class KubeletDevicePlugin {
    */
   foreignGpuResources(): string[] {
     return [...this.foreign];
+  }
+
+  /**
+   * The pods that hold any of `stableIds`, as the kubelet's checkpoint lists them under bcd's
+   * resource names. Without a readable checkpoint, what Allocate handed out since bcd started
+   * counts as held (the kubelet never says when a pod lets go through the plugin API).
+   */
+  podsHolding(stableIds: readonly string[]): string[] {
+    const ids = new Set(stableIds);
+    const checkpoint = readKubeletCheckpoint(this.options.dir);
+    if (!checkpoint) return stableIds.some((id) => this.allocated.has(id)) ? ['(allocated by bcd)'] : [];
+    return [
+      ...new Set(
+        checkpoint.podDeviceEntries
+          .filter((e) => e.resourceName.startsWith('bcd.dev/') && e.deviceIds.some((id) => ids.has(id)))
+          .map((e) => e.podUid),
+      ),
+    ].sort();
   }
 
   /** Whether every atom of `hold` is in the list the kubelet was last sent (on an open stream). */
@@ -185,7 +207,15 @@ export class KubeletDevicePlugin {
         if (current) await this.closeServer(current);
         this.servers.set(kind, await this.serve(kind));
       }
-      const foreign = foreignGpuResources(readKubeletCheckpoint(this.options.dir), this.gpuIds);
+      const checkpoint = readKubeletCheckpoint(this.options.dir);
+      const foreign = foreignGpuResources(checkpoint, this.gpuIds);
+      const podsKey = JSON.stringify(
+        (checkpoint?.podDeviceEntries ?? []).filter((e) => e.resourceName.startsWith('bcd.dev/')),
+      );
+      if (podsKey !== this.podsKey) {
+        this.podsKey = podsKey;
+        this.options.podsChanged?.();
+      }
       if (foreign.join(',') !== this.foreign.join(',')) {
         this.foreign = foreign;
         this.options.log.warn({ resources: foreign }, 'foreign GPU exposure changed');

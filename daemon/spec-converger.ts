@@ -14,6 +14,7 @@ import type {
   SpecStatus,
 } from '../proto/gen/agent/v1/agent.ts';
 import type { CgroupDriver } from './cgroups.ts';
+import { DrainingHolds } from './device-plugin-draining.ts';
 import { convergeDevices, type DeviceRoots, type HeldAllocation, sweepSlices } from './devices.ts';
 import type { Hardware } from './hardware.ts';
 import type { NodeIdentity } from './identity.ts';
@@ -51,10 +52,18 @@ export class SpecConverger {
       kubernetesAdvertised?(hold: HeldAllocation): boolean;
       /** Called after every converge with what is held now (the device plugin's lists follow it). */
       holdsChanged?(held: readonly HeldAllocation[]): void;
+      /**
+       * The pods holding any of these atoms (the device plugin reads the kubelet's checkpoint). With
+       * it, a withdrawn `kubernetes` hold is reported released only once no pod holds its atoms.
+       */
+      kubernetesPodsHolding?(stableIds: readonly string[]): string[];
     },
   ) {
     this.generation = options.journal.convergedGeneration;
+    this.draining = options.kubernetesPodsHolding ? new DrainingHolds(options.roots.envDir) : null;
   }
+
+  private readonly draining: DrainingHolds | null;
 
   /** A new session: the next spec arrives whole and every hold is reported again. */
   newSession(): void {
@@ -141,6 +150,7 @@ export class SpecConverger {
 
   private converge(assignments: readonly DeviceAssignment[], generation: number): void {
     const hardware = this.options.hardware;
+    const before = this.held;
     const { held, released, failed } = convergeDevices(this.options.roots, assignments, {
       ...(hardware
         ? { gpus: hardware.gpus().gpus, hostMemoryBytes: hardware.host().memoryGiB * 1024 ** 3 }
@@ -188,7 +198,29 @@ export class SpecConverger {
       });
     }
     for (const allocationId of released) {
+      const kubernetes = before.get(allocationId);
+      if (kubernetes?.binding === 'kubernetes' && this.draining) {
+        // Pods the kubelet gave its atoms to keep running: released once they are gone (drainHolds).
+        this.draining.add({ allocationId, stableIds: kubernetes.gpuUuids });
+        continue;
+      }
       this.report(allocationId, generation, { $case: 'released', value: { reason: 'unassigned' } });
+    }
+    this.drainHolds(new Set(assignments.map((a) => a.allocationId)), generation);
+  }
+
+  /**
+   * Reports each draining `kubernetes` hold released once no pod holds any of its atoms (a hold
+   * assigned again is no longer draining).
+   */
+  private drainHolds(assigned: ReadonlySet<string>, generation: number): void {
+    const podsHolding = this.options.kubernetesPodsHolding;
+    if (!this.draining || !podsHolding) return;
+    for (const hold of this.draining.list()) {
+      if (!assigned.has(hold.allocationId) && podsHolding(hold.stableIds).length > 0) continue;
+      this.draining.remove(hold.allocationId);
+      if (assigned.has(hold.allocationId)) continue;
+      this.report(hold.allocationId, generation, { $case: 'released', value: { reason: 'pods-gone' } });
     }
   }
 

@@ -79,5 +79,22 @@ export function createDb(
 export function useExistingPool(pool: pg.Pool): DbHandle {
   pool.on('connect', prepareMarkedStatements);
   const db = new Kysely<Database>({ dialect: new PostgresDialect({ pool }) });
+  poolsByDb.set(db, pool);
   return { db, pool, close: async () => {} };
+}
+
+/** The pool behind each `Db` this module made, so a LISTEN client can reach the same server. */
+const poolsByDb = new WeakMap<Db, pg.Pool>();
+
+/**
+ * A new, unconnected client with the settings of `db`'s pool, outside the pool (a LISTEN holds its
+ * connection for good, which a pooled one must not). Null for a `Db` not made by this module.
+ */
+export function dedicatedClientFor(db: Db): pg.Client | null {
+  const pool = poolsByDb.get(db);
+  if (!pool) return null;
+  const client = new pg.Client(pool.options);
+  // A server restart ends the connection with an error event; its owner reconnects.
+  client.on('error', () => {});
+  return client;
 }

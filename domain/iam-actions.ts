@@ -15,6 +15,7 @@ export const iamActionTable = {
     'cordon',
     'uncordon',
     'drain',
+    'taint',
     'retire',
     'revoke-certificates',
     'approve-reclaim',

@@ -83,6 +83,8 @@ export interface PlacementPlan {
   nodes: number;
   /** The label a `labels` rejection lacked (for the summary). */
   missingLabel?: string;
+  /** The NoSchedule condition a `no-schedule` rejection named (for the summary: an operator's taint). */
+  noScheduleCondition?: string;
 }
 
 export const capDevicesLimitsLabel = 'bc.dev/cap.devices.limits';
@@ -121,12 +123,16 @@ function spread(seed: string, id: string): number {
   return h >>> 0;
 }
 
-type FitResult = { fit: NodeFit } | { rejection: Rejection; label?: string };
+type FitResult = { fit: NodeFit } | { rejection: Rejection; label?: string; condition?: string };
 
 /** Whether one node fits the request over `window`, and with which atoms. */
 export function fitNode(node: PlacerNode, request: PlacementRequest, window: Interval): FitResult {
   const scheduling = schedulingRejection(node);
-  if (scheduling) return { rejection: scheduling };
+  if (scheduling)
+    return {
+      rejection: scheduling,
+      ...(scheduling === 'no-schedule' ? { condition: node.noSchedule! } : {}),
+    };
   const hasHostRows = Object.keys(node.host).length > 0;
   const booksHost =
     hasHostRows &&
@@ -197,16 +203,24 @@ export function planPlacement(
   const fits: NodeFit[] = [];
   const rejections: Partial<Record<Rejection, number>> = {};
   let missingLabel: string | undefined;
+  let noScheduleCondition: string | undefined;
   for (const node of nodes) {
     const result = fitNode(node, request, window);
     if ('fit' in result) fits.push(result.fit);
     else {
       rejections[result.rejection] = (rejections[result.rejection] ?? 0) + 1;
       if (result.label) missingLabel ??= result.label;
+      if (result.condition) noScheduleCondition ??= result.condition;
     }
   }
   fits.sort((a, b) => a.leftover - b.leftover || spread(seed, a.nodeId) - spread(seed, b.nodeId));
-  return { fits, rejections, nodes: nodes.length, ...(missingLabel ? { missingLabel } : {}) };
+  return {
+    fits,
+    rejections,
+    nodes: nodes.length,
+    ...(missingLabel ? { missingLabel } : {}),
+    ...(noScheduleCondition ? { noScheduleCondition } : {}),
+  };
 }
 
 const classNoun: Record<DeviceClass, [string, string]> = {
@@ -215,7 +229,13 @@ const classNoun: Record<DeviceClass, [string, string]> = {
   'gpu.slot': ['GPU slot', 'GPU slots'],
 };
 
-function phrase(rejection: Rejection, n: number, request: PlacementRequest, label?: string): string {
+function phrase(
+  rejection: Rejection,
+  n: number,
+  request: PlacementRequest,
+  label?: string,
+  condition?: string,
+): string {
   const one = n === 1;
   const noun = classNoun[request.deviceClass][request.count === 1 ? 0 : 1];
   const lack = one ? 'lacks' : 'lack';
@@ -235,7 +255,7 @@ function phrase(rejection: Rejection, n: number, request: PlacementRequest, labe
     case 'not-converged':
       return `${n} ${have} not converged`;
     case 'no-schedule':
-      return `${n} ${have} a NoSchedule condition`;
+      return `${n} ${have} a NoSchedule condition${condition ? ` (${condition})` : ''}`;
     case 'labels':
       return `${n} ${lack} label ${label ?? 'required'}=*`;
     case 'selector':
@@ -265,7 +285,7 @@ export function summarizeNoFit(plan: PlacementPlan, request: PlacementRequest): 
 export function rejectionReasons(plan: PlacementPlan, request: PlacementRequest): string {
   return (Object.entries(plan.rejections) as Array<[Rejection, number]>)
     .sort((a, b) => b[1] - a[1])
-    .map(([rejection, n]) => phrase(rejection, n, request, plan.missingLabel))
+    .map(([rejection, n]) => phrase(rejection, n, request, plan.missingLabel, plan.noScheduleCondition))
     .join(', ');
 }
 

@@ -49,6 +49,8 @@ export interface AllocationView {
   boundAt: number | null;
   /** The allocation's end (its booking's), epoch ms. */
   until?: number;
+  /** The upper bound of its device bookings, epoch ms (past `until` while a held release is carried). */
+  bookedUntil?: number;
   /** The `until` of its node's NodeSpec assignment, or null when the node has none. */
   assignedUntil?: number | null;
   /** A later report of this bound allocation failed verification: its binding is not trusted. */
@@ -96,6 +98,8 @@ export interface ReservationSnapshot {
   preemptAt?: number;
   /** Booked ahead of a future start (a calendar reservation): BookingRepair checks it before. */
   calendar?: boolean;
+  /** A dedicated-root lease (`binding: 'node'`): its deploy and clean workflows still running. */
+  machineWorkflowIds?: string[];
 }
 
 /** What the workflow was asked since it last acted (signals and updates set these). */
@@ -135,4 +139,8 @@ export type LifecycleAction =
       bindDeadline: number;
     }
   | { kind: 'repairBookings'; moment: RepairMoment }
+  /** A `kubernetes` release still held by pods: move its bookings' upper bound to `until` (unbilled). */
+  | { kind: 'carryRelease'; until: number }
+  /** A `kubernetes` release ends: the node reported the GPUs free, or it is forced (domain/kubernetes-release.ts). */
+  | { kind: 'finishRelease'; forced: 'carry-limit' | 'carry-refused' | null }
   | { kind: 'meterUsage' };

@@ -8,6 +8,7 @@
 import { dueRepairMoment } from './booking-repair.ts';
 import { assertNever } from './errors.ts';
 import { gangBindingAction } from './gang-lifecycle.ts';
+import { decideReleasing } from './kubernetes-release.ts';
 import { activeConditions, sameConditions } from './reservation-lifecycle-conditions.ts';
 import type {
   LifecycleAction,
@@ -119,7 +120,8 @@ export function decide(
     case 'draft':
       return { kind: 'finish' };
     case 'releasing':
-      return { kind: 'end', state: 'released', reason: s.endReason ?? 'release' };
+      // Only a kubernetes binding whose pods still hold its GPUs is ever releasing.
+      return decideReleasing(s, nextWindowStart(memory.meteredThrough ?? s.now, t.usageWindowMs));
     case 'awaiting-confirmation': {
       if (intents.cancel || intents.release) return { kind: 'end', state: 'cancelled', reason: 'cancel' };
       if (intents.confirmation === 'denied')

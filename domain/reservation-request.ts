@@ -38,6 +38,8 @@ export const storedRequestSchema = z.strictObject({
   projectId: reservationRequestShape.projectId,
   spot: reservationRequestShape.spot,
   gang: reservationRequestShape.gang,
+  /** `binding: 'node'`: the profile deployed on each machine (its version pinned at admission). */
+  node: reservationRequestShape.node,
 });
 
 /** The validated request as stored: durations in milliseconds, defaults filled in. */
@@ -91,6 +93,18 @@ export function normalizeRequest(input: PreviewInput): NormalizedRequest {
   if (input.node && input.binding !== 'node') {
     throw new ComputeError('INVALID_INPUT', "node: only a binding: 'node' reservation takes node");
   }
+  if (input.binding === 'node' && !input.node) {
+    throw new ComputeError(
+      'INVALID_INPUT',
+      "node: a binding: 'node' lease names the profile to deploy on its machines: node: { profileId, profileVersion? }",
+    );
+  }
+  if (input.binding === 'node' && (input.gang || input.devices[0]?.class !== 'gpu')) {
+    throw new ComputeError(
+      'INVALID_INPUT',
+      "devices: a binding: 'node' lease books whole machines: devices: [{ class: 'gpu', count: <machines> }], without gang",
+    );
+  }
   const durationMs = parseDuration(input.duration, 'duration');
   if (durationMs < minDurationMs || durationMs > maxDurationMs) {
     throw new ComputeError('INVALID_INPUT', `duration: must be between 1m and 90d, got ${durationMs}ms`);
@@ -119,6 +133,14 @@ export function normalizeRequest(input: PreviewInput): NormalizedRequest {
           gang: {
             size: input.gang.size,
             ...(input.gang.topologyKey !== undefined ? { topologyKey: input.gang.topologyKey } : {}),
+          },
+        }
+      : {}),
+    ...(input.node
+      ? {
+          node: {
+            profileId: input.node.profileId,
+            ...(input.node.profileVersion !== undefined ? { profileVersion: input.node.profileVersion } : {}),
           },
         }
       : {}),

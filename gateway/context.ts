@@ -20,6 +20,8 @@ export interface GatewayContext {
   rates: NodeRateLimits;
   /** Opens sealed values sent on a stream (a BMC's credential to its site agent). */
   sealer?: Sealer;
+  /** Command delivery: sessions tell it when their node's queued commands may go now. */
+  commands?: { sessionOpened(nodeId: string): void; nodeProgressed(nodeId: string): void };
   /** Called after a command's result is stored (benchmarks measure latency with it). */
   onCommandCompleted?: (commandId: string) => void;
 }

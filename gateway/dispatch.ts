@@ -2,36 +2,33 @@ import type { Transaction } from 'kysely';
 import type { Database } from '../core/database.ts';
 import { transactionRetryingConflicts } from '../db/conflict-retry.ts';
 import { findInvalidCertificateSerials } from '../db/nodes/certificates.ts';
-import {
-  expireOverdueCommands,
-  failTimedOutCommands,
-  findDeliverableCommands,
-  markCommandsDelivered,
-  type QueuedCommandRow,
-} from '../db/nodes/commands.ts';
+import { expireOverdueCommands, failTimedOutCommands } from '../db/nodes/commands.ts';
 import {
   findSpecsToSend,
   markSessionUnreachable,
   markSilentNodesUnreachable,
   recordHeartbeats,
 } from '../db/nodes/sessions.ts';
-import type { CommandLane } from '../domain/fleet.ts';
+import { CommandDelivery } from './command-delivery.ts';
 import type { GatewayContext } from './context.ts';
 import type { NodeSession } from './session.ts';
 import { renewSiteBootLeases } from './site-agents.ts';
 import { wakeReservationsOnNodes } from './wake.ts';
 
 /**
- * The gateway's loops: delivery (changed NodeSpecs and queued commands for the nodes this gateway
- * holds, every `deliveryIntervalMs`), heartbeat flushes (one statement a second for all sessions),
+ * The gateway's loops: delivery (changed NodeSpecs for the nodes this gateway holds, every
+ * `deliveryIntervalMs`; queued commands are pushed, `commands`), heartbeat flushes (one statement a second for all sessions),
  * and liveness (a session silent past its lease ends, its node becomes unreachable with the
  * `NodeUnreachable` condition; nothing it holds is released).
  */
 export class Dispatcher {
   private timers: NodeJS.Timeout[] = [];
   private running = new Set<string>();
+  readonly commands: CommandDelivery;
 
-  constructor(private readonly ctx: GatewayContext) {}
+  constructor(private readonly ctx: GatewayContext) {
+    this.commands = new CommandDelivery(ctx);
+  }
 
   start(): void {
     /** `probe`: the task always queries PostgreSQL, so its success ends an outage. */
@@ -55,60 +52,28 @@ export class Dispatcher {
         }, ms),
       );
     };
-    every('deliver', this.ctx.options.deliveryIntervalMs, () => this.deliver());
+    every('deliver', this.ctx.options.deliveryIntervalMs, () => this.deliverSpecs());
+    this.commands.start();
     every('heartbeats', Math.min(1_000, this.ctx.options.leaseMs / 4), () => this.flushHeartbeats());
     every('liveness', Math.min(2_000, this.ctx.options.leaseMs / 4), () => this.sweepLiveness(), true);
     every('certificates', this.ctx.options.certificateCheckMs, () => this.recheckCertificates());
     every('site-leases', Math.min(1_000, this.ctx.options.leaseMs / 4), () => renewSiteBootLeases(this.ctx));
   }
 
-  stop(): void {
+  async stop(): Promise<void> {
     for (const timer of this.timers) clearInterval(timer);
     this.timers = [];
+    await this.commands.stop();
   }
 
   private session(nodeId: string): NodeSession | undefined {
     return this.ctx.registry.sessions.get(nodeId) as NodeSession | undefined;
   }
 
-  async deliver(): Promise<void> {
+  async deliverSpecs(): Promise<void> {
     if (this.ctx.registry.size === 0) return;
-    const gatewayId = this.ctx.options.gatewayId;
-    for (const { nodeId, generation, spec } of await findSpecsToSend(this.ctx.db, gatewayId)) {
-      this.session(nodeId)?.pushSpec(generation, spec);
-    }
-    const queued = await findDeliverableCommands(this.ctx.db, gatewayId);
-    if (queued.length === 0) return;
-    const chosen: Array<{ session: NodeSession; command: QueuedCommandRow }> = [];
-    const credits = new Map<string, Record<CommandLane, number>>();
-    const blocked = new Set<string>();
-    for (const { nodeId, ...command } of queued) {
-      const session = this.session(nodeId);
-      if (!session || session.closed) continue;
-      let free = credits.get(nodeId);
-      if (!free) {
-        free = session.credits();
-        credits.set(nodeId, free);
-      }
-      // Order within a lane: once a command waits, later ones of its lane wait too.
-      const laneKey = `${nodeId}/${command.lane}`;
-      if (blocked.has(laneKey)) continue;
-      const { minGeneration } = command;
-      if (free[command.lane] <= 0 || (minGeneration !== null && session.observedGeneration < minGeneration)) {
-        blocked.add(laneKey);
-        continue;
-      }
-      free[command.lane]--;
-      chosen.push({ session, command });
-    }
-    if (chosen.length === 0) return;
-    const marked = await markCommandsDelivered(
-      this.ctx.db,
-      chosen.map((c) => ({ commandId: c.command.id, journalId: c.session.journalId })),
-    );
-    for (const { session, command } of chosen) {
-      if (marked.has(command.id)) session.deliver(command);
-    }
+    const specs = await findSpecsToSend(this.ctx.db, this.ctx.options.gatewayId);
+    for (const { nodeId, generation, spec } of specs) this.session(nodeId)?.pushSpec(generation, spec);
   }
 
   async flushHeartbeats(): Promise<void> {

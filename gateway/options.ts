@@ -10,8 +10,17 @@ export interface GatewayOptions {
   heartbeatIntervalMs: number;
   /** Sessions this gateway holds at most; beyond it, RESOURCE_EXHAUSTED with a retry pushback. */
   maxSessions: number;
-  /** How often the delivery loop looks for changed NodeSpecs and queued commands. */
+  /**
+   * How often the delivery loop looks for changed NodeSpecs (and for queued commands, when the
+   * gateway has no LISTEN connection for command notifications).
+   */
   deliveryIntervalMs: number;
+  /**
+   * Commands are pushed at the enqueuing commit (LISTEN/NOTIFY); this slow poll of every node
+   * held here only covers a notification lost while the LISTEN connection was down and a
+   * `not_before` coming due.
+   */
+  commandPollMs: number;
   /** Node certificate lifetime (at most 24 hours). */
   certificateTtlMs: number;
   credits: Record<CommandLane, number>;
@@ -48,6 +57,7 @@ export const defaultGatewayOptions: Omit<GatewayOptions, 'gatewayId' | 'trustDom
   heartbeatIntervalMs: 10_000,
   maxSessions: 20_000,
   deliveryIntervalMs: 200,
+  commandPollMs: 5_000,
   certificateTtlMs: 24 * 60 * 60 * 1000,
   credits: { control: 8, provision: 2, bulk: 2 },
   messagesPerSecond: 100,

@@ -40,6 +40,8 @@ export interface StartedGateway {
     refused: number;
     rateLimited: number;
     joinsThrottled: number;
+    /** Whether command notifications are heard now, and how many LISTEN connections were made. */
+    commandNotifications: { listening: boolean; connections: number };
   };
   stop(): Promise<void>;
 }
@@ -68,8 +70,15 @@ export async function startGateway(
     ...defaultGatewayOptions,
     gatewayId: `gw_${ulid().toLowerCase()}`,
     leaseMs: deps.config.BETTER_COMPUTE_GATEWAY_LEASE_SECONDS * 1000,
+    // Four heartbeats per lease at least: a lease as short as the default interval (10 s) would
+    // lapse healthy sessions on any delay, marking their nodes unreachable over and over.
+    heartbeatIntervalMs: Math.min(
+      defaultGatewayOptions.heartbeatIntervalMs,
+      (deps.config.BETTER_COMPUTE_GATEWAY_LEASE_SECONDS * 1000) / 4,
+    ),
     maxSessions: deps.config.BETTER_COMPUTE_GATEWAY_MAX_SESSIONS,
     helloTimeoutMs: deps.config.BETTER_COMPUTE_GATEWAY_HELLO_TIMEOUT_SECONDS * 1000,
+    commandPollMs: deps.config.BETTER_COMPUTE_GATEWAY_COMMAND_POLL_SECONDS * 1000,
     joinsPerSecondPerPeer: deps.config.BETTER_COMPUTE_GATEWAY_JOINS_PER_SECOND_PER_PEER,
     joinBurstPerPeer: Math.ceil(deps.config.BETTER_COMPUTE_GATEWAY_JOINS_PER_SECOND_PER_PEER * 5),
     joinsPerSecond: deps.config.BETTER_COMPUTE_GATEWAY_JOINS_PER_SECOND,
@@ -141,6 +150,7 @@ export async function startGateway(
     );
   });
   const dispatcher = new Dispatcher(ctx);
+  ctx.commands = dispatcher.commands;
   dispatcher.start();
   const address = `${host.includes(':') ? `[${host}]` : host}:${port}`;
   log.info({ address }, 'gateway started');
@@ -154,9 +164,10 @@ export async function startGateway(
       ...registry.stats(),
       rateLimited: ctx.rates.refused,
       joinsThrottled: joinThrottle.refused,
+      commandNotifications: dispatcher.commands.listening(),
     }),
     stop: async () => {
-      dispatcher.stop();
+      await dispatcher.stop();
       for (const session of registry.sessions.values())
         (session as NodeSession).end(status.UNAVAILABLE, 'gateway stopping');
       await new Promise<void>((resolve) => {

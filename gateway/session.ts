@@ -328,6 +328,7 @@ export class NodeSession implements RegisteredSession {
     this.pushSpec(opened.generation, opened.spec);
     if (opened.wasUnreachable) void wakeReservationsOnNodes(this.ctx, [this.nodeId], 'node-reconnected');
     for (const command of opened.redeliver) this.deliver(command);
+    this.ctx.commands?.sessionOpened(this.nodeId);
   }
 
   /** Sends the spec if it is newer than what this session sent: a patch when it can. */
@@ -386,6 +387,7 @@ export class NodeSession implements RegisteredSession {
       throw new ComputeError('INVALID_INPUT', `observed generation ${generation} was never sent`);
     }
     this.observedGeneration = generation;
+    this.ctx.commands?.nodeProgressed(this.nodeId);
     await recordObservedGeneration(this.ctx.db, this, generation);
   }
 
@@ -396,7 +398,7 @@ export class NodeSession implements RegisteredSession {
       throw new ComputeError('INVALID_INPUT', `command ${id} has seq ${known.seq}, not ${result.seq}`);
     }
     const stored = await recordCommandResult(this.ctx.db, this, { ...result, commandId: id }, this.peer);
-    this.inFlight.delete(id);
+    if (this.inFlight.delete(id)) this.ctx.commands?.nodeProgressed(this.nodeId);
     if (stored) this.ctx.onCommandCompleted?.(id);
   }
 }

@@ -16,6 +16,7 @@ import * as nodeTrust from './2026-11-29T60-node-trust.ts';
 import * as releasesRollouts from './2026-11-30T50-releases-rollouts.ts';
 import * as hostHolds from './2026-11-30T10-host-holds.ts';
 import * as bareMetal from './2026-11-30T70-bare-metal.ts';
+import * as taintsDrains from './2026-11-30T81-taints-drains.ts';
 import * as gang from './2026-11-30T20-gang.ts';
 import * as calendar from './2026-11-30T21-calendar.ts';
 import * as poolAdministration from './2026-11-30T23-pool-administration.ts';
@@ -44,6 +45,7 @@ export const migrations: Record<string, Migration> = {
   '2026-11-30T50-releases-rollouts': releasesRollouts,
   '2026-11-30T60-node-enforcement': nodeEnforcement,
   '2026-11-30T70-bare-metal': bareMetal,
+  '2026-11-30T81-taints-drains': taintsDrains,
 };
 
 export const migrationProvider: MigrationProvider = {

@@ -1,15 +1,14 @@
 import { execFileSync } from 'node:child_process';
-import { existsSync, mkdirSync, readdirSync, renameSync, rmSync } from 'node:fs';
+import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import type { Logger } from '../core/logger.ts';
-import { findGo, goInstall } from '../temporal/dev-server.ts';
+import { findGo, goInstall, temporalCliModule } from '../temporal/dev-server.ts';
 
 /** The Temporal server the CLI v1.5.1 embeds: its go.mod has no `replace`, so `go install` works. */
 export const temporalServerVersion = 'v1.29.1';
-const temporalServerModules = [
-  `go.temporal.io/server/cmd/server@${temporalServerVersion}`,
-  `go.temporal.io/server/cmd/tools/sql@${temporalServerVersion}`,
-];
+const temporalServerPackages = ['go.temporal.io/server/cmd/server', 'go.temporal.io/server/cmd/tools/sql'];
+/** The CLI's module, whose go.mod the server is built with (see `ensureTemporalServer`). */
+const cliModule = temporalCliModule.replace('/cmd/temporal@', '@');
 
 /** The Temporal server and its SQL schema tool, as built into the tools cache. */
 export interface TemporalServerBinaries {
@@ -39,15 +38,44 @@ export async function ensureTemporalServer(toolsDir: string, log: Logger): Promi
     );
   }
   log.info(
-    { modules: temporalServerModules, into: dir },
-    'building the Temporal server with go install (first run only; several minutes)',
+    { packages: temporalServerPackages, with: cliModule, into: dir },
+    'building the Temporal server with go install (first run only; minutes after the Temporal CLI)',
   );
   // wall time: only to say how long the build took
   const started = Date.now();
   // Built beside the cache entry and renamed into place, so an interrupted build is never taken.
   const building = `${dir}.building-${process.pid}`;
   rmSync(building, { recursive: true, force: true });
-  await goInstall({ go, modules: temporalServerModules, gobin: building, what: 'the Temporal server', log });
+  // Built in a module with the CLI's go.mod: the versions the CLI's dev server embeds, so every
+  // package the CLI's build compiled comes from Go's build cache (about 99%; the server's own
+  // go.mod picks older golang.org/x/* and only about a third would). That go.mod pins the server.
+  const module = path.join(building, 'module');
+  mkdirSync(module, { recursive: true });
+  const cli = JSON.parse(
+    execFileSync(go, ['mod', 'download', '-json', cliModule], { encoding: 'utf8', cwd: module }),
+  ) as { GoMod: string; Dir: string };
+  const goMod = readFileSync(cli.GoMod, 'utf8');
+  if (
+    !new RegExp(`go\\.temporal\\.io/server ${temporalServerVersion.replace(/\./g, '\\.')}\\b`).test(goMod)
+  ) {
+    throw new Error(
+      `${cliModule} does not pin go.temporal.io/server ${temporalServerVersion}: set temporalServerVersion in server/cluster-tools.ts to the version its go.mod requires`,
+    );
+  }
+  writeFileSync(
+    path.join(module, 'go.mod'),
+    goMod.replace(/^module .*$/m, 'module better-compute.local/temporal-server'),
+  );
+  writeFileSync(path.join(module, 'go.sum'), readFileSync(path.join(cli.Dir, 'go.sum')));
+  await goInstall({
+    go,
+    modules: temporalServerPackages,
+    gobin: building,
+    cwd: module,
+    what: 'the Temporal server',
+    log,
+  });
+  rmSync(module, { recursive: true, force: true });
   rmSync(dir, { recursive: true, force: true });
   renameSync(building, dir);
   log.info({ dir, seconds: Math.round((Date.now() - started) / 1000) }, 'the Temporal server is built');

@@ -7,6 +7,7 @@ import { freePort, isPortFree, startLocalPostgres } from '../db/local-postgres.t
 import { createCertificateAuthority, issueServerCertificate } from '../domain/pki.ts';
 import { connectTemporal, temporalTls } from '../temporal/client.ts';
 import { ensureTemporalCli } from '../temporal/dev-server.ts';
+import { searchAttributes } from '../workflows/search-attributes.ts';
 import {
   type ClusterProcessKind,
   commandArgv,
@@ -442,19 +443,26 @@ async function eventuallyRun(script: string, env: Record<string, string>, timeou
   }
 }
 
-/** Waits until the frontend serves `namespace` (a new namespace reaches every service's cache in seconds). */
+/**
+ * Waits until the frontend serves `namespace` with every search attribute the workflows carry (a
+ * new namespace and its aliases reach every service's cache in seconds).
+ */
 async function waitForNamespace(
   address: string,
   namespace: string,
   tls: NonNullable<ReturnType<typeof temporalTls>>,
 ): Promise<void> {
   const client = await connectTemporal({ address, namespace, tls });
+  const query = Object.values(searchAttributes)
+    .map((key) => `${key.name} = 'ready'`)
+    .join(' OR ');
   try {
     // wall time: waiting for the namespace cache
     const deadline = Date.now() + 60_000;
     for (;;) {
       try {
-        await client.connection.workflowService.listWorkflowExecutions({ namespace, pageSize: 1 });
+        // A query on every search attribute: the frontend refuses one it has no alias for yet.
+        await client.connection.workflowService.listWorkflowExecutions({ namespace, pageSize: 1, query });
         return;
       } catch (error) {
         if (Date.now() > deadline) throw error;

@@ -55,6 +55,8 @@ export async function goInstall(input: {
   gobin: string;
   what: string;
   log: Logger;
+  /** The main module to build in (its go.mod picks the versions); none: `modules` carry `@version`. */
+  cwd?: string;
 }): Promise<void> {
   mkdirSync(input.gobin, { recursive: true });
   const nice = onPath('nice');
@@ -63,6 +65,7 @@ export async function goInstall(input: {
     const child = spawn(nice ?? argv[0]!, nice ? ['-n', '19', ...argv] : argv.slice(1), {
       env: { ...process.env, GOBIN: input.gobin, GOFLAGS: '-mod=mod' },
       stdio: ['ignore', 'ignore', 'pipe'],
+      ...(input.cwd ? { cwd: input.cwd } : {}),
     });
     let packages = 0;
     // wall time: progress lines every ten seconds

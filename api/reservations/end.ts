@@ -36,7 +36,7 @@ async function end(
 
 export const release = defineMethod({
   summary:
-    'End a reservation now: the current booking is truncated, future ones deleted, quota refunded. A pending one is cancelled; a terminal one is unchanged.',
+    'End a reservation now: the current booking is truncated, future ones deleted, quota refunded. A pending one is cancelled; a terminal one is unchanged. An active kubernetes binding is releasing (DevicesHeld) until its pods let go of the GPUs.',
   action,
   input: reservationRefInput,
   output: reservationViewSchema,

@@ -11,10 +11,12 @@ type NodeView = MethodOutput<Methods, 'nodes', 'get'>;
 function refusal(n: NodeView): string | null {
   const reasons: string[] = [];
   if (n.provisionState !== 'ready') reasons.push(n.provisionState);
-  if (n.draining) reasons.push('draining');
+  if (n.draining) reasons.push(n.drained ? 'drained' : 'draining');
   else if (n.cordoned) reasons.push(`cordoned${n.cordonReason ? ` (${n.cordonReason})` : ''}`);
   if (n.connectivity !== 'connected') reasons.push(n.connectivity);
+  for (const taint of n.taints) reasons.push(`tainted (${taint})`);
   for (const c of n.conditions) {
+    if (n.taints.some((t) => c.type === `Taint:${t}`)) continue;
     // Conditions that restate an axis already named (Draining, Cordoned) add nothing.
     if (c.effect === 'NoSchedule' && !reasons.some((r) => r.startsWith(c.type.toLowerCase()))) {
       reasons.push(`${c.type}: ${c.reason}`);
@@ -33,6 +35,16 @@ function renderNode(n: NodeView): string {
       ['state', n.provisionState],
       ['accepts work', refusal(n) === null],
       ['refuses because', refusal(n)],
+      ['maintenance', n.maintenance ? (n.maintenanceReason ?? 'yes') : 'no'],
+      ['taints', n.taints.length ? n.taints.join(', ') : 'none'],
+      ...(n.draining
+        ? [
+            [
+              'drain',
+              n.drainedAt ? `drained at ${formatTime(n.drainedAt)}` : 'draining (allocations remain)',
+            ] as [string, string],
+          ]
+        : []),
       ['connectivity', n.connectivity],
       [
         'last heartbeat',
@@ -72,7 +84,7 @@ function renderNode(n: NodeView): string {
 }
 
 /**
- * `nodes list|get|cordon|uncordon|drain|retire|revoke-certificates|approve-reclaim`,
+ * `nodes list|get|cordon|uncordon|drain|taint|untaint|retire|revoke-certificates|approve-reclaim`,
  * `join-tokens create|list|revoke`.
  */
 export function registerNodeCommands(program: Command) {
@@ -123,8 +135,11 @@ export function registerNodeCommands(program: Command) {
   );
   for (const [verb, description] of [
     ['cordon', 'Stop new placements on a node; what runs keeps running.'],
-    ['uncordon', 'Let placements reach the node again (clears cordon and drain).'],
-    ['drain', 'Cordon the node and mark it draining until it is empty; nothing is released.'],
+    ['uncordon', 'Let placements reach the node again (clears cordon, drain and a finished drain).'],
+    [
+      'drain',
+      'Cordon the node and mark it draining; it is drained (event node.drained) once its last allocation ends. Nothing is released.',
+    ],
   ] as const) {
     const command = nodes.command(verb).description(description).argument('<node-id>');
     if (verb !== 'uncordon') command.option('--reason <text>', 'why, for the audit trail and `nodes get`');
@@ -141,6 +156,27 @@ export function registerNodeCommands(program: Command) {
           result,
           (r) =>
             `${r.node.name} (${r.node.id}): ${refusal(r.node) ?? 'accepts work'}; ${r.liveAllocations} live allocation(s), ${r.calendarBookings} calendar booking(s)${r.message ? `\n${r.message}` : ''}`,
+        );
+      }),
+    );
+  }
+  for (const [verb, description] of [
+    ['taint', 'Taint a node with a named NoSchedule reason: no new placements; what runs keeps running.'],
+    ['untaint', 'Remove the taint of that reason from a node.'],
+  ] as const) {
+    withConnection(
+      nodes
+        .command(verb)
+        .description(description)
+        .argument('<node-id>')
+        .addOption(required('--reason <name>', 'the taint’s name (shown as the condition Taint:<name>)')),
+    ).action(
+      apiAction<{ reason: string }>(async ({ options, client, out }, id) => {
+        const result = await client.nodes[verb]({ nodeId: id!, reason: options.reason });
+        out.result(
+          result,
+          (r) =>
+            `${r.node.name} (${r.node.id}): ${r.changed ? (verb === 'taint' ? 'tainted' : 'untainted') : 'unchanged'} (${options.reason}); ${refusal(r.node) ?? 'accepts work'}`,
         );
       }),
     );

@@ -22,6 +22,7 @@ import {
   tryBook,
   withCounterOffer,
 } from './placement.ts';
+import { findAndBookMachines } from '../metal/dedicated-placement.ts';
 import { loadPlacerNodes } from './placement-load.ts';
 
 type Trx = Transaction<Database>;
@@ -244,6 +245,8 @@ export async function findAndBookRequest(
   | { placed: true; fit: NodeFit; fits: NodeFit[]; topologyValue: string | null }
   | { placed: false; message: string; earliestStart: number | null }
 > {
+  // Dedicated root: whole machines, booked by their own placer (domain/dedicated-root.ts).
+  if (request.binding === 'node') return findAndBookMachines(trx, request, input);
   const placement = placementRequestOf(request);
   if (request.gang) {
     const outcome = await findAndBookGang(trx, { ...input, request: placement, gang: request.gang });

@@ -92,7 +92,10 @@ export async function judgeAllocationReport(trx: Trx, allocationId: string): Pro
       ? { expectedGpuUuids: uuids.map((u) => u.stable_id) }
       : {}),
   });
-  const live = isHoldingAllocation(allocation.state);
+  // A releasing allocation (a kubernetes binding whose pods held its GPUs) ends with the node's
+  // report that they are free: billing stops there (`released_at`).
+  const live =
+    isHoldingAllocation(allocation.state) || (allocation.state === 'releasing' && report.kind === 'released');
   // A bound allocation the node says it can no longer honour (a GPU fell off, host admission) is
   // not failed: it keeps its booking and the reservation shows Degraded/BindingLost until the
   // node reports it bound again (principle 7: nothing is released for node trouble).

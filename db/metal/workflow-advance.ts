@@ -13,6 +13,7 @@ import { insertOutboxEvent } from '../events/outbox.ts';
 import { enqueueNodeCommand, findNodeCommand } from '../nodes/commands.ts';
 import { moveProvisionState, setNodeMaintenance } from '../nodes/provision.ts';
 import { enqueueBmcCommand } from './bmc.ts';
+import { freeCleanedMachine, leaseOfWorkflow } from './dedicated-leases.ts';
 import { mintDiscoveryToken } from './discovery-tokens.ts';
 import { findImage, imageUsableBy } from './images.ts';
 import { findProfile, markProfileUsed } from './profiles.ts';
@@ -31,6 +32,8 @@ export interface MetalAdvanceOutcome {
   nodeId: string;
   siteId: string;
   profileId: string | null;
+  /** The dedicated-root lease the workflow deploys or wipes a machine for (its lifecycle is woken). */
+  reservationId?: string;
 }
 
 const discoveryTtlSeconds = 3_600;
@@ -52,6 +55,7 @@ const reasonOf = (workflowId: string, text: string) => `workflow ${workflowId}: 
 export async function advanceMetalWorkflow(db: Db, workflowId: string): Promise<MetalAdvanceOutcome> {
   return db.transaction().execute(async (trx) => {
     await trx.selectFrom('metal_workflows').where('id', '=', workflowId).select('id').forUpdate().execute();
+    const lease = await leaseOfWorkflow(trx, workflowId);
     for (let round = 0; round < 32; round++) {
       const wf = await findMetalWorkflow(trx, workflowId);
       if (!wf) throw new ComputeError('NOT_FOUND', `workflow ${workflowId} not found`);
@@ -68,6 +72,7 @@ export async function advanceMetalWorkflow(db: Db, workflowId: string): Promise<
         nodeId: wf.nodeId,
         siteId: wf.siteId,
         profileId: wf.profileId,
+        ...(lease ? { reservationId: lease } : {}),
       });
       if (wf.state === 'succeeded' || wf.state === 'aborted') return outcome(true, false, null);
       if (wf.abortRequested && wf.phase === 'main') {
@@ -102,6 +107,7 @@ export async function advanceMetalWorkflow(db: Db, workflowId: string): Promise<
       nodeId: wf.nodeId,
       siteId: wf.siteId,
       profileId: wf.profileId,
+      ...(lease ? { reservationId: lease } : {}),
     };
   });
 }
@@ -336,6 +342,10 @@ async function finish(
     })
     .where('id', '=', wf.id)
     .execute();
+  // A dedicated-root lease's machine, wiped (or given up on, in maintenance): its bookings go now.
+  if (wf.kind === 'clean' && wf.allocationId) {
+    await freeCleanedMachine(trx, { allocationId: wf.allocationId, workflowId: wf.id, outcome: state });
+  }
   await insertOutboxEvent(trx, {
     type: state === 'succeeded' ? 'metal.workflow-succeeded' : 'metal.workflow-aborted',
     subject: `node/${wf.nodeId}`,

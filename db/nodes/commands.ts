@@ -5,6 +5,7 @@ import { ComputeError } from '../../domain/errors.ts';
 import { type CommandLane, type CommandState, inFlightCommandStates } from '../../domain/fleet.ts';
 import { newId } from '../../domain/ids.ts';
 import { literalList } from '../sql-literals.ts';
+import { notifyNodeWork } from './command-notify.ts';
 
 type Trx = Transaction<Database>;
 
@@ -20,6 +21,7 @@ export interface EnqueuedCommand {
  * order within its lane. INVALID_INPUT for an unknown kind, a payload its kind refuses, or a
  * control-plane-only kind without `byControlPlane`; INVALID_STATE for a node whose role the kind
  * does not run on; NOT_FOUND for an unknown node. Not idempotent by itself: call it once per state change.
+ * Its commit notifies the gateways (`notifyNodeWork`), which deliver at once.
  */
 export async function enqueueNodeCommand(
   trx: Trx,
@@ -88,6 +90,8 @@ export async function enqueueNodeCommand(
       min_generation: input.minGeneration ?? null,
     })
     .execute();
+  // The gateway holding the node's session delivers at this commit, not at its next poll.
+  await notifyNodeWork(trx, input.nodeId);
   return { id, seq: Number(node.seq), lane: kind.lane };
 }
 
@@ -245,17 +249,20 @@ export async function findCommandsToRedeliver(
 
 /**
  * Queued commands due now (past not_before, before not_after) for the nodes whose session this
- * gateway holds, by node and seq, at most `limit`.
+ * gateway holds (of `nodeIds` when given), by node and seq, at most `limit`.
  */
 export async function findDeliverableCommands(
   db: Db,
   gatewayId: string,
   limit = 5000,
+  /** Only these nodes' commands (a notification named them); all the gateway's nodes when absent. */
+  nodeIds?: readonly string[],
 ): Promise<Array<QueuedCommandRow & { nodeId: string }>> {
+  const onlyNodes = nodeIds ? sql`AND c.node_id = ANY(${[...nodeIds]}::text[])` : sql``;
   const { rows } = await sql<QueuedRow & { node_id: string }>`
     SELECT c.id, c.node_id, c.seq, c.kind, c.lane, c.payload, c.not_before, c.not_after, c.min_generation
     FROM node_commands c JOIN nodes n ON n.id = c.node_id
-    WHERE c.state = 'queued' AND n.session_gateway = ${gatewayId}
+    WHERE c.state = 'queued' AND n.session_gateway = ${gatewayId} ${onlyNodes}
       AND (c.not_before IS NULL OR c.not_before <= compute_now())
       AND (c.not_after IS NULL OR c.not_after > compute_now())
     ORDER BY c.node_id, c.seq

@@ -146,7 +146,8 @@ export async function listNodeIds(
 /**
  * Sets a node's scheduling flags in the caller's transaction, under its row lock: `cordoned`
  * (no new placements, with `reason`) and `draining` (also the `Draining` NoSchedule condition,
- * cleared again when the node is uncordoned). Idempotent; answers whether anything a caller
+ * cleared again when the node is uncordoned; a finished drain, `drained_at`, is cleared with
+ * `draining`). Idempotent; answers whether anything a caller
  * reports changed (cordoned, or draining started or ended). NOT_FOUND for an unknown node.
  */
 export async function setNodeSchedulingFlags(
@@ -167,6 +168,8 @@ export async function setNodeSchedulingFlags(
       cordoned,
       draining,
       cordon_reason: cordoned ? input.reason : null,
+      // A finished drain stays finished while the node keeps draining; anything else clears it.
+      ...(draining ? {} : { drained_at: null }),
       updated_at: sql<Date>`compute_now()`,
     })
     .where('id', '=', nodeId)

@@ -1,6 +1,7 @@
 import type { Db, DeviceAttributes } from '../../core/database.ts';
 import type { Connectivity, DeviceClass, NodeRole, ProvisionState } from '../../domain/fleet.ts';
 import { latestCertificateExpiries } from './certificates.ts';
+import { taintConditionPrefix } from './taints.ts';
 
 /** A node as operators read it: its state axes, labels, conditions, session and devices. */
 export interface NodeDetail {
@@ -13,6 +14,10 @@ export interface NodeDetail {
   cordoned: boolean;
   cordonReason: string | null;
   draining: boolean;
+  /** When the drain finished (its last allocation ended); null while it runs or without one. */
+  drainedAt: Date | null;
+  /** The operator's taints (named NoSchedule reasons), also listed among the conditions. */
+  taints: string[];
   maintenance: boolean;
   maintenanceReason: string | null;
   connectivity: Connectivity;
@@ -73,6 +78,10 @@ export async function readNodeDetails(
         cordoned: n.cordoned,
         cordonReason: n.cordon_reason,
         draining: n.draining,
+        drainedAt: n.drained_at,
+        taints: conditions
+          .filter((c) => c.node_id === id && c.type.startsWith(taintConditionPrefix))
+          .map((c) => c.type.slice(taintConditionPrefix.length)),
         maintenance: n.maintenance,
         maintenanceReason: n.maintenance_reason,
         connectivity: n.connectivity,

@@ -14,6 +14,7 @@ import {
 import { calendarHorizonDays, readPoolPolicy } from '../../domain/pool-policy.ts';
 import type { PoolSharingMode } from '../../domain/fleet.ts';
 import { atomWorth } from '../../domain/sharing.ts';
+import { resolveMachineLeaseRequest } from '../metal/dedicated-admission.ts';
 import { preparedMarker } from '../pool.ts';
 
 type Trx = Transaction<Database>;
@@ -124,16 +125,13 @@ export async function resolveRequestForPool(
     );
   }
   if (request.binding === 'node') {
-    if (!pool.policy.tenantRoot) {
-      throw new ComputeError(
-        'INVALID_INPUT',
-        `binding: 'node' needs a tenantRoot pool; pool ${pool.id} is not one`,
-      );
-    }
-    throw new ComputeError(
-      'UNSUPPORTED',
-      "binding: 'node' leases need the metal module, which this server does not run",
-    );
+    // Whole machines: the placer books every atom and host resource of each (db/metal/dedicated-placement.ts).
+    const none = { vcpu: 0, memoryGiB: 0, hugepages1Gi: 0 };
+    return {
+      request: await resolveMachineLeaseRequest(db, tenantId, pool, request),
+      booked: none,
+      share: none,
+    };
   }
   const perGpu = await poolPerGpuShare(db, { id: pool.id, policy: pool.policy }, caches);
   // One definition of what a shared atom is worth (domain/sharing.ts), here its host share.

@@ -1,6 +1,7 @@
 import { sql, type Transaction } from 'kysely';
 import type { Database } from '../../core/database.ts';
 import { truncateAllocationBookings } from '../allocations/bookings.ts';
+import { finishDrains } from '../nodes/drains.ts';
 import { changeNodeDeviceAssignments } from './lifecycle-nodespec.ts';
 
 type Trx = Transaction<Database>;
@@ -9,7 +10,8 @@ type Trx = Transaction<Database>;
  * Ends the current placement of a reservation at compute_now(), in the caller's transaction: every
  * allocation the control plane has not released yet has its bookings truncated (future ones
  * deleted), is marked `state` with `released_at` and `superseded_at` (no longer the current
- * placement), and leaves its node's NodeSpec. Idempotent: a
+ * placement), and leaves its node's NodeSpec; a draining node left with nothing is drained
+ * (`finishDrains`). Idempotent: a
  * second call finds no current allocation. Answers the allocations it ended.
  */
 export async function endCurrentAllocations(
@@ -47,6 +49,7 @@ export async function endCurrentAllocations(
   for (const nodeId of [...byNode.keys()].sort()) {
     await changeNodeDeviceAssignments(trx, nodeId, { remove: byNode.get(nodeId)! });
   }
+  await finishDrains(trx, [...byNode.keys()]);
   return allocations;
 }
 

@@ -10,6 +10,8 @@ import {
 import { readPoolPolicy } from '../../domain/pool-policy.ts';
 import { liveStates, type ReservationState } from '../../domain/reservation-states.ts';
 import { parseStoredRequest } from './stored.ts';
+import { machineLeaseTimers } from '../../domain/dedicated-root.ts';
+import { runningMachineWorkflowIds } from '../metal/dedicated-leases.ts';
 
 type Trx = Transaction<Database>;
 
@@ -102,6 +104,9 @@ export async function readReservationSnapshot(
       'a.member_attempt',
       'n.connectivity',
       sql<Date>`upper(a.during)`.as('until'),
+      sql<Date | null>`(SELECT max(upper(b.during)) FROM device_bookings b WHERE b.allocation_id = a.id)`.as(
+        'booked_until',
+      ),
       sql<
         string | null
       >`(SELECT e->>'until' FROM jsonb_array_elements(CASE WHEN jsonb_typeof(n.spec->'devices') = 'array'
@@ -148,6 +153,7 @@ export async function readReservationSnapshot(
         state: a.state,
         boundAt: ms(a.bound_at),
         until: ms(a.until)!,
+        ...(a.booked_until ? { bookedUntil: ms(a.booked_until)! } : {}),
         assignedUntil: a.assigned_until === null ? null : Number(a.assigned_until),
         ...(a.binding_lost_at ? { bindingLost: true } : {}),
         ...(a.connectivity === 'unreachable' ? { nodeUnreachable: true } : {}),
@@ -157,13 +163,20 @@ export async function readReservationSnapshot(
       }),
     ),
     poolAvailable: row.pool_available,
-    timers: effectiveTimers(policy, overrides),
+    // A dedicated-root lease: 2 hours to deploy, one attempt (domain/dedicated-root.ts).
+    timers:
+      row.binding_kind === 'node'
+        ? machineLeaseTimers(effectiveTimers(policy, overrides))
+        : effectiveTimers(policy, overrides),
     summary: `${row.tenant_id}: ${devices} ${row.gpu_model} (${row.binding_kind}${
       row.gang_size > 1 ? `, gang of ${row.gang_size}` : ''
     }) in ${row.pool_id}`,
     ...(row.gang_size > 1 ? { gangSize: row.gang_size } : {}),
     ...(row.preempt_notice_until ? { preemptAt: ms(row.preempt_notice_until)! } : {}),
     ...(row.calendar ? { calendar: true } : {}),
+    ...(row.binding_kind === 'node'
+      ? { machineWorkflowIds: await runningMachineWorkflowIds(db, row.id) }
+      : {}),
   };
 }
 

@@ -133,7 +133,8 @@ export async function planSpotPreemption(
   },
 ): Promise<PlannedPreemption | null> {
   const { request } = input;
-  if (request.spot || (request as { gang?: unknown }).gang) return null;
+  // Whole machines (binding 'node') are leased only when free: never by preempting spot work.
+  if (request.spot || (request as { gang?: unknown }).gang || request.binding === 'node') return null;
   const noticeMs = spotNoticeMs(input.policy);
   const durationMs = input.window.end - input.window.start;
   const deadline = Math.max(input.window.start, input.now + noticeMs);

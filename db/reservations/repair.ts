@@ -13,6 +13,7 @@ import { newId } from '../../domain/ids.ts';
 import type { Condition } from '../../domain/reservation-lifecycle.ts';
 import { truncateAllocationBookings } from '../allocations/bookings.ts';
 import { findAndBook, placementRequestOf } from '../allocations/placement.ts';
+import { finishDrains } from '../nodes/drains.ts';
 import { updateReservation } from './lifecycle.ts';
 import { recordReservationEvent } from './lifecycle-events.ts';
 import { endCurrentAllocations } from './lifecycle-release.ts';
@@ -196,6 +197,11 @@ export async function repairReservationBookings(
     return recordFailure(trx, row, { ...input, others, summary: error.summary, bad });
   }
   await sql`RELEASE SAVEPOINT booking_repair`.execute(trx);
+  // A booking moved off a draining node may have been the last thing its drain waited for.
+  await finishDrains(
+    trx,
+    moves.map((m) => m.fromNodeId),
+  );
   await updateReservation(trx, row.id, { conditions: others });
   await recordReservationEvent(trx, row, 'reservation.repaired', 'placed', { moment: input.moment, moves });
   await trx

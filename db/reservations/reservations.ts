@@ -8,6 +8,8 @@ import { preparedMarker } from '../pool.ts';
 import { reservationStateEvent } from './lifecycle-events.ts';
 import { endCurrentAllocations, refundReservationQuota } from './lifecycle-release.ts';
 import { type CalledOffPreemption, callOffPreemptionsBy } from './preemption-call-off.ts';
+import { beginKubernetesRelease } from './releasing.ts';
+import { holdMachinesForCleaning } from '../metal/dedicated-leases.ts';
 
 type Trx = Transaction<Database>;
 
@@ -68,7 +70,9 @@ export type ReleaseReason = 'release' | 'cancel' | 'expired' | 'lease-lapsed' | 
  * refunded once, and the preemptions it made are called off while their notice runs
  * (callOffPreemptionsBy). A placed/binding/active reservation becomes `released` (`end_reason` = reason);
  * a draft, pending or awaiting-confirmation one (or any with reason `cancel`) becomes `cancelled`.
- * Idempotent: a terminal reservation changes nothing (`changed: false`). Writes
+ * An active `kubernetes` binding becomes `releasing` instead (beginKubernetesRelease), until the
+ * node reports its GPUs free. Idempotent: a terminal or releasing reservation changes nothing
+ * (`changed: false`). Writes
  * `reservation.released` (with `reason`) or `reservation.cancelled` to the outbox.
  */
 export async function releaseReservation(
@@ -86,7 +90,16 @@ export async function releaseReservation(
   const row = await lockReservation(trx, reservationId);
   if (!row) return { changed: false, state: null, poolId: null, freed: false };
   if (isTerminal(row.state)) return { changed: false, state: row.state, poolId: row.pool_id, freed: false };
+  // Already released, waiting for pods to let go of the GPUs: its lifecycle finishes it.
+  if (row.state === 'releasing')
+    return { changed: false, state: row.state, poolId: row.pool_id, freed: false };
   const state = isPlaced(row.state) && reason !== 'cancel' ? 'released' : 'cancelled';
+  // A kubernetes binding whose pods may hold its GPUs is releasing until the node reports them free.
+  if (state === 'released' && (await beginKubernetesRelease(trx, row, reason))) {
+    return { changed: true, state: 'releasing', poolId: row.pool_id, freed: false };
+  }
+  // Dedicated root: deployed machines keep their bookings until they are wiped.
+  if (row.binding_kind === 'node') await holdMachinesForCleaning(trx, row);
   const ended = await endCurrentAllocations(trx, reservationId, 'released');
   await trx
     .updateTable('allocations')

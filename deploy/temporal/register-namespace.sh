@@ -21,18 +21,19 @@ fi
 if ! "$cli" operator namespace describe "${flags[@]}" >/dev/null 2>&1; then
   "$cli" operator namespace create "${flags[@]}" --retention "${TEMPORAL_RETENTION:-72h}" >/dev/null
 fi
-# Names and types as in workflows/search-attributes.ts (tests/cluster checks they agree).
-names=(--name ComputeTenant --name ComputePool --name ComputeState --name ComputeReservation
-  --name ComputeRelease --name ComputeWave --name ComputeNode --name ComputeSite
-  --name ComputeProfile --name ComputeStep)
-if ! out=$("$cli" operator search-attribute create "${flags[@]}" --type Keyword "${names[@]}" 2>&1); then
-  # Registered by an earlier run: every name must be listed already, else the error stands.
-  listed=$("$cli" operator search-attribute list "${flags[@]}")
-  for name in "${names[@]}"; do
-    if [ "$name" != --name ] && ! grep -qw "$name" <<<"$listed"; then
-      echo "$out" >&2
-      exit 1
-    fi
-  done
-fi
+# Names as in workflows/search-attributes.ts (tests/cluster checks they agree), all Keyword. The CLI
+# pairs the n-th --name with the n-th --type: each name needs its own --type.
+names=(ComputeTenant ComputePool ComputeState ComputeReservation ComputeRelease ComputeWave
+  ComputeNode ComputeSite ComputeProfile ComputeStep)
+pairs=()
+for name in "${names[@]}"; do pairs+=(--name "$name" --type Keyword); done
+# Fails when an earlier run registered some of them already: what counts is the list below.
+out=$("$cli" operator search-attribute create "${flags[@]}" "${pairs[@]}" 2>&1) || true
+listed=$("$cli" operator search-attribute list "${flags[@]}")
+for name in "${names[@]}"; do
+  if ! grep -qw "$name" <<<"$listed"; then
+    echo "search attribute $name is not registered on namespace $namespace: $out" >&2
+    exit 1
+  fi
+done
 echo "namespace $namespace: search attributes registered"

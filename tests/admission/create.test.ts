@@ -2,11 +2,15 @@ import { sql } from 'kysely';
 import { beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { advanceComputeClock, readComputeNow } from '../../db/clock.ts';
 import { offerPool } from '../../db/nodes/fleet.ts';
+import { eventually } from '../support/eventually.ts';
+import { joinSimulatedFleet, startTestGateway } from '../support/gateway.ts';
 import { boundedH100Policy } from '../support/iam.ts';
+import { useTempDir } from '../support/temp-dir.ts';
 import { h100Pool, type TenantFixture, tenantWithMember } from './fixtures.ts';
 import { useAdmissionHarness } from './harness.ts';
 
 const h = useAdmissionHarness();
+const simDir = useTempDir('bc-admission-k8s-');
 let acme: TenantFixture;
 let acme2: TenantFixture;
 let globex: TenantFixture;
@@ -539,16 +543,39 @@ describe('reservations.create', () => {
     );
     const operatorLabel = await h.call(acme.token, 'reservations/create', base('k8s-2', k8s));
     expect(operatorLabel.body.data.state).toBe('pending');
-    await sql`INSERT INTO node_labels (node_id, key, value, source) VALUES (${owned.nodes[0]!.id}, 'bc.dev/cap.binding.kubernetes', 'true', 'system')`.execute(
-      h.t.db,
-    );
-    const placed = await h.call(acme.token, 'reservations/create', base('k8s-3', k8s));
-    expect(placed.body.data).toMatchObject({
-      state: 'placed',
-      allocations: [{ nodeId: owned.nodes[0]!.id }],
+    // A bcd configured with the kubelet's device-plugin directory says binding.kubernetes in its
+    // Hello, and the gateway makes it the system label: now the request places, on that node.
+    const gateway = await startTestGateway({ db: h.t.db, lifecycle: h.lifecycle });
+    const fleet = await joinSimulatedFleet(gateway, h.t.db, owned.poolId, {
+      nodes: 1,
+      rootDir: simDir,
+      namePrefix: 'k8s-sim',
+      shape: { gpus: 2, nvlinkDomainSize: 2 },
+      kubelet: 'stand-in',
     });
-    for (const r of [waiting, operatorLabel, placed]) {
-      await h.call(acme.token, 'reservations/release', { tenantId: 'acme', reservationId: r.body.data.id });
+    try {
+      const simNode = fleet.nodes[0]!.nodeId;
+      await eventually(async () => {
+        const label = await h.t.db
+          .selectFrom('node_labels as l')
+          .innerJoin('nodes as n', 'n.id', 'l.node_id')
+          .where('l.node_id', '=', simNode)
+          .where('l.key', '=', 'bc.dev/cap.binding.kubernetes')
+          .where('l.source', '=', 'system')
+          .where('n.provision_state', '=', 'ready')
+          .where((eb) => eb.exists(eb.selectFrom('devices as d').whereRef('d.node_id', '=', 'n.id')))
+          .select('l.value')
+          .executeTakeFirst();
+        return label?.value === 'true';
+      });
+      const placed = await h.call(acme.token, 'reservations/create', base('k8s-3', k8s));
+      expect(placed.body.data).toMatchObject({ state: 'placed', allocations: [{ nodeId: simNode }] });
+      for (const r of [waiting, operatorLabel, placed]) {
+        await h.call(acme.token, 'reservations/release', { tenantId: 'acme', reservationId: r.body.data.id });
+      }
+    } finally {
+      await fleet.stop();
+      await gateway.stop();
     }
   });
 

@@ -590,6 +590,8 @@ describe('the OpenAPI document against the server', () => {
         reason: 'conformance',
       });
       await expectOk(w.root.token, 'nodes/clearMaintenance', { nodeId: enrolled.data?.nodeId });
+      await expectOk(w.root.token, 'nodes/taint', { nodeId: enrolled.data?.nodeId, reason: 'conformance' });
+      await expectOk(w.root.token, 'nodes/untaint', { nodeId: enrolled.data?.nodeId, reason: 'conformance' });
       const image = await expectOk(w.a.admin.token, 'images/register', {
         name: 'conformance',
         version: '1',

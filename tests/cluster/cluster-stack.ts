@@ -41,7 +41,9 @@ export async function startClusterStack(input: { nodes: number }): Promise<Clust
   const stops: Array<() => Promise<void>> = [];
   const stopAll = async () => {
     for (const stop of stops.reverse()) await stop().catch(() => {});
-    rmSync(dir, { recursive: true, force: true });
+    // BC_CLUSTER_TEST_KEEP=1 keeps the data and every process's log (`<dir>/logs`) to read afterwards.
+    if (process.env.BC_CLUSTER_TEST_KEEP) console.log(`cluster data and logs kept in ${dir}`);
+    else rmSync(dir, { recursive: true, force: true });
   };
   try {
     const secret = randomBytes(32).toString('base64url');

@@ -14,13 +14,15 @@ import { testLogger } from '../support/logger.ts';
 describe('deploy/', () => {
   it('registers exactly the search attributes the workflows carry, all Keyword', () => {
     const script = readFileSync(path.join(deployDir, 'temporal', 'register-namespace.sh'), 'utf8');
-    const names = [...script.matchAll(/--name (\w+)/g)].map((m) => m[1]);
+    const names = /\nnames=\(([^)]*)\)/.exec(script)![1]!.split(/\s+/).filter(Boolean);
     expect(names.sort()).toEqual(
       Object.values(searchAttributes)
         .map((k) => k.name)
         .sort(),
     );
     expect(Object.values(searchAttributes).every((k) => k.type === 'KEYWORD')).toBe(true);
+    // The CLI pairs the n-th --name with the n-th --type: one --type alone registers one name.
+    expect(script).toMatch(/pairs\+=\(--name "\$name" --type Keyword\)/);
   });
 
   it('has a Procfile line for every kind of process, expanded from the environment', () => {

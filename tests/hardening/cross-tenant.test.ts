@@ -900,6 +900,26 @@ const table: Record<string, Row> = {
       },
     ],
   },
+  'nodes.taint': {
+    cases: [
+      {
+        aim: "B's cordoned node",
+        input: (w) => ({ nodeId: w.b.ownPool.nodes[2]!.id, reason: 'cross-tenant' }),
+        ...notFound,
+        root: 'ok',
+      },
+    ],
+  },
+  'nodes.untaint': {
+    cases: [
+      {
+        aim: "B's cordoned node",
+        input: (w) => ({ nodeId: w.b.ownPool.nodes[2]!.id, reason: 'cross-tenant' }),
+        ...notFound,
+        root: 'ok',
+      },
+    ],
+  },
   'joinTokens.revoke': {
     cases: [
       {

@@ -1,21 +1,19 @@
-import { createHash } from 'node:crypto';
-import { createServer, type Server } from 'node:http';
-import path from 'node:path';
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { BootNetwork } from '../../daemon/boot-network.ts';
-import { MetalMachines } from '../../daemon/metal-machines.ts';
+import type { MetalMachines } from '../../daemon/metal-machines.ts';
+import type { EmulatedSystem } from '../../daemon/redfish-emulator.ts';
 import { signImage } from '../../domain/metal-images.ts';
 import { generateReleaseSigningKey } from '../../domain/release-manifest.ts';
 import { createCompute } from '../../server/compute.ts';
 import { startWatchdog } from '../../server/supervise.ts';
-import { type ApiFixture, callApi, createApiFixture } from '../support/api.ts';
+import { type ApiFixture, callApi } from '../support/api.ts';
 import { eventually } from '../support/eventually.ts';
 import { testLogger } from '../support/logger.ts';
-import { emulatedSystems, type MetalSite, startMetalSite } from '../support/metal-site.ts';
+import type { MetalSite } from '../support/metal-site.ts';
 import { PlaneChild } from '../support/plane-children.ts';
 import { useTempDir } from '../support/temp-dir.ts';
-import { startTestTemporal, type TestTemporal } from '../support/temporal.ts';
+import type { TestTemporal } from '../support/temporal.ts';
+import { type MetalDeployHarness, startMetalDeployHarness } from './harness.ts';
 
 /**
  * Provisioning workflows end to end, nothing faked: the API, PostgreSQL, the Temporal dev server
@@ -28,104 +26,33 @@ import { startTestTemporal, type TestTemporal } from '../support/temporal.ts';
 describe('bare-metal provisioning workflows over the Redfish emulator', () => {
   const dir = useTempDir('bc-metal-deploy-');
   const log = testLogger('metal-deploy');
-  const signer = generateReleaseSigningKey();
-  const imageBytes = Buffer.from('a bootable raw disk image, simulated\n'.repeat(4096));
-  const imageSha = createHash('sha256').update(imageBytes).digest('hex');
-  let failImageRequests = 0;
-  let imageServer: Server;
+  let h: MetalDeployHarness;
+  let signer: MetalDeployHarness['signer'];
+  let imageSha: string;
   let imageBase: string;
   let api: ApiFixture;
   let temporal: TestTemporal;
-  let compute: ReturnType<typeof createCompute>;
   let site: MetalSite;
   let machines: MetalMachines;
-  const network = new BootNetwork();
-  const systems = emulatedSystems(4, 'rack');
+  let systems: EmulatedSystem[];
   let signedImageId: string;
   let profileId: string;
 
-  const answer = (p: string, body: unknown) => callApi(compute.app, api.root.token, p, body);
-  const call = async (p: string, body: unknown) => {
-    const a = await answer(p, body);
-    if (a.status !== 200) throw new Error(`${p}: ${a.status} ${JSON.stringify(a.body)}`);
-    return a.body.data;
-  };
-  const workflow = (workflowId: string) => call('workflows/get', { workflowId });
-  const until = async (workflowId: string, test: (wf: any) => boolean, ms = 240_000) => {
-    let last: any;
-    await eventually(async () => {
-      last = await workflow(workflowId);
-      return test(last);
-    }, ms);
-    return last;
-  };
+  const answer = (p: string, body: unknown) => h.answer(p, body);
+  const call = (p: string, body: unknown) => h.call(p, body);
+  const workflow = (workflowId: string) => h.workflow(workflowId);
+  const until = (workflowId: string, test: (wf: any) => boolean, ms = 240_000) =>
+    h.until(workflowId, test, ms);
 
   beforeAll(async () => {
-    imageServer = createServer((request, response) => {
-      if (failImageRequests > 0) {
-        failImageRequests--;
-        response.writeHead(503).end('busy');
-        return;
-      }
-      if (request.url === '/images/ubuntu.raw') response.writeHead(200).end(imageBytes);
-      else response.writeHead(404).end();
-    });
-    await new Promise<void>((resolve) => imageServer.listen(0, '127.0.0.1', resolve));
-    imageBase = `http://127.0.0.1:${(imageServer.address() as { port: number }).port}`;
-    api = await createApiFixture({
-      max: 30,
-      env: {
-        BETTER_COMPUTE_IMAGE_SIGNER_PINS: signer.pin,
-        BETTER_COMPUTE_RATE_LIMIT_PER_TOKEN: '0',
-        BETTER_COMPUTE_RATE_LIMIT_PER_TENANT: '0',
-      },
-    });
-    temporal = await startTestTemporal({ name: 'metal', db: api.database.db, log, iam: api.iam, timers: {} });
-    compute = createCompute({
-      ...api.deps,
-      temporal: temporal.client,
-      config: { ...api.deps.config, BETTER_COMPUTE_TASK_QUEUE: temporal.taskQueue },
-    });
-    machines = new MetalMachines({
-      dir: path.join(dir, 'machines'),
-      log,
-      network,
-      systems,
-      shape: {
-        gpus: 2,
-        gpuModel: 'NVIDIA H100 80GB HBM3',
-        gpuMemoryMiB: 81_559,
-        nvlinkDomainSize: 2,
-        numaNodes: 1,
-        vcpu: 32,
-        memoryGiB: 256,
-        hugepages1Gi: 0,
-      },
-    });
-    const notifyUrl = await machines.listen();
-    site = await startMetalSite({
-      db: api.database.db,
-      config: api.deps.config,
-      call,
-      dir,
-      log,
-      machines: systems.length,
-      name: 'rack',
-      notifyUrl,
-      bootNetwork: network,
-      inspect: true,
-      gatewayOptions: { leaseMs: 10_000, heartbeatIntervalMs: 500 },
-      onEmulator: async (_emulator, gateway) =>
-        machines.attach({ address: gateway.address, caCertificatePem: gateway.caCertificatePem }),
-    });
+    h = await startMetalDeployHarness({ dir, log, machines: 4, name: 'rack' });
+    ({ signer, api, temporal, site, machines, systems } = h);
+    imageSha = h.image.sha256;
+    imageBase = h.image.base;
   }, 600_000);
 
   afterAll(async () => {
-    await machines?.stop();
-    await site?.stop();
-    await temporal?.stop();
-    await new Promise<void>((resolve) => (imageServer ? imageServer.close(() => resolve()) : resolve()));
-    await api?.stop();
+    await h?.stop();
   });
 
   it('enrolment inspects every machine over its ramdisk (discovery attestor): ready, with its hardware key and GPUs', async () => {
@@ -322,7 +249,7 @@ describe('bare-metal provisioning workflows over the Redfish emulator', () => {
 
   it('a failed step is retried from where it failed (metal.retry), and the workflow then succeeds', async () => {
     const node = site.machines[2]!;
-    failImageRequests = 1_000;
+    h.image.failRequests = 1_000;
     const started = await call('metal/deploy', {
       nodeId: node,
       profileId,
@@ -334,7 +261,7 @@ describe('bare-metal provisioning workflows over the Redfish emulator', () => {
     expect(failedStep.name).toBe('write-image');
     expect(failedStep.error).toMatch(/HTTP 503/);
     const succeededBefore = failed.steps.filter((s: any) => s.state === 'succeeded').map((s: any) => s.name);
-    failImageRequests = 0;
+    h.image.failRequests = 0;
     const resumed = await call('metal/retry', { workflowId: started.id });
     expect(resumed.state).toBe('running');
     const done = await until(started.id, (wf) => wf.state !== 'running');

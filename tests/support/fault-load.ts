@@ -14,6 +14,8 @@ import type { ReservationView } from '../../domain/reservation-view.ts';
 export class AnswerTally {
   phase = 'warm-up';
   readonly byPhase = new Map<string, Map<string, number>>();
+  /** Every answer other than OK and UNAVAILABLE, with its method and what it said, to classify. */
+  readonly notes: AnswerNote[] = [];
 
   record(code: string): void {
     let counts = this.byPhase.get(this.phase);
@@ -22,6 +24,18 @@ export class AnswerTally {
       this.byPhase.set(this.phase, counts);
     }
     counts.set(code, (counts.get(code) ?? 0) + 1);
+  }
+
+  note(note: Omit<AnswerNote, 'phase'>): void {
+    this.notes.push({ phase: this.phase, ...note });
+  }
+
+  /**
+   * A try counted as `code` was made again by the client (its retry policy): also counted as
+   * `<code> retried`, so `code` minus `<code> retried` is the requests that ended with it.
+   */
+  retried(code: string): void {
+    this.record(`${code} retried`);
   }
 
   count(code: string, phase = this.phase): number {
@@ -44,6 +58,17 @@ export class AnswerTally {
     }
     return bad;
   }
+}
+
+/** One answer worth a look: its phase, method (`reservations.extend`), code and what it said. */
+export interface AnswerNote {
+  phase: string;
+  method: string;
+  code: string;
+  /** The error's message, or the connection error's cause. */
+  detail: string;
+  /** `details.state` of an INVALID_STATE answer. */
+  state?: string;
 }
 
 /** What one client did with one reservation, as its answers say. */
@@ -83,16 +108,25 @@ export function countingClient(options: Pick<LoadOptions, 'baseURL' | 'token' | 
   const tally = options.tally;
   const countedFetch: typeof fetch = async (input, init) => {
     let response: Response;
+    const method = String(input).split('/api/compute/')[1]?.replace('/', '.') ?? String(input);
     try {
       response = await fetch(input, init);
     } catch (error) {
       tally.record('CONNECTION');
+      const cause = (error as { cause?: { code?: string; message?: string } }).cause;
+      tally.note({ method, code: 'CONNECTION', detail: `${cause?.code ?? ''} ${cause?.message ?? error}` });
       throw error;
     }
     let code = response.ok ? 'OK' : `HTTP ${response.status}`;
     try {
-      const body = (await response.clone().json()) as { error?: { code?: string } };
+      const body = (await response.clone().json()) as {
+        error?: { code?: string; message?: string; details?: { state?: string } };
+      };
       if (body.error?.code) code = body.error.code;
+      if (body.error && code !== 'UNAVAILABLE') {
+        const state = body.error.details?.state;
+        tally.note({ method, code, detail: body.error.message ?? '', ...(state ? { state } : {}) });
+      }
     } catch {
       // not JSON: counted by its status
     }
@@ -108,7 +142,14 @@ export function countingClient(options: Pick<LoadOptions, 'baseURL' | 'token' | 
     token: options.token,
     fetch: countedFetch,
     // Long enough to ride out a restart of the database, Temporal or an API process.
-    retry: { attempts: 14, baseDelayMs: 100, maxDelayMs: 2_000 },
+    retry: {
+      attempts: 14,
+      baseDelayMs: 100,
+      maxDelayMs: 2_000,
+      onRetry: (notice) => {
+        if (notice.reason === 'CONNECTION') tally.retried('CONNECTION');
+      },
+    },
   });
 }
 

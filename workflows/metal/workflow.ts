@@ -1,6 +1,7 @@
 import {
   condition,
   continueAsNew,
+  getExternalWorkflowHandle,
   proxyActivities,
   setHandler,
   upsertSearchAttributes,
@@ -9,6 +10,7 @@ import {
 // biome-ignore lint/style/noRestrictedImports: a type-only import, erased before bundling
 import type { MetalActivities } from '../../activities/metal.ts';
 import { searchAttributes } from '../search-attributes.ts';
+import { wakeSignal } from '../reservation/messages.ts';
 import { type MetalWorkflowInput, metalProgressQuery, wakeMetalWorkflowSignal } from './messages.ts';
 
 const { advanceMetalWorkflow } = proxyActivities<MetalActivities>({
@@ -51,11 +53,24 @@ export async function metalWorkflow(input: MetalWorkflowInput): Promise<{ state:
         ...(outcome.step ? [{ key: searchAttributes.step, value: outcome.step }] : []),
       ]);
     }
+    // A dedicated-root lease waits on this deploy (or wipe): wake its lifecycle when it is decided.
+    if (outcome.reservationId && (outcome.finished || outcome.waitsForOperator)) {
+      await wakeLease(outcome.reservationId, `metal workflow ${input.workflowId} ${outcome.state}`);
+    }
     if (outcome.finished) return { state: outcome.state };
     if (workflowInfo().continueAsNewSuggested || rounds >= 5_000) {
       await continueAsNew<typeof metalWorkflow>(input);
     }
     if (outcome.waitsForOperator) await condition(() => woken);
     else await condition(() => woken, input.pollMs ?? 1_000);
+  }
+}
+
+/** Wakes a lease's lifecycle; one already over has nothing to wake. */
+async function wakeLease(reservationId: string, reason: string): Promise<void> {
+  try {
+    await getExternalWorkflowHandle(reservationId).signal(wakeSignal, { reason });
+  } catch {
+    // The lifecycle is over (or not started yet): it reads the truth when it next looks.
   }
 }

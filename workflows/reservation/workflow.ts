@@ -50,6 +50,7 @@ import {
   snapshotQuery,
   wakeSignal,
 } from './messages.ts';
+import { tendMachineLease } from './dedicated-root.ts';
 import { handleOperatorSignals } from './operator-signals.ts';
 import { LifecycleHolder } from './state.ts';
 
@@ -110,7 +111,9 @@ export async function reservationLifecycle(input: ReservationWorkflowInput): Pro
       holder.validateRelease();
       holder.intents.release = true;
       holder.wake();
-      return untilTerminal();
+      // A kubernetes binding whose pods hold its GPUs answers `releasing`: it ends when they go.
+      await condition(() => holder.terminal() || holder.state === 'releasing');
+      return { state: holder.state! };
     },
     { validator: () => holder.validateRelease() },
   );
@@ -177,6 +180,7 @@ export async function reservationLifecycle(input: ReservationWorkflowInput): Pro
     const info = workflowInfo();
     return info.continueAsNewSuggested || info.historyLength > (input.historyLimit ?? defaultHistoryLimit);
   };
+  const machineWorkflowsStarted = new Set<string>();
   const continueWithCarried = () =>
     continueAsNew<typeof reservationLifecycle>({ ...input, carried: holder.carried() });
 
@@ -193,6 +197,9 @@ export async function reservationLifecycle(input: ReservationWorkflowInput): Pro
       return { state: 'missing' };
     }
     publish(holder, snapshot);
+    // A dedicated-root lease: its deploys and wipes started, its deploys judged (binding: 'node').
+    if (snapshot.machineWorkflowIds && (await tendMachineLease(acts, snapshot, machineWorkflowsStarted)))
+      continue;
     const action = decide(snapshot, holder.intents, holder.memory);
     if (action.kind === 'finish') {
       await settleUsage(acts, reservationId, snapshot);
@@ -320,6 +327,14 @@ async function act(
       holder.memory.meteredThrough = s.now;
       await settleUsage(acts, reservationId, s);
       return;
+    case 'carryRelease':
+      await acts.carryRelease({ ...guard, until: action.until });
+      return;
+    case 'finishRelease': {
+      const result = await acts.finishRelease({ ...guard, forced: action.forced });
+      if (result.applied) await acts.wakePoolPending({ poolId: s.poolId });
+      return;
+    }
     default:
       return assertNever(action);
   }

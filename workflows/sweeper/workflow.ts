@@ -1,4 +1,4 @@
-import { proxyActivities } from '@temporalio/workflow';
+import { patched, proxyActivities } from '@temporalio/workflow';
 // biome-ignore lint/style/noRestrictedImports: a type-only import, erased before bundling
 import type { DraftCleanupActivities } from '../../activities/draft-cleanup.ts';
 // biome-ignore lint/style/noRestrictedImports: a type-only import, erased before bundling
@@ -6,7 +6,7 @@ import type { RolloutActivities } from '../../activities/rollout.ts';
 // biome-ignore lint/style/noRestrictedImports: a type-only import, erased before bundling
 import type { SweeperActivities } from '../../activities/sweeper.ts';
 
-const { sweepOrphanReservations, sweepOrphanPreemptions, sweepExpiredHolds } =
+const { sweepOrphanReservations, sweepOrphanPreemptions, sweepExpiredHolds, sweepUnfinishedDrains } =
   proxyActivities<SweeperActivities>({
     startToCloseTimeout: '2 minutes',
     retry: { maximumAttempts: 3 },
@@ -29,7 +29,7 @@ const maxDraftBatches = 20;
  * Run by the sweeper Schedule: starts (or wakes) the lifecycle of every non-terminal reservation
  * that has no running workflow, such as one whose API process died between commit and start, and
  * the workflow of every open spot preemption notice and of every running or paused rollout that has
- * none, and announces lapsed host holds; then,
+ * none, announces lapsed host holds and finishes drains left unfinished; then,
  * given `draftRetentionMs`, removes refused requests older than it, a bounded batch per activity
  * while batches come back full (at most 20 a run; the next run goes on).
  */
@@ -42,6 +42,8 @@ export async function orphanSweeper(
   const rollouts = await sweepOrphanRollouts(sweep);
   // Host holds that lapsed: their `hold.expired` events, then the ones past their hour retired.
   await sweepExpiredHolds({ limit: sweep.limit });
+  // Drains whose last allocation ended without finishing them (the ending paths finish them too).
+  if (patched('sweeper-finish-drains')) await sweepUnfinishedDrains({ limit: sweep.limit });
   const swept = {
     ...reservations,
     ...(preemptions.started.length ? { preemptions: preemptions.started } : {}),

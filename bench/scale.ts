@@ -1,0 +1,205 @@
+/**
+ * Placement at fleet scale in one run (issue 14), every figure a ratio to this machine's own
+ * guarded booking rate measured in the same run (machines here differ by 2 to 3 times):
+ *   B   guarded bookings/s at 8 connections (bench/bookings.ts's load: per-device locks in order,
+ *       the EXCLUDE constraint), and the unguarded rate beside it (their ratio: the guard's cost);
+ *   P1  inline placements/s through HTTP (bench/placement.ts's load: `reservations.create` of 4
+ *       GPUs in one NVLink domain by `--clients` clients of ten tenants), with the CPU per placement
+ *       of this process (API and admission) plus PostgreSQL's processes;
+ *   P2  pool-lease placements/s: null, the pool-lease placer is not built yet;
+ *   overlaps after the run (two bookings of one device overlapping; must be 0);
+ *   with `--commands N`, command p50/p99 at the node count: bench/gateway.ts run as a child
+ *       (`--provision direct`: N simulated agents in one process, `diag.nvml` at `--command-rate`).
+ * Progress lines while it runs; the last line is one JSON object.
+ * Usage: node --import tsx bench/scale.ts [--nodes 10000] [--clients 50] [--seconds 15]
+ *        [--booking-seconds 10] [--gpus 4] [--connections 20] [--commands 0] [--command-rate 50]
+ */
+import { spawn } from 'node:child_process';
+import { loadavg } from 'node:os';
+import { parseArgs } from 'node:util';
+import { sql } from 'kysely';
+import { createLogger } from '../core/logger.ts';
+import { checkBookingInvariants } from '../db/allocations/invariants.ts';
+import { insertPool, insertSite, registerReadyNodes } from '../db/nodes/fleet.ts';
+import {
+  benchDatabase,
+  nodeCpuSeconds,
+  postgresCpuSeconds,
+  postmasterPidOf,
+  prepareBookingLoad,
+  runLoad,
+  startPlacementApi,
+} from './support.ts';
+
+const { values } = parseArgs({
+  options: {
+    nodes: { type: 'string', default: '10000' },
+    clients: { type: 'string', default: '50' },
+    seconds: { type: 'string', default: '15' },
+    'booking-seconds': { type: 'string', default: '10' },
+    gpus: { type: 'string', default: '4' },
+    connections: { type: 'string', default: '20' },
+    commands: { type: 'string', default: '0' },
+    'command-rate': { type: 'string', default: '50' },
+  },
+});
+const nodeCount = Number(values.nodes);
+const clients = Number(values.clients);
+const seconds = Number(values.seconds);
+const bookingSeconds = Number(values['booking-seconds']);
+const gpus = Number(values.gpus);
+const commandCount = Number(values.commands);
+
+const started = performance.now();
+const load = () =>
+  loadavg()
+    .map((l) => l.toFixed(2))
+    .join(' ');
+const progress = (line: string) =>
+  console.log(`[${((performance.now() - started) / 1000).toFixed(0)} s] ${line} (load average ${load()})`);
+const ratio = (a: number | null, b: number) => (a === null || b === 0 ? null : Number((a / b).toFixed(3)));
+
+/** bench/gateway.ts as a child at this node count: its last line's command latency. */
+async function commandLatency(): Promise<{ p50Ms: number; p99Ms: number; completed: number } | null> {
+  const child = spawn(
+    process.execPath,
+    [
+      '--expose-gc',
+      '--import',
+      'tsx',
+      'bench/gateway.ts',
+      '--nodes',
+      String(nodeCount),
+      '--provision',
+      'direct',
+      '--idle-seconds',
+      '1',
+      '--commands',
+      String(commandCount),
+      '--rate',
+      values['command-rate'],
+    ],
+    { stdio: ['ignore', 'pipe', 'inherit'] },
+  );
+  let last = '';
+  child.stdout.setEncoding('utf8');
+  child.stdout.on('data', (chunk: string) => {
+    for (const line of chunk.split('\n').filter(Boolean)) {
+      if (line.startsWith('{')) last = line;
+      else console.log(`  gateway: ${line}`);
+    }
+  });
+  const code = await new Promise<number | null>((resolve) => child.on('exit', resolve));
+  if (code !== 0 || !last) return null;
+  return (JSON.parse(last) as { commands: { p50Ms: number; p99Ms: number; completed: number } }).commands;
+}
+
+const bench = await benchDatabase('scale', { max: Math.max(8, Number(values.connections)) });
+const log = createLogger({ level: 'warn', name: 'bench-scale' });
+try {
+  progress(`loading ${nodeCount} nodes (${nodeCount * 8} GPUs)`);
+  const siteId = await insertSite(bench.db, { name: 'bench', region: 'eu-central-1' });
+  const poolId = await insertPool(bench.db, {
+    siteId,
+    ownerTenantId: 'platform',
+    name: 'h100',
+    gpuModel: 'h100',
+  });
+  const nodes = await registerReadyNodes(bench.db, { siteId, poolId, count: nodeCount });
+  const deviceIds = nodes.flatMap((n) => n.deviceIds);
+  // Enough allocations for every booking attempt of both runs at a generous rate.
+  const bookings = await prepareBookingLoad(bench.db, {
+    poolId,
+    nodeId: nodes[0]!.id,
+    deviceIds,
+    count: Math.max(50_000, bookingSeconds * 2 * 10_000),
+  });
+  await bench.pool.query('VACUUM ANALYZE');
+  progress(`loaded ${nodeCount} nodes, ${deviceIds.length} GPUs`);
+
+  // B: the cost of the guarantee itself, which no placement can beat.
+  const guarded = await bookings.guarded(8, bookingSeconds);
+  progress(`B: guarded bookings at 8 connections: ${guarded.perSecond}/s (p99 ${guarded.p99Ms} ms)`);
+  const unguarded = await bookings.unguarded(8, bookingSeconds);
+  progress(`unguarded inserts at 8 connections: ${unguarded.perSecond}/s (p99 ${unguarded.p99Ms} ms)`);
+  const bookingOverlaps = (await checkBookingInvariants(bench.db)).deviceOverlaps;
+  // The placements below start on an empty pool.
+  await bookings.remove();
+  await bench.pool.query('VACUUM ANALYZE');
+
+  // P1: inline placements through HTTP.
+  const api = await startPlacementApi(bench.db, { poolId, quotaGpus: nodeCount * 8, log });
+  const postmasterPid = await postmasterPidOf(bench.pool);
+  const cpu0 = { node: nodeCpuSeconds(), postgres: postgresCpuSeconds(postmasterPid) };
+  const ticker = setInterval(() => progress('P1: inline placements running'), 5_000);
+  const inline = await runLoad(clients, seconds, (client) =>
+    api.place(client, { gpus, duration: '8h' }),
+  ).finally(() => clearInterval(ticker));
+  const cpu = {
+    nodeSeconds: nodeCpuSeconds() - cpu0.node,
+    postgresSeconds: postgresCpuSeconds(postmasterPid) - cpu0.postgres,
+  };
+  await api.stop();
+  const cpuMsPerPlacement =
+    inline.committed === 0
+      ? null
+      : Number((((cpu.nodeSeconds + cpu.postgresSeconds) * 1000) / inline.committed).toFixed(2));
+  progress(
+    `P1: ${inline.perSecond} inline placements/s (${inline.committed} placed, ${inline.refused} pending, ` +
+      `errors ${JSON.stringify(inline.errors)}), p50 ${inline.p50Ms} ms, p99 ${inline.p99Ms} ms, ` +
+      `CPU ${cpuMsPerPlacement} ms per placement (Node ${cpu.nodeSeconds.toFixed(1)} s, ` +
+      `PostgreSQL ${postmasterPid ? `${cpu.postgresSeconds.toFixed(1)} s` : 'not readable'})`,
+  );
+  progress('P2: the pool-lease placer is not built yet: poolLeasePerSecond is null');
+
+  const invariants = await checkBookingInvariants(bench.db);
+  const { rows } = await sql<{ n: number }>`
+    SELECT count(*)::int AS n FROM reservations WHERE state = 'placed'`.execute(bench.db);
+  progress(`overlaps after the run: ${invariants.deviceOverlaps}; placed reservations: ${rows[0]!.n}`);
+
+  let commands: Awaited<ReturnType<typeof commandLatency>> = null;
+  if (commandCount > 0) {
+    progress(`commands: ${commandCount} at ${values['command-rate']}/s to ${nodeCount} simulated nodes`);
+    commands = await commandLatency();
+    progress(
+      `commands: ${commands ? `p50 ${commands.p50Ms} ms, p99 ${commands.p99Ms} ms` : 'the run failed'}`,
+    );
+  }
+
+  console.log(
+    JSON.stringify({
+      nodes: nodeCount,
+      gpus: deviceIds.length,
+      clients,
+      gpusPerReservation: gpus,
+      bookingsPerSecond: guarded.perSecond,
+      unguardedBookingsPerSecond: unguarded.perSecond,
+      // How many times a guarded booking costs an unguarded insert (goal: at most 1.3).
+      guardedCostFactor: ratio(unguarded.perSecond, guarded.perSecond),
+      inlinePerSecond: inline.perSecond,
+      inlineP50Ms: inline.p50Ms,
+      inlineP99Ms: inline.p99Ms,
+      inlineErrors: inline.errors,
+      poolLeasePerSecond: null,
+      poolLeaseNote: 'the pool-lease placer is not built yet',
+      cpuMsPerPlacement,
+      cpuSeconds: {
+        node: Number(cpu.nodeSeconds.toFixed(2)),
+        postgres: postmasterPid ? Number(cpu.postgresSeconds.toFixed(2)) : null,
+      },
+      overlaps: invariants.deviceOverlaps + bookingOverlaps,
+      scalarOverbookings: invariants.scalarOverbookings,
+      ratios: {
+        inlineToBookings: ratio(inline.perSecond, guarded.perSecond),
+        poolLeaseToBookings: null,
+        bookingsPerPlacement: ratio(guarded.perSecond, inline.perSecond),
+      },
+      goals: { inlineToBookings: 0.1, poolLeaseToBookings: 0.2, cpuMsPerPlacement: 5, overlaps: 0 },
+      commands,
+      loadAverage: load(),
+    }),
+  );
+} finally {
+  await bench.dispose();
+}
+process.exit(0);

@@ -1,0 +1,313 @@
+import { sql } from 'kysely';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createCompute } from '../../server/compute.ts';
+import { callApi } from '../support/api.ts';
+import { eventually } from '../support/eventually.ts';
+import { type TenantMember, tenantMember } from '../support/iam.ts';
+import { testLogger } from '../support/logger.ts';
+import { useTempDir } from '../support/temp-dir.ts';
+import { type MetalDeployHarness, startMetalDeployHarness } from './harness.ts';
+
+/**
+ * Dedicated root (`binding: 'node'`) end to end over the Redfish emulator, nothing faked: a
+ * tenant leases a whole bare machine of a tenantRoot pool; at the start its profile is deployed
+ * through the site agent and the ramdisk, the allocation is bound once the deployed system joined;
+ * on release the ramdisk wipes the disk (`cleaning` → `ready`) and only then are the bookings freed.
+ */
+describe('dedicated root: whole bare machines leased with a profile deployed, wiped on release', () => {
+  const dir = useTempDir('bc-metal-lease-');
+  const log = testLogger('metal-lease');
+  let h: MetalDeployHarness;
+  let lessee: TenantMember;
+  let profileId: string;
+  let plainPoolId: string;
+  /** The API with the reservation lifecycles on the harness's worker. */
+  let compute: ReturnType<typeof createCompute>;
+
+  // biome-ignore lint/suspicious/noExplicitAny: answers are read field by field
+  const asLessee = (method: string, body: unknown): Promise<{ status: number; body: any }> =>
+    callApi(compute.app, lessee.token, method, body);
+  const lease = (extra: Record<string, unknown> = {}) => ({
+    tenantId: lessee.tenantId,
+    poolId: h.site.poolId,
+    devices: [{ class: 'gpu', count: 1 }],
+    duration: '2h',
+    binding: 'node',
+    node: { profileId },
+    ...extra,
+  });
+  const bookingsOf = (allocationId: string) =>
+    h.api.database.db
+      .selectFrom('device_bookings')
+      .where('allocation_id', '=', allocationId)
+      .select([sql<boolean>`upper(during) > compute_now()`.as('live')])
+      .execute();
+
+  /** Runs `wait`; when it times out, the error says where the lease stands. */
+  const within = async <T>(reservationId: string, wait: () => Promise<T>): Promise<T> => {
+    try {
+      return await wait();
+    } catch (error) {
+      const got = await asLessee('reservations/get', { tenantId: lessee.tenantId, reservationId });
+      const workflows = await h.api.database.db
+        .selectFrom('metal_workflows')
+        .select(['id', 'kind', 'state', 'reason', 'allocation_id'])
+        .execute();
+      const nodes = await h.api.database.db
+        .selectFrom('nodes')
+        .select(['id', 'provision_state', 'maintenance', 'maintenance_reason'])
+        .execute();
+      throw new Error(
+        `nodes: ${JSON.stringify(nodes)}; ` +
+          `${(error as Error).message}; the lease: ${JSON.stringify(got.body.data ?? got.body)}; workflows: ${JSON.stringify(workflows)}`,
+      );
+    }
+  };
+
+  beforeAll(async () => {
+    h = await startMetalDeployHarness({ dir, log, machines: 2, name: 'lease' });
+    compute = createCompute({
+      ...h.api.deps,
+      temporal: h.temporal.client,
+      lifecycle: h.temporal.lifecycle,
+      config: { ...h.api.deps.config, BETTER_COMPUTE_TASK_QUEUE: h.temporal.taskQueue },
+    });
+    lessee = await tenantMember(h.api.iam, 'lessee');
+    // The pool of the site's machines offers whole machines with root on them.
+    await h.call('admin/setPoolPolicy', { poolId: h.site.poolId, policy: { tenantRoot: true } });
+    await h.call('admin/offer', { poolId: h.site.poolId, tenantId: lessee.tenantId, quota: { gpu: 4 } });
+    plainPoolId = (
+      await h.call('admin/createPool', { siteId: h.site.siteId, name: 'plain', gpuModel: 'h100' })
+    ).id;
+    await h.call('admin/offer', { poolId: plainPoolId, tenantId: lessee.tenantId, quota: { gpu: 4 } });
+    // The signed (public) image, and a profile of the lessee's own deploying it.
+    await h.signedProfile('root-profile');
+    const image = await h.api.database.db
+      .selectFrom('images')
+      .where('name', '=', 'ubuntu')
+      .select('id')
+      .executeTakeFirstOrThrow();
+    profileId = (
+      await h.call('profiles/create', {
+        tenantId: lessee.tenantId,
+        name: 'lessee-gpu-node',
+        spec: {
+          imageId: image.id,
+          acceptance: ['inventory-reported', 'gpus-present'],
+          stepTimeoutSeconds: 120,
+          maxAttempts: 2,
+        },
+      })
+    ).id;
+    await eventually(async () => {
+      const rows = await h.api.database.db
+        .selectFrom('nodes')
+        .where('id', 'in', h.site.machines)
+        .select('provision_state')
+        .execute();
+      return rows.every((r) => r.provision_state === 'ready');
+    }, 300_000);
+  }, 600_000);
+
+  afterAll(async () => {
+    await h?.stop();
+  });
+
+  it('refuses a pool without tenantRoot, a spot lease, and a lease without its profile, changing nothing', async () => {
+    const plain = await asLessee(
+      'reservations/create',
+      lease({ poolId: plainPoolId, idempotencyKey: 'plain' }),
+    );
+    expect(plain.body.error).toMatchObject({
+      code: 'INVALID_INPUT',
+      message: expect.stringMatching(
+        /only a pool whose policy sets tenantRoot: true offers; pool .* does not/,
+      ),
+    });
+    const spot = await asLessee('reservations/create', lease({ spot: true, idempotencyKey: 'spot' }));
+    expect(spot.body.error.code).toBe('INVALID_INPUT');
+    expect(JSON.stringify(spot.body.error)).toMatch(/cannot be spot/);
+    const { node: _node, ...noProfile } = lease({ idempotencyKey: 'no-profile' });
+    const missing = await asLessee('reservations/create', noProfile);
+    expect(missing.body.error).toMatchObject({
+      code: 'INVALID_INPUT',
+      message: expect.stringMatching(/^node: /),
+    });
+    const foreign = await asLessee(
+      'reservations/create',
+      lease({ node: { profileId: 'prof_00000000000000000000000000' }, idempotencyKey: 'foreign' }),
+    );
+    expect(foreign.body.error).toMatchObject({
+      code: 'INVALID_INPUT',
+      message: expect.stringMatching(/node.profileId/),
+    });
+    const rows = await h.api.database.db
+      .selectFrom('reservations')
+      .where('tenant_id', '=', lessee.tenantId)
+      .where('state', 'not in', ['denied', 'draft'])
+      .select('id')
+      .execute();
+    expect(rows).toEqual([]);
+  });
+
+  it('leases a whole ready machine: deployed at the start, active once joined; on release wiped, ready, then freed', async () => {
+    const db = h.api.database.db;
+    const created = await asLessee('reservations/create', lease({ idempotencyKey: 'lease-1' }));
+    expect(created.status, JSON.stringify(created.body)).toBe(200);
+    const reservation = created.body.data;
+    expect(reservation.request.node).toEqual({ profileId, profileVersion: 1 });
+    expect(reservation.allocations).toHaveLength(1);
+    const allocation = reservation.allocations[0];
+    expect(h.site.machines).toContain(allocation.nodeId);
+    // Every bookable atom of the machine is booked: both of its GPUs.
+    const gpus = await db
+      .selectFrom('devices')
+      .where('node_id', '=', allocation.nodeId)
+      .where('class', '=', 'gpu')
+      .select('id')
+      .execute();
+    expect([...allocation.deviceIds].sort()).toEqual(gpus.map((g) => g.id).sort());
+
+    // The lifecycle starts the deploy of the lease's profile on that machine.
+    const deploy = await within(reservation.id, () =>
+      eventually(
+        () =>
+          db
+            .selectFrom('metal_workflows')
+            .where('allocation_id', '=', allocation.id)
+            .where('kind', '=', 'deploy')
+            .selectAll()
+            .executeTakeFirst(),
+        60_000,
+      ),
+    );
+    expect(deploy).toMatchObject({
+      node_id: allocation.nodeId,
+      tenant_id: lessee.tenantId,
+      profile_id: profileId,
+    });
+    const deployed = await h.until(deploy.id, (wf) => wf.state !== 'running', 300_000);
+    expect(deployed.state).toBe('succeeded');
+    expect(
+      deployed.steps
+        .filter((s: { phase: string }) => s.phase === 'main')
+        .map((s: { name: string }) => s.name),
+    ).toEqual([
+      'check-image',
+      'power-off',
+      'boot-network',
+      'power-on-ramdisk',
+      'wipe-disk',
+      'write-image',
+      'boot-disk',
+      'reboot-into-image',
+      'acceptance',
+    ]);
+    const active = await eventually(async () => {
+      const got = await asLessee('reservations/get', {
+        tenantId: lessee.tenantId,
+        reservationId: reservation.id,
+      });
+      return got.body.data?.state === 'active' ? got.body.data : null;
+    }, 120_000);
+    expect(active.allocations[0].state).toBe('bound');
+    const system = h.systems[h.site.machines.indexOf(allocation.nodeId)]!;
+    expect(h.machines.running(system.uuid)).toBe('os');
+    expect(h.machines.disk(system.uuid)?.image).toMatchObject({ name: 'ubuntu' });
+    expect(await h.call('nodes/get', { nodeId: allocation.nodeId })).toMatchObject({
+      provisionState: 'deployed',
+      role: 'node',
+    });
+
+    // Release: the reservation is over at once, the machine keeps its bookings while it is wiped.
+    const released = await asLessee('reservations/release', {
+      tenantId: lessee.tenantId,
+      reservationId: reservation.id,
+    });
+    expect(released.status, JSON.stringify(released.body)).toBe(200);
+    const clean = await within(reservation.id, () =>
+      eventually(
+        () =>
+          db
+            .selectFrom('metal_workflows')
+            .where('allocation_id', '=', allocation.id)
+            .where('kind', '=', 'clean')
+            .selectAll()
+            .executeTakeFirst(),
+        60_000,
+      ),
+    );
+    const cleaning = await db
+      .selectFrom('allocations')
+      .where('id', '=', allocation.id)
+      .select('state')
+      .executeTakeFirstOrThrow();
+    expect(['releasing', 'released']).toContain(cleaning.state);
+    if (cleaning.state === 'releasing') {
+      expect((await bookingsOf(allocation.id)).every((b) => b.live)).toBe(true);
+      // Nobody else gets the machine while it is wiped.
+      const other = await asLessee(
+        'reservations/create',
+        lease({ idempotencyKey: 'while-cleaning', devices: [{ class: 'gpu', count: 2 }] }),
+      );
+      expect(other.body.data?.state ?? other.body.error?.code).not.toBe('placed');
+      if (other.body.data)
+        await asLessee('reservations/cancel', {
+          tenantId: lessee.tenantId,
+          reservationId: other.body.data.id,
+        });
+    }
+    const wiped = await h.until(clean.id, (wf) => wf.state !== 'running', 300_000);
+    expect(wiped.state).toBe('succeeded');
+    expect(wiped.steps.find((s: { name: string }) => s.name === 'wipe-disk')).toMatchObject({
+      state: 'succeeded',
+      target: 'ramdisk',
+    });
+    expect(await h.call('nodes/get', { nodeId: allocation.nodeId })).toMatchObject({
+      provisionState: 'ready',
+      maintenance: false,
+    });
+    expect(h.machines.disk(system.uuid)).toBeNull();
+    expect(h.machines.running(system.uuid)).toBeNull();
+    // Only now are the bookings freed.
+    expect(
+      await db
+        .selectFrom('allocations')
+        .where('id', '=', allocation.id)
+        .select('state')
+        .executeTakeFirstOrThrow(),
+    ).toEqual({ state: 'released' });
+    expect((await bookingsOf(allocation.id)).some((b) => b.live)).toBe(false);
+    const events = await db
+      .selectFrom('outbox_events')
+      .where((eb) =>
+        eb.or([
+          eb('subject', '=', `node/${allocation.nodeId}`),
+          eb('subject', '=', `reservation/${reservation.id}`),
+        ]),
+      )
+      .orderBy('seq')
+      .select(['type', 'data'])
+      .execute();
+    const types = events.map((e) => e.type);
+    expect(types).toContain('reservation.machine-freed');
+    const moves = events
+      .filter((e) => e.type === 'node.provision-state-changed')
+      .map((e) => (e.data as { to: string }).to);
+    expect(moves.slice(-4)).toEqual(['deploying', 'deployed', 'cleaning', 'ready']);
+    // The machine is free again: a new lease gets it.
+    const again = await asLessee(
+      'reservations/create',
+      lease({
+        idempotencyKey: 'lease-2',
+        devices: [{ class: 'gpu', count: 2 }],
+        start: Date.now() + 3_600_000,
+      }),
+    );
+    expect(again.body.data?.state, JSON.stringify(again.body)).toBe('placed');
+    expect(again.body.data.allocations.map((a: { nodeId: string }) => a.nodeId).sort()).toEqual(
+      [...h.site.machines].sort(),
+    );
+    await asLessee('reservations/cancel', { tenantId: lessee.tenantId, reservationId: again.body.data.id });
+  }, 900_000);
+});
