@@ -52,11 +52,18 @@ const overlaps = (a: Interval, b: Interval) => a.start < b.end && b.start < a.en
 /**
  * Whether a whole machine is free over `window`: the placer's own checks (cordon, maintenance,
  * drain, provision state `ready`, NoSchedule, every atom healthy and unbooked), except that a
- * `ready` machine is powered off by design (no agent connected, no NodeSpec converged), and none
+ * `ready` machine is powered off by design (no agent connected, no NodeSpec converged, its
+ * NodeUnreachable condition expected), and none
  * of its host resources booked. The fit books every atom and every host resource row whole.
  */
 export function fitMachine(node: PlacerNode, window: Interval): ReturnType<typeof fitNode> {
-  const poweredOff = { ...node, connected: true, converged: true };
+  // Its session's liveness lease ran out when it was powered off (NodeUnreachable): that is expected.
+  const poweredOff = {
+    ...node,
+    connected: true,
+    converged: true,
+    noSchedule: node.noSchedule === 'NodeUnreachable' ? null : node.noSchedule,
+  };
   const result = fitNode(poweredOff, wholeMachineRequest(node), window);
   if (!('fit' in result)) return result;
   const resources: NodeFit['resources'] = {};

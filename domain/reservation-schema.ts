@@ -125,6 +125,11 @@ function nodeOnlyWithNodeBinding<
         message: "only a binding: 'node' reservation takes node",
         path: ['node'],
       })
+      .refine((v) => v.binding !== 'node' || v.node !== undefined, {
+        message:
+          "a binding: 'node' lease names the profile to deploy on its machines: node: { profileId, profileVersion? }",
+        path: ['node'],
+      })
       // Spot is preempted at a notice; a whole machine with root on it cannot be taken back so.
       .refine((v) => !(v.spot === true && v.binding === 'node'), {
         message: "a binding: 'node' lease cannot be spot; leave spot out or book a hold",
@@ -133,6 +138,11 @@ function nodeOnlyWithNodeBinding<
       .meta({
         dependentSchemas: { node: { required: ['binding'], properties: { binding: { const: 'node' } } } },
         allOf: [
+          {
+            if: { properties: { binding: { const: 'node' } }, required: ['binding'] },
+            // biome-ignore lint/suspicious/noThenProperty: JSON Schema's if/then, not a promise
+            then: { required: ['node'] },
+          },
           {
             if: { properties: { spot: { const: true } }, required: ['spot'] },
             // biome-ignore lint/suspicious/noThenProperty: JSON Schema's if/then, not a promise
