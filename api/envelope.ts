@@ -1,6 +1,7 @@
-import type { Logger } from '../core/logger.ts';
-import { ComputeError, type ErrorCode, errorCodeTraits } from '../domain/errors.ts';
 import { asUnavailable } from '../core/dependency-unavailable.ts';
+import type { Logger } from '../core/logger.ts';
+import { isTransientConflict } from '../db/conflict-retry.ts';
+import { ComputeError, type ErrorCode, errorCodeTraits } from '../domain/errors.ts';
 
 export interface ErrorBody {
   error: { code: ErrorCode; message: string; details?: Record<string, unknown>; requestId: string };
@@ -8,7 +9,9 @@ export interface ErrorBody {
 
 /**
  * Any thrown value as a ComputeError: PostgreSQL or Temporal out of reach is UNAVAILABLE (503 with
- * `Retry-After`, logged as a warning); other unexpected ones become INTERNAL and are logged in full.
+ * `Retry-After`, logged as a warning), and so is a transaction PostgreSQL rolled back whole to break
+ * a deadlock or a serialization conflict (nothing of it was kept: the same call again is safe);
+ * other unexpected ones become INTERNAL and are logged in full.
  */
 export function toComputeError(error: unknown, log: Logger): ComputeError {
   if (error instanceof ComputeError) return error;
@@ -18,6 +21,14 @@ export function toComputeError(error: unknown, log: Logger): ComputeError {
     const cause = error instanceof Error ? error.message : String(error);
     log.warn({ dependency: unavailable.details?.dependency, cause }, 'answered UNAVAILABLE');
     return unavailable;
+  }
+  if (isTransientConflict(error)) {
+    log.warn({ cause: error instanceof Error ? error.message : String(error) }, 'answered UNAVAILABLE');
+    return new ComputeError(
+      'UNAVAILABLE',
+      'the database rolled this call back to break a conflict with another (nothing of it was kept): retry it (with the same idempotency key)',
+      { dependency: 'database', conflict: true, retryAfterSeconds: 1 },
+    );
   }
   log.error({ err: error }, 'unexpected error');
   return new ComputeError('INTERNAL', 'internal error: the server logged the cause under this request id');

@@ -10,21 +10,19 @@
  */
 import { randomBytes } from 'node:crypto';
 import { loadavg } from 'node:os';
-import path from 'node:path';
 import { parseArgs } from 'node:util';
 import { sql } from 'kysely';
 import { parseConfig } from '../core/config.ts';
 import { createLogger } from '../core/logger.ts';
 import { advanceComputeClock, readComputeNow } from '../db/clock.ts';
-import { insertPool, insertSite, offerPool, registerReadyNodes } from '../db/nodes/fleet.ts';
+import { offerPool, registerReadyNodes } from '../db/nodes/fleet.ts';
 import { bootstrapPlatform } from '../iam/bootstrap.ts';
 import { createEmbeddedIam } from '../iam/embedded/index.ts';
 import { createCompute } from '../server/compute.ts';
 import { connectTemporal } from '../temporal/client.ts';
-import { defaultToolsDir, startTemporalDevServer } from '../temporal/dev-server.ts';
 import { createTemporalLifecycle } from '../temporal/lifecycle.ts';
 import { startWorker } from '../temporal/worker.ts';
-import { benchDatabase } from './support.ts';
+import { benchDatabase, benchTemporal, insertBenchPool } from './support.ts';
 
 const { values } = parseArgs({
   options: {
@@ -40,19 +38,7 @@ const log = createLogger({ level: 'warn', name: 'bench' });
 const hour = 3_600_000;
 
 const bench = await benchDatabase('repair', { max: 24 });
-let address = process.env.TEMPORAL_ADDRESS;
-let stopTemporal: (() => Promise<void>) | undefined;
-if (!address) {
-  const server = await startTemporalDevServer({
-    dataDir: path.resolve('.data', `bench-temporal-${process.pid}`),
-    toolsDir: defaultToolsDir(),
-    log,
-    headless: true,
-    persist: false,
-  });
-  address = server.address;
-  stopTemporal = server.stop;
-}
+const { address, stop: stopTemporal } = await benchTemporal(log);
 const taskQueue = `bench-repair-${randomBytes(4).toString('hex')}`;
 const temporal = await connectTemporal({ address });
 const iam = createEmbeddedIam({ db: bench.db, log });
@@ -64,13 +50,7 @@ try {
   const identity = await iam.admin.createIdentity({ tenantId: 'acme', kind: 'service', name: 'bench' });
   await iam.admin.bindRole({ identityId: identity.id, role: 'member' });
   const credential = { token: (await iam.admin.createToken({ identityId: identity.id })).token };
-  const siteId = await insertSite(bench.db, { name: 'bench', region: 'eu-central-1' });
-  const poolId = await insertPool(bench.db, {
-    siteId,
-    ownerTenantId: 'platform',
-    name: 'h100',
-    gpuModel: 'h100',
-  });
+  const { siteId, poolId } = await insertBenchPool(bench.db);
   await registerReadyNodes(bench.db, { siteId, poolId, count: nodeCount });
   await offerPool(bench.db, { poolId, tenantId: 'acme', quota: { gpu: 16 * total + 64 } });
   const lifecycle = createTemporalLifecycle(temporal.client, { taskQueue });

@@ -23,7 +23,7 @@ import { createDb } from '../db/pool.ts';
 import { bootstrapPlatform } from '../iam/bootstrap.ts';
 import { createEmbeddedIam } from '../iam/embedded/index.ts';
 import { startCluster } from '../server/cluster.ts';
-import { commandArgv, logSaysSince, startClusterChild } from '../server/cluster-processes.ts';
+import { commandArgv, portAnswers, startClusterChild } from '../server/cluster-processes.ts';
 import { startWatchdog } from '../server/supervise.ts';
 import { defaultToolsDir, startTemporalDevServer } from '../temporal/dev-server.ts';
 import { runLoad } from './support.ts';
@@ -63,17 +63,25 @@ async function measure(shape: string, apiUrl: string, db: Db) {
   const client = createComputeClient({ baseURL: apiUrl, token, retry: { attempts: 5 } });
   const start = Date.now() + 86_400_000;
   const t0 = performance.now();
+  let firstError: string | null = null;
   const load = await runLoad(clients, seconds, async (worker, i) => {
-    const r = await client.reservations.create({
-      tenantId: 'acme',
-      poolId,
-      devices: [{ class: 'gpu', count: 1 }],
-      duration: '1h',
-      start,
-      idempotencyKey: `${shape}-${worker}-${i}`,
-    });
+    const r = await client.reservations
+      .create({
+        tenantId: 'acme',
+        poolId,
+        devices: [{ class: 'gpu', count: 1 }],
+        duration: '1h',
+        start,
+        // Keys are printable ASCII without spaces.
+        idempotencyKey: `${shape.replaceAll(' ', '-')}-${worker}-${i}`,
+      })
+      .catch((error: unknown) => {
+        firstError ??= error instanceof Error ? error.message : String(error);
+        throw error;
+      });
     return r.state === 'placed' || r.state === 'pending';
   });
+  if (firstError) console.error(`${shape}: first error: ${firstError}`);
   const count = async () => {
     const row = await db
       .selectFrom('reservations')
@@ -134,7 +142,8 @@ async function single() {
       env,
       logFile,
       watchdog,
-      ready: (from) => Promise.resolve(logSaysSince(logFile, from, '"API listening"')),
+      // LOG_LEVEL is warn (no "API listening" line): ready once its port answers.
+      ready: () => portAnswers(apiPort),
     });
     try {
       return await measure('single process', `http://127.0.0.1:${apiPort}`, handle.db);

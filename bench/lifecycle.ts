@@ -9,21 +9,19 @@
  */
 import { fork } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import { sql } from 'kysely';
 import { parseConfig } from '../core/config.ts';
 import type { ReservationLifecycle } from '../core/deps.ts';
 import { createLogger } from '../core/logger.ts';
-import { insertPool, insertSite, offerPool, registerReadyNodes } from '../db/nodes/fleet.ts';
+import { offerPool, registerReadyNodes } from '../db/nodes/fleet.ts';
 import { bootstrapPlatform } from '../iam/bootstrap.ts';
 import { createEmbeddedIam } from '../iam/embedded/index.ts';
 import { createCompute } from '../server/compute.ts';
 import { connectTemporal } from '../temporal/client.ts';
-import { defaultToolsDir, startTemporalDevServer } from '../temporal/dev-server.ts';
 import { createTemporalLifecycle } from '../temporal/lifecycle.ts';
-import { benchDatabase, percentile } from './support.ts';
+import { benchDatabase, benchTemporal, insertBenchPool, percentile } from './support.ts';
 
 const { values } = parseArgs({
   options: {
@@ -38,19 +36,7 @@ const log = createLogger({ level: 'warn', name: 'bench' });
 const mib = (bytes: number) => (bytes / 1024 / 1024).toFixed(1);
 
 const bench = await benchDatabase('lifecycle', { max: 16 });
-let address = process.env.TEMPORAL_ADDRESS;
-let stopTemporal: (() => Promise<void>) | undefined;
-if (!address) {
-  const server = await startTemporalDevServer({
-    dataDir: path.resolve('.data', `bench-temporal-${process.pid}`),
-    toolsDir: defaultToolsDir(),
-    log,
-    headless: true,
-    persist: false,
-  });
-  address = server.address;
-  stopTemporal = server.stop;
-}
+const { address, stop: stopTemporal } = await benchTemporal(log);
 const taskQueue = `bench-lifecycle-${randomBytes(4).toString('hex')}`;
 const temporal = await connectTemporal({ address });
 const child = fork(
@@ -74,13 +60,7 @@ try {
   const identity = await iam.admin.createIdentity({ tenantId: 'acme', kind: 'service', name: 'bench' });
   await iam.admin.bindRole({ identityId: identity.id, role: 'member' });
   const credential = { token: (await iam.admin.createToken({ identityId: identity.id })).token };
-  const siteId = await insertSite(bench.db, { name: 'bench', region: 'eu-central-1' });
-  const poolId = await insertPool(bench.db, {
-    siteId,
-    ownerTenantId: 'platform',
-    name: 'h100',
-    gpuModel: 'h100',
-  });
+  const { siteId, poolId } = await insertBenchPool(bench.db);
   await registerReadyNodes(bench.db, { siteId, poolId, count: Math.ceil(total / 8) + 1 });
   await offerPool(bench.db, { poolId, tenantId: 'acme', quota: { gpu: total + 8 } });
 

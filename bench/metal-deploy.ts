@@ -29,11 +29,11 @@ import { bootstrapPlatform } from '../iam/bootstrap.ts';
 import { createEmbeddedIam } from '../iam/embedded/index.ts';
 import { createCompute } from '../server/compute.ts';
 import { connectTemporal } from '../temporal/client.ts';
-import { defaultToolsDir, startTemporalDevServer } from '../temporal/dev-server.ts';
 import { startWorker } from '../temporal/worker.ts';
 import { callApi } from '../tests/support/api.ts';
 import { emulatedSystems, startMetalSite } from '../tests/support/metal-site.ts';
-import { benchDatabase } from './support.ts';
+import { smallH100Shape } from '../tests/support/sim-shapes.ts';
+import { benchDatabase, benchTemporal } from './support.ts';
 
 const { values } = parseArgs({
   options: {
@@ -67,19 +67,7 @@ await new Promise<void>((resolve) => imageServer.listen(0, '127.0.0.1', resolve)
 const imageUrl = `http://127.0.0.1:${(imageServer.address() as { port: number }).port}/images/ubuntu.raw`;
 
 const bench = await benchDatabase('metal', { max: 40 });
-let address = process.env.TEMPORAL_ADDRESS;
-let stopTemporal: (() => Promise<void>) | undefined;
-if (!address) {
-  const server = await startTemporalDevServer({
-    dataDir: path.resolve('.data', `bench-temporal-${process.pid}`),
-    toolsDir: defaultToolsDir(),
-    log,
-    headless: true,
-    persist: false,
-  });
-  address = server.address;
-  stopTemporal = server.stop;
-}
+const { address, stop: stopTemporal } = await benchTemporal(log);
 const taskQueue = `bench-metal-${randomBytes(4).toString('hex')}`;
 const config = parseConfig({
   BETTER_COMPUTE_SECRET: randomBytes(32).toString('hex'),
@@ -115,16 +103,7 @@ const machines = new MetalMachines({
   log,
   network,
   systems,
-  shape: {
-    gpus: 2,
-    gpuModel: 'NVIDIA H100 80GB HBM3',
-    gpuMemoryMiB: 81_559,
-    nvlinkDomainSize: 2,
-    numaNodes: 1,
-    vcpu: 32,
-    memoryGiB: 256,
-    hugepages1Gi: 0,
-  },
+  shape: smallH100Shape,
 });
 const notifyUrl = await machines.listen();
 const load = () =>

@@ -10,9 +10,10 @@
 import { parseArgs } from 'node:util';
 import { createLogger } from '../core/logger.ts';
 import { checkBookingInvariants } from '../db/allocations/invariants.ts';
-import { insertPool, insertSite, registerReadyNodes } from '../db/nodes/fleet.ts';
+import { registerReadyNodes } from '../db/nodes/fleet.ts';
 import {
   benchDatabase,
+  insertBenchPool,
   nodeCpuSeconds,
   postgresCpuSeconds,
   postmasterPidOf,
@@ -39,13 +40,7 @@ const bench = await benchDatabase('placement', { max: Number(values.connections)
 const log = createLogger({ level: 'warn', name: 'bench' });
 try {
   const t0 = performance.now();
-  const siteId = await insertSite(bench.db, { name: 'bench', region: 'eu-central-1' });
-  const poolId = await insertPool(bench.db, {
-    siteId,
-    ownerTenantId: 'platform',
-    name: 'h100',
-    gpuModel: 'h100',
-  });
+  const { siteId, poolId } = await insertBenchPool(bench.db);
   await registerReadyNodes(bench.db, { siteId, poolId, count: nodeCount });
   await bench.pool.query('VACUUM ANALYZE');
   console.log(

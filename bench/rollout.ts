@@ -29,9 +29,8 @@ import { bootstrapPlatform } from '../iam/bootstrap.ts';
 import { createEmbeddedIam } from '../iam/embedded/index.ts';
 import { createCompute } from '../server/compute.ts';
 import { connectTemporal } from '../temporal/client.ts';
-import { defaultToolsDir, startTemporalDevServer } from '../temporal/dev-server.ts';
 import { startWorker } from '../temporal/worker.ts';
-import { benchDatabase, percentile } from './support.ts';
+import { benchDatabase, benchTemporal, percentile } from './support.ts';
 
 const { values } = parseArgs({
   options: {
@@ -50,19 +49,7 @@ const secret = randomBytes(32).toString('hex');
 const signer = generateReleaseSigningKey();
 
 const bench = await benchDatabase('rollout', { max: 40 });
-let address = process.env.TEMPORAL_ADDRESS;
-let stopTemporal: (() => Promise<void>) | undefined;
-if (!address) {
-  const server = await startTemporalDevServer({
-    dataDir: path.resolve('.data', `bench-temporal-${process.pid}`),
-    toolsDir: defaultToolsDir(),
-    log,
-    headless: true,
-    persist: false,
-  });
-  address = server.address;
-  stopTemporal = server.stop;
-}
+const { address, stop: stopTemporal } = await benchTemporal(log);
 const taskQueue = `bench-rollout-${randomBytes(4).toString('hex')}`;
 const config = parseConfig({
   BETTER_COMPUTE_SECRET: secret,

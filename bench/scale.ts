@@ -20,9 +20,10 @@ import { parseArgs } from 'node:util';
 import { sql } from 'kysely';
 import { createLogger } from '../core/logger.ts';
 import { checkBookingInvariants } from '../db/allocations/invariants.ts';
-import { insertPool, insertSite, registerReadyNodes } from '../db/nodes/fleet.ts';
+import { registerReadyNodes } from '../db/nodes/fleet.ts';
 import {
   benchDatabase,
+  insertBenchPool,
   nodeCpuSeconds,
   postgresCpuSeconds,
   postmasterPidOf,
@@ -98,13 +99,7 @@ const bench = await benchDatabase('scale', { max: Math.max(8, Number(values.conn
 const log = createLogger({ level: 'warn', name: 'bench-scale' });
 try {
   progress(`loading ${nodeCount} nodes (${nodeCount * 8} GPUs)`);
-  const siteId = await insertSite(bench.db, { name: 'bench', region: 'eu-central-1' });
-  const poolId = await insertPool(bench.db, {
-    siteId,
-    ownerTenantId: 'platform',
-    name: 'h100',
-    gpuModel: 'h100',
-  });
+  const { siteId, poolId } = await insertBenchPool(bench.db);
   const nodes = await registerReadyNodes(bench.db, { siteId, poolId, count: nodeCount });
   const deviceIds = nodes.flatMap((n) => n.deviceIds);
   // Enough allocations for every booking attempt of both runs at a generous rate.

@@ -8,12 +8,13 @@ import { createLogger, type Logger } from '../core/logger.ts';
 import { BookingConflict, insertDeviceBookings } from '../db/allocations/bookings.ts';
 import { startLocalPostgres } from '../db/local-postgres.ts';
 import { migrateToLatest } from '../db/migrate.ts';
-import { offerPool } from '../db/nodes/fleet.ts';
+import { insertPool, insertSite, offerPool } from '../db/nodes/fleet.ts';
 import { createDb, type DbHandle } from '../db/pool.ts';
 import { bootstrapPlatform } from '../iam/bootstrap.ts';
 import { createEmbeddedIam } from '../iam/embedded/index.ts';
 import { createCompute } from '../server/compute.ts';
 import { listen } from '../server/http.ts';
+import { defaultToolsDir, startTemporalDevServer } from '../temporal/dev-server.ts';
 
 /**
  * A fresh migrated database for one benchmark: on DATABASE_URL's server when set, else on a
@@ -53,6 +54,37 @@ export async function benchDatabase(name: string, options: { max?: number } = {}
       await stopServer?.();
     },
   };
+}
+
+/**
+ * The Temporal server for one benchmark: TEMPORAL_ADDRESS when set, else a private dev server
+ * started for the run; `stop` stops that one (undefined when the server is not ours).
+ */
+export async function benchTemporal(
+  log: Logger,
+): Promise<{ address: string; stop: (() => Promise<void>) | undefined }> {
+  const address = process.env.TEMPORAL_ADDRESS;
+  if (address) return { address, stop: undefined };
+  const server = await startTemporalDevServer({
+    dataDir: path.resolve('.data', `bench-temporal-${process.pid}`),
+    toolsDir: defaultToolsDir(),
+    log,
+    headless: true,
+    persist: false,
+  });
+  return { address: server.address, stop: server.stop };
+}
+
+/** The benchmark's site and its `h100` pool, owned by the platform. Answers their ids. */
+export async function insertBenchPool(db: Db): Promise<{ siteId: string; poolId: string }> {
+  const siteId = await insertSite(db, { name: 'bench', region: 'eu-central-1' });
+  const poolId = await insertPool(db, {
+    siteId,
+    ownerTenantId: 'platform',
+    name: 'h100',
+    gpuModel: 'h100',
+  });
+  return { siteId, poolId };
 }
 
 /** Percentile of an ascending-sorted sample. */

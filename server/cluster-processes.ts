@@ -3,7 +3,6 @@ import { closeSync, existsSync, openSync, readFileSync, statSync } from 'node:fs
 import net from 'node:net';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import type { Logger } from '../core/logger.ts';
 import { type ChildExit, childExited, stopChild } from '../db/local-postgres.ts';
 import type { SupervisedServer, Watchdog } from './supervise.ts';
 
@@ -136,10 +135,12 @@ export async function startClusterChild(input: {
   });
   while (!(await input.ready(logFrom).catch(() => false))) {
     if (gone !== null || Date.now() > deadline) {
+      // Read before stop(): a process stopped for being late exits too, and must not read as one that died.
+      const died = gone as ChildExit | null;
       await stop();
       const tail = readFileSync(input.logFile).subarray(logFrom).toString('utf8').split('\n').slice(-15);
       throw new Error(
-        `${input.name} ${gone ? `exited (${(gone as ChildExit).code ?? (gone as ChildExit).signal})` : 'did not become ready'} before it served; the end of ${input.logFile}:\n${tail.join('\n')}`,
+        `${input.name} ${died ? `exited (${died.code ?? died.signal})` : `did not become ready in ${input.timeoutMs ?? 120_000} ms`} before it served; the end of ${input.logFile}:\n${tail.join('\n')}`,
       );
     }
     await new Promise((resolve) => setTimeout(resolve, 250));

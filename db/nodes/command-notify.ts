@@ -61,9 +61,13 @@ export function listenForNodeWork(
     listening = false;
     void current.end().catch(() => {});
     if (closed) return;
-    // One warn line per loss; the failed attempts to listen again are debug lines.
-    input.log[warned ? 'debug' : 'warn'](
-      { err, retryMs: delay },
+    // An info line per loss (the outage itself is the gateway's one warn line); the failed
+    // attempts to listen again are debug lines.
+    input.log[warned ? 'debug' : 'info'](
+      {
+        reason: err instanceof Error ? err.message : err === undefined ? 'connection ended' : String(err),
+        retryMs: delay,
+      },
       'command notifications lost: the gateway polls until it listens again',
     );
     warned = true;

@@ -36,6 +36,24 @@ export async function changeNodeDeviceAssignments(
 }
 
 /**
+ * Withdraws `allocations` from their nodes' NodeSpecs through `changeNodeDeviceAssignments`, one
+ * node at a time in node-id order (so concurrent callers lock node rows in one order). Idempotent:
+ * an allocation a NodeSpec no longer holds changes nothing. Answers the nodes touched, sorted.
+ */
+export async function withdrawNodeDeviceAssignments(
+  trx: Trx,
+  allocations: ReadonlyArray<{ id: string; node_id: string }>,
+): Promise<string[]> {
+  const byNode = new Map<string, string[]>();
+  for (const a of allocations) byNode.set(a.node_id, [...(byNode.get(a.node_id) ?? []), a.id]);
+  const nodeIds = [...byNode.keys()].sort();
+  for (const nodeId of nodeIds) {
+    await changeNodeDeviceAssignments(trx, nodeId, { remove: byNode.get(nodeId)! });
+  }
+  return nodeIds;
+}
+
+/**
  * Writes the `devices` assignment of every allocation of a reservation's current placement that
  * the node should hold (planned, binding or bound), with `until` at the allocation's end, into each
  * node's NodeSpec. Idempotent; used at the start of binding and whenever an extend moved the end.

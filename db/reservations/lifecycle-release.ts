@@ -2,7 +2,7 @@ import { sql, type Transaction } from 'kysely';
 import type { Database } from '../../core/database.ts';
 import { truncateAllocationBookings } from '../allocations/bookings.ts';
 import { finishDrains } from '../nodes/drains.ts';
-import { changeNodeDeviceAssignments } from './lifecycle-nodespec.ts';
+import { withdrawNodeDeviceAssignments } from './lifecycle-nodespec.ts';
 
 type Trx = Transaction<Database>;
 
@@ -44,12 +44,7 @@ export async function endCurrentAllocations(
       )
       .execute();
   }
-  const byNode = new Map<string, string[]>();
-  for (const a of allocations) byNode.set(a.node_id, [...(byNode.get(a.node_id) ?? []), a.id]);
-  for (const nodeId of [...byNode.keys()].sort()) {
-    await changeNodeDeviceAssignments(trx, nodeId, { remove: byNode.get(nodeId)! });
-  }
-  await finishDrains(trx, [...byNode.keys()]);
+  await finishDrains(trx, await withdrawNodeDeviceAssignments(trx, allocations));
   return allocations;
 }
 

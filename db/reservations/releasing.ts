@@ -6,7 +6,7 @@ import { lockDevices } from '../allocations/bookings.ts';
 import { insertOutboxEvent } from '../events/outbox.ts';
 import { updateReservation } from './lifecycle.ts';
 import { recordReservationEvent, reservationStateEvent } from './lifecycle-events.ts';
-import { changeNodeDeviceAssignments } from './lifecycle-nodespec.ts';
+import { withdrawNodeDeviceAssignments } from './lifecycle-nodespec.ts';
 import { endCurrentAllocations, refundReservationQuota } from './lifecycle-release.ts';
 import { callOffPreemptionsBy } from './preemption-call-off.ts';
 
@@ -65,12 +65,7 @@ export async function beginKubernetesRelease(
       allocations.map((a) => a.id),
     )
     .execute();
-  const byNode = new Map<string, string[]>();
-  for (const a of allocations) byNode.set(a.node_id, [...(byNode.get(a.node_id) ?? []), a.id]);
-  const nodeIds = [...byNode.keys()].sort();
-  for (const nodeId of nodeIds) {
-    await changeNodeDeviceAssignments(trx, nodeId, { remove: byNode.get(nodeId)! });
-  }
+  const nodeIds = await withdrawNodeDeviceAssignments(trx, allocations);
   const { rows } = await sql<{ now: Date }>`SELECT compute_now() AS now`.execute(trx);
   const since = new Date(rows[0]!.now).getTime();
   await updateReservation(trx, row.id, {

@@ -24,7 +24,7 @@ import {
 } from '../../domain/release-manifest.ts';
 import { currentProtocolVersion } from '../../domain/release-version.ts';
 import { type Compute, createCompute } from '../../server/compute.ts';
-import { type SeededPool, seedPool } from '../support/fleet.ts';
+import { markNodesHeard, type SeededPool, seedPool } from '../support/fleet.ts';
 import { arbitraryFromSchema, type JsonSchema } from '../support/json-schema-arbitrary.ts';
 import { testLogger } from '../support/logger.ts';
 import { type MetalSite, startMetalSite } from '../support/metal-site.ts';
@@ -505,6 +505,10 @@ describe('the OpenAPI document against the server', () => {
     'documents the answer of a call that succeeds, for every method generated requests seldom get through',
     async () => {
       const now = Date.now(); // wall time: a start well inside the horizon, whatever the database's clock
+      await markNodesHeard(
+        w.api.database.db,
+        w.sharedPool.nodes.map((n) => n.id),
+      );
       const acme = {
         tenantId: w.a.tenantId,
         poolId: w.sharedPool.poolId,
@@ -656,6 +660,10 @@ describe('the OpenAPI document against the server', () => {
         tenantId: w.a.tenantId,
         reservationId: later.data?.id,
       });
+      await markNodesHeard(
+        w.api.database.db,
+        w.sharedPool.nodes.map((n) => n.id),
+      );
       const leased = await expectOk(w.a.member.token, 'reservations/create', {
         ...acme,
         leaseSeconds: 600,

@@ -7,6 +7,7 @@ import { migLayoutCommands, parseMigInventory, parseMigList } from '../../daemon
 import { assignmentLimits, formatCpulist, parseCpulist } from '../../domain/host-limits.ts';
 import { gpusSectionSchema } from '../../domain/inventory-sections.ts';
 import { atomMeter, atomWorth } from '../../domain/sharing.ts';
+import { smallH100Shape } from '../support/sim-shapes.ts';
 import { useTempDir } from '../support/temp-dir.ts';
 
 const fixture = (name: string) =>
@@ -52,14 +53,7 @@ describe('MIG inventory from nvidia-smi (captured A100 and H100 output)', () => 
   it('the simulator produces the same shapes, valid against the inventory schema, and applies layouts', () => {
     const real = parseMigInventory(fixture('h100-sxm5-80gb-mig.xml'), fixture('h100-sxm5-80gb-mig.L.txt'));
     const sim = new SimHardware('sim-mig', {
-      gpus: 2,
-      gpuModel: 'NVIDIA H100 80GB HBM3',
-      gpuMemoryMiB: 81_559,
-      nvlinkDomainSize: 2,
-      numaNodes: 1,
-      vcpu: 32,
-      memoryGiB: 256,
-      hugepages1Gi: 0,
+      ...smallH100Shape,
       migProfiles: Array(7).fill('1g.10gb'),
     });
     const section = gpusSectionSchema.parse(sim.gpus());

@@ -3,9 +3,10 @@ import type { AddressInfo } from 'node:net';
 import { Metadata, status } from '@grpc/grpc-js';
 import { ServiceError } from '@temporalio/client';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { asUnavailable } from '../../core/dependency-unavailable.ts';
+import { toComputeError } from '../../api/envelope.ts';
 import { ComputeClientError, ComputeConnectionError, createComputeClient } from '../../client/index.ts';
 import { parseConfig } from '../../core/config.ts';
+import { asUnavailable } from '../../core/dependency-unavailable.ts';
 import { freePort } from '../../db/local-postgres.ts';
 import { createDb } from '../../db/pool.ts';
 import { ComputeError } from '../../domain/errors.ts';
@@ -66,6 +67,16 @@ describe('a dependency out of reach is UNAVAILABLE', () => {
     ]) {
       expect(asUnavailable(error)).toBeNull();
     }
+  });
+
+  test.each([
+    ['40P01 deadlock_detected', '40P01'],
+    ['40001 serialization_failure', '40001'],
+  ])('a transaction rolled back for %s is UNAVAILABLE too: nothing of it was kept', (_, code) => {
+    expect(toComputeError(pgError(code), testLogger('unavailable'))).toMatchObject({
+      code: 'UNAVAILABLE',
+      details: { dependency: 'database', conflict: true, retryAfterSeconds: 1 },
+    });
   });
 
   test('the API answers 503 with Retry-After while its database is down, never INTERNAL', async () => {

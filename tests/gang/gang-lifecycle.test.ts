@@ -6,6 +6,7 @@ import { setOperatorLabels } from '../../db/nodes/labels.ts';
 import type { StartedGateway } from '../../gateway/server.ts';
 import { eventTypes, useLifecycleApi, waitForState } from '../lifecycle/harness.ts';
 import { eventually } from '../support/eventually.ts';
+import { markNodesHeard } from '../support/fleet.ts';
 import { joinSimulatedFleet, startTestGateway } from '../support/gateway.ts';
 import { useTempDir } from '../support/temp-dir.ts';
 
@@ -60,14 +61,8 @@ beforeAll(async () => {
   await label([silent], 'fabric-r');
 }, 120_000);
 
-// The silent node sends no heartbeats, so the gateway's liveness sweep marks it unreachable one
-// lease after it was registered; on a slow run that is before the tests that place on it.
 beforeEach(async () => {
-  if (!silent) return;
-  await sql`UPDATE nodes SET connectivity = 'connected', last_heartbeat_at = compute_now() WHERE id = ${silent}`.execute(
-    h.db,
-  );
-  await sql`DELETE FROM node_conditions WHERE node_id = ${silent} AND type = 'NodeUnreachable'`.execute(h.db);
+  if (silent) await markNodesHeard(h.db, [silent]);
 });
 
 afterAll(async () => {

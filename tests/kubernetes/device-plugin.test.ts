@@ -1,11 +1,8 @@
 import path from 'node:path';
 import { credentials, Server, ServerCredentials, type ServerWritableStream, status } from '@grpc/grpc-js';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
 import { kubernetesBindingCapability } from '../../daemon/agent.ts';
-import { KubeletStandIn } from '../../daemon/kubelet-stand-in.ts';
-import type { SimulatedFleet, SimulatedNode } from '../../daemon/sim.ts';
 import { insertPool, offerPool } from '../../db/nodes/fleet.ts';
-import type { StartedGateway } from '../../gateway/server.ts';
 import {
   type AllocateResponse,
   type DevicePluginClient,
@@ -16,8 +13,7 @@ import {
 } from '../../proto/gen/deviceplugin/v1beta1/api.ts';
 import { useLifecycleApi } from '../lifecycle/harness.ts';
 import { eventually } from '../support/eventually.ts';
-import { joinSimulatedFleet, startTestGateway } from '../support/gateway.ts';
-import { useTempDir } from '../support/temp-dir.ts';
+import { gpuResource, useKubernetesNode } from './harness.ts';
 
 /**
  * bcd as a Kubernetes device plugin, through the real parts: the API, the lifecycle on Temporal,
@@ -26,68 +22,18 @@ import { useTempDir } from '../support/temp-dir.ts';
  * GetPreferredAllocation and Allocate on the plugin's own socket).
  */
 const h = useLifecycleApi({ name: 'k8s-plugin', nodes: 0, timers: { bindTimeoutMs: 30_000 } });
-const dir = useTempDir('bc-k8s-');
-let gateway: StartedGateway;
-let fleet: SimulatedFleet;
-let node: SimulatedNode;
-let kubelet: KubeletStandIn;
-let k8sPool: string;
+const k8s = useKubernetesNode(h, 'bc-k8s-');
+const { advertised, get, stateOf } = k8s;
 let gpus: Array<{ uuid: string; nvlinkDomain: string | null }>;
 
-beforeAll(async () => {
-  gateway = await startTestGateway({ db: h.db, log: h.log, lifecycle: h.lifecycle });
-  k8sPool = await insertPool(h.db, {
-    siteId: h.siteId,
-    ownerTenantId: 'acme',
-    name: 'k8s',
-    gpuModel: 'h100',
-    policy: { kubernetes: true, perGpu: { vcpu: 0, memoryGiB: 0 } },
-  });
-  await offerPool(h.db, { poolId: k8sPool, tenantId: 'acme', quota: { gpu: 16 } });
-  fleet = await joinSimulatedFleet(gateway, h.db, k8sPool, {
-    nodes: 1,
-    rootDir: dir,
-    log: h.log,
-    namePrefix: 'k8s',
-    shape: { gpus: 4, nvlinkDomainSize: 2 },
-    kubelet: 'external',
-    kubeletWatchIntervalMs: 100,
-  });
-  node = fleet.nodes[0]!;
-  kubelet = new KubeletStandIn(node.kubeletDir!);
-  await kubelet.start();
-  gpus = node.hardware.gpus().gpus;
-  await eventually(async () => {
-    const row = await h.db
-      .selectFrom('nodes as n')
-      .where('n.pool_id', '=', k8sPool)
-      .where('n.provision_state', '=', 'ready')
-      .where((eb) => eb.exists(eb.selectFrom('devices as d').whereRef('d.node_id', '=', 'n.id')))
-      .select('n.id')
-      .executeTakeFirst();
-    return row !== undefined;
-  });
+beforeAll(() => {
+  gpus = k8s.node.hardware.gpus().gpus;
 });
 
-afterAll(async () => {
-  await fleet?.stop();
-  await kubelet?.stop();
-  await gateway?.stop();
-});
-
-const gpuResource = 'bcd.dev/gpu';
-const advertised = () =>
-  kubelet
-    .devices(gpuResource)
-    .map((d) => d.ID)
-    .sort();
-const get = (id: string) =>
-  h.compute.api.reservations.get(h.credential, { tenantId: 'acme', reservationId: id });
-const stateOf = async (id: string) => (await get(id)).state;
 const reserve = (key: string, count: number, binding?: 'kubernetes') =>
   h.compute.api.reservations.create(h.credential, {
     tenantId: 'acme',
-    poolId: k8sPool,
+    poolId: k8s.poolId,
     devices: [{ class: 'gpu', count }],
     duration: '1h',
     idempotencyKey: key,
@@ -129,13 +75,13 @@ describe('registration and the capability', () => {
   it('bcd says binding.kubernetes in Hello, the gateway makes it a system label, and the plugin registers bcd.dev/gpu', async () => {
     const labels = await h.db
       .selectFrom('node_labels')
-      .where('node_id', '=', node.nodeId)
+      .where('node_id', '=', k8s.node.nodeId)
       .where('key', '=', `bc.dev/cap.${kubernetesBindingCapability}`)
       .select(['value', 'source'])
       .execute();
     expect(labels).toEqual([{ value: 'true', source: 'system' }]);
-    await expect.poll(() => kubelet.resourceNames(), { timeout: 20_000 }).toEqual([gpuResource]);
-    expect(kubelet.registrations[0]).toMatchObject({
+    await expect.poll(() => k8s.kubelet.resourceNames(), { timeout: 20_000 }).toEqual([gpuResource]);
+    expect(k8s.kubelet.registrations[0]).toMatchObject({
       version: 'v1beta1',
       endpoint: 'bcd-gpu.sock',
       resourceName: gpuResource,
@@ -156,7 +102,7 @@ describe('what the kubelet is given', () => {
     expect(firstGpus).toHaveLength(2);
     await expect.poll(advertised, { timeout: 10_000 }).toEqual(firstGpus);
     expect(advertised()).not.toContain((await bookedGpus(hold.id))[0]);
-    expect(kubelet.devices(gpuResource).every((d) => d.health === 'Healthy')).toBe(true);
+    expect(k8s.kubelet.devices(gpuResource).every((d) => d.health === 'Healthy')).toBe(true);
 
     const second = await reserve('k8s-second', 1, 'kubernetes');
     await expect.poll(() => stateOf(second.id), { timeout: 30_000, interval: 200 }).toBe('active');
@@ -175,7 +121,7 @@ describe('what the kubelet is given', () => {
     await expect.poll(() => stateOf(whole.id), { timeout: 30_000, interval: 200 }).toBe('active');
     const all = await bookedGpus(whole.id);
     await expect.poll(advertised, { timeout: 10_000 }).toEqual(all);
-    const client = kubelet.client(gpuResource);
+    const client = k8s.kubelet.client(gpuResource);
 
     const answer = await allocate(client, [all[0]!, all[1]!]);
     expect(answer.containerResponses).toHaveLength(1);
@@ -215,10 +161,10 @@ describe('what the kubelet is given', () => {
     expect(foreign).toEqual([all[0]]);
 
     // The stand-in kubelet admits a pod the same way: preferred, then allocated.
-    const pod = await kubelet.admit('train-0', gpuResource, 2);
+    const pod = await k8s.kubelet.admit('train-0', gpuResource, 2);
     const podGpus = pod.containerResponses[0]!.cdiDevices.map((d) => d.name.slice('bcd.dev/gpu='.length));
     expect(domainOf(podGpus[0]!)).toBe(domainOf(podGpus[1]!));
-    kubelet.removePod('train-0');
+    k8s.kubelet.removePod('train-0');
 
     await h.compute.api.reservations.release(h.credential, { tenantId: 'acme', reservationId: whole.id });
     await expect.poll(advertised, { timeout: 20_000 }).toEqual([]);
@@ -232,15 +178,15 @@ describe('what the kubelet is given', () => {
     const [uuid] = await bookedGpus(one.id);
     await expect.poll(advertised, { timeout: 10_000 }).toEqual([uuid]);
     const index = gpus.findIndex((g) => g.uuid === uuid);
-    node.hardware.unhealthyGpus.add(index);
+    k8s.node.hardware.unhealthyGpus.add(index);
     try {
-      node.agent.convergePass();
+      k8s.node.agent.convergePass();
       await expect
-        .poll(() => kubelet.devices(gpuResource), { timeout: 10_000 })
+        .poll(() => k8s.kubelet.devices(gpuResource), { timeout: 10_000 })
         .toEqual([expect.objectContaining({ ID: uuid, health: 'Unhealthy' })]);
     } finally {
-      node.hardware.unhealthyGpus.delete(index);
-      node.agent.convergePass();
+      k8s.node.hardware.unhealthyGpus.delete(index);
+      k8s.node.agent.convergePass();
     }
     await h.compute.api.reservations.release(h.credential, { tenantId: 'acme', reservationId: one.id });
     await expect.poll(advertised, { timeout: 20_000 }).toEqual([]);
@@ -249,13 +195,13 @@ describe('what the kubelet is given', () => {
 
 describe('binding', () => {
   it('a kubernetes binding becomes active only once the plugin has advertised its GPUs to a kubelet', async () => {
-    await kubelet.stop();
+    await k8s.kubelet.stop();
     try {
       const one = await reserve('k8s-no-kubelet', 1, 'kubernetes');
       await expect.poll(() => stateOf(one.id), { timeout: 30_000, interval: 200 }).toBe('binding');
       // The node holds it (CDI spec written) but no kubelet has its list: no bound report.
-      await eventually(async () => node.agent.status.held.some((held) => held.binding === 'kubernetes'));
-      node.agent.convergePass();
+      await eventually(async () => k8s.node.agent.status.held.some((held) => held.binding === 'kubernetes'));
+      k8s.node.agent.convergePass();
       const reports = await h.db
         .selectFrom('allocation_reports as r')
         .innerJoin('allocations as a', 'a.id', 'r.allocation_id')
@@ -264,13 +210,13 @@ describe('binding', () => {
         .execute();
       expect(reports).toEqual([]);
       expect(await stateOf(one.id)).toBe('binding');
-      await kubelet.start();
+      await k8s.kubelet.start();
       await expect.poll(() => stateOf(one.id), { timeout: 30_000, interval: 200 }).toBe('active');
       expect(advertised()).toEqual(await bookedGpus(one.id));
       await h.compute.api.reservations.release(h.credential, { tenantId: 'acme', reservationId: one.id });
       await expect.poll(advertised, { timeout: 20_000 }).toEqual([]);
     } finally {
-      if (kubelet.resourceNames().length === 0) await kubelet.start().catch(() => {});
+      if (k8s.kubelet.resourceNames().length === 0) await k8s.kubelet.start().catch(() => {});
     }
   });
 
@@ -304,7 +250,7 @@ describe('ForeignGpuExposure', () => {
     const one = await reserve('k8s-foreign', 1, 'kubernetes');
     await expect.poll(() => stateOf(one.id), { timeout: 30_000, interval: 200 }).toBe('active');
     // Another vendor plugin on the same kubelet, advertising this node's GPUs as nvidia.com/gpu.
-    const socket = path.join(node.kubeletDir!, 'nvidia-gpu.sock');
+    const socket = path.join(k8s.node.kubeletDir!, 'nvidia-gpu.sock');
     const foreign = new Server();
     foreign.addService(DevicePluginService, {
       getDevicePluginOptions: (_call: unknown, done: (e: null, r: object) => void) =>
@@ -325,7 +271,7 @@ describe('ForeignGpuExposure', () => {
     );
     try {
       const registration = new RegistrationClient(
-        `unix://${path.join(node.kubeletDir!, 'kubelet.sock')}`,
+        `unix://${path.join(k8s.node.kubeletDir!, 'kubelet.sock')}`,
         credentials.createInsecure(),
       );
       await new Promise<void>((resolve, reject) =>
@@ -345,7 +291,7 @@ describe('ForeignGpuExposure', () => {
         .toContainEqual(expect.objectContaining({ type: 'Degraded', reason: 'ForeignGpuExposure' }));
       const condition = await h.db
         .selectFrom('node_conditions')
-        .where('node_id', '=', node.nodeId)
+        .where('node_id', '=', k8s.node.nodeId)
         .where('type', '=', 'ForeignGpuExposure')
         .select('message')
         .executeTakeFirstOrThrow();
@@ -371,10 +317,10 @@ describe('kubelet restarts', () => {
     await expect.poll(() => stateOf(one.id), { timeout: 30_000, interval: 200 }).toBe('active');
     const booked = await bookedGpus(one.id);
     await expect.poll(advertised, { timeout: 10_000 }).toEqual(booked);
-    const before = kubelet.registrations.length;
-    await kubelet.restart();
-    expect(kubelet.devices(gpuResource)).toEqual([]);
-    await expect.poll(() => kubelet.registrations.length, { timeout: 20_000 }).toBeGreaterThan(before);
+    const before = k8s.kubelet.registrations.length;
+    await k8s.kubelet.restart();
+    expect(k8s.kubelet.devices(gpuResource)).toEqual([]);
+    await expect.poll(() => k8s.kubelet.registrations.length, { timeout: 20_000 }).toBeGreaterThan(before);
     await expect.poll(advertised, { timeout: 10_000 }).toEqual(booked);
     await h.compute.api.reservations.release(h.credential, { tenantId: 'acme', reservationId: one.id });
     await expect.poll(advertised, { timeout: 20_000 }).toEqual([]);

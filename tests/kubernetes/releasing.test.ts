@@ -1,15 +1,10 @@
 import { sql } from 'kysely';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { KubeletStandIn } from '../../daemon/kubelet-stand-in.ts';
-import type { SimulatedFleet, SimulatedNode } from '../../daemon/sim.ts';
+import { beforeAll, describe, expect, it } from 'vitest';
 import { advanceComputeClock } from '../../db/clock.ts';
-import { insertPool, offerPool } from '../../db/nodes/fleet.ts';
 import { releaseCarryLimitMs, releaseCarryStepMs } from '../../domain/kubernetes-release.ts';
-import type { StartedGateway } from '../../gateway/server.ts';
 import { useLifecycleApi } from '../lifecycle/harness.ts';
 import { eventually } from '../support/eventually.ts';
-import { joinSimulatedFleet, startTestGateway } from '../support/gateway.ts';
-import { useTempDir } from '../support/temp-dir.ts';
+import { gpuResource, useKubernetesNode } from './harness.ts';
 
 /**
  * The release of a `kubernetes` binding, through the real parts: the API, the lifecycle on
@@ -20,69 +15,19 @@ import { useTempDir } from '../support/temp-dir.ts';
  * going finishes it; a release held past the end is carried, then forced at the 24-hour limit.
  */
 const h = useLifecycleApi({ name: 'k8s-release', nodes: 0, timers: { bindTimeoutMs: 30_000 } });
-const dir = useTempDir('bc-k8s-rel-');
-let gateway: StartedGateway;
-let fleet: SimulatedFleet;
-let node: SimulatedNode;
-let kubelet: KubeletStandIn;
-let k8sPool: string;
+const k8s = useKubernetesNode(h, 'bc-k8s-rel-');
+const { advertised, get, stateOf } = k8s;
 
 beforeAll(async () => {
-  gateway = await startTestGateway({ db: h.db, log: h.log, lifecycle: h.lifecycle });
-  k8sPool = await insertPool(h.db, {
-    siteId: h.siteId,
-    ownerTenantId: 'acme',
-    name: 'k8s',
-    gpuModel: 'h100',
-    policy: { kubernetes: true, perGpu: { vcpu: 0, memoryGiB: 0 } },
-  });
-  await offerPool(h.db, { poolId: k8sPool, tenantId: 'acme', quota: { gpu: 16 } });
-  fleet = await joinSimulatedFleet(gateway, h.db, k8sPool, {
-    nodes: 1,
-    rootDir: dir,
-    log: h.log,
-    namePrefix: 'k8s',
-    shape: { gpus: 4, nvlinkDomainSize: 2 },
-    kubelet: 'external',
-    kubeletWatchIntervalMs: 100,
-  });
-  node = fleet.nodes[0]!;
-  kubelet = new KubeletStandIn(node.kubeletDir!);
-  await kubelet.start();
-  await eventually(async () => {
-    const row = await h.db
-      .selectFrom('nodes as n')
-      .where('n.pool_id', '=', k8sPool)
-      .where('n.provision_state', '=', 'ready')
-      .where((eb) => eb.exists(eb.selectFrom('devices as d').whereRef('d.node_id', '=', 'n.id')))
-      .select('n.id')
-      .executeTakeFirst();
-    return row !== undefined;
-  });
-  await eventually(async () => kubelet.resourceNames().includes(gpuResource));
+  await eventually(async () => k8s.kubelet.resourceNames().includes(gpuResource));
 });
 
-afterAll(async () => {
-  await fleet?.stop();
-  await kubelet?.stop();
-  await gateway?.stop();
-});
-
-const gpuResource = 'bcd.dev/gpu';
-const advertised = () =>
-  kubelet
-    .devices(gpuResource)
-    .map((d) => d.ID)
-    .sort();
-const get = (id: string) =>
-  h.compute.api.reservations.get(h.credential, { tenantId: 'acme', reservationId: id });
-const stateOf = async (id: string) => (await get(id)).state;
 const release = (id: string) =>
   h.compute.api.reservations.release(h.credential, { tenantId: 'acme', reservationId: id });
 const reserveActive = async (key: string, count: number) => {
   const created = await h.compute.api.reservations.create(h.credential, {
     tenantId: 'acme',
-    poolId: k8sPool,
+    poolId: k8s.poolId,
     devices: [{ class: 'gpu', count }],
     duration: '1h',
     idempotencyKey: key,
@@ -137,21 +82,24 @@ describe('releasing a kubernetes binding', () => {
     const id = await reserveActive('rel-held', 2);
     const [allocation] = await allocationsOf(id);
     await expect.poll(advertised, { timeout: 10_000 }).toEqual(allocation!.devices);
-    const pod = await kubelet.admit('train-0', gpuResource, 1);
+    const pod = await k8s.kubelet.admit('train-0', gpuResource, 1);
     const podGpu = pod.containerResponses[0]!.cdiDevices[0]!.name.slice('bcd.dev/gpu='.length);
     expect(allocation!.devices).toContain(podGpu);
 
     const answer = await release(id);
     expect(answer.state).toBe('releasing');
     const held = answer.conditions.find((c) => c.type === 'DevicesHeld');
-    expect(held).toMatchObject({ reason: 'PodsHoldDevices', message: expect.stringContaining(node.nodeId) });
+    expect(held).toMatchObject({
+      reason: 'PodsHoldDevices',
+      message: expect.stringContaining(k8s.node.nodeId),
+    });
     expect(held!.since).toEqual(expect.any(Number));
     expect(answer.allocations).toEqual([expect.objectContaining({ state: 'releasing' })]);
     // bcd stops advertising them at once: no new pod gets them.
     await expect.poll(advertised, { timeout: 20_000 }).toEqual([]);
-    await expect(kubelet.admit('train-1', gpuResource, 1)).rejects.toThrow(/allocatable/);
+    await expect(k8s.kubelet.admit('train-1', gpuResource, 1)).rejects.toThrow(/allocatable/);
     // The pod still runs: the release waits, the GPUs stay booked to the end.
-    node.agent.convergePass();
+    k8s.node.agent.convergePass();
     const listed = await h.compute.api.reservations.list(h.credential, {
       tenantId: 'acme',
       state: 'releasing',
@@ -165,7 +113,7 @@ describe('releasing a kubernetes binding', () => {
     expect((await release(id)).state).toBe('releasing');
     expect((await eventsOf(id)).map((e) => e.type)).toContain('reservation.releasing');
 
-    kubelet.removePod('train-0');
+    k8s.kubelet.removePod('train-0');
     await expect.poll(() => stateOf(id), { timeout: 30_000, interval: 200 }).toBe('released');
     const done = await get(id);
     expect(done.conditions.map((c) => c.type)).not.toContain('DevicesHeld');
@@ -189,7 +137,7 @@ describe('releasing a kubernetes binding', () => {
     const id = await reserveActive('rel-carry', 1);
     const [allocation] = await allocationsOf(id);
     await expect.poll(advertised, { timeout: 10_000 }).toEqual(allocation!.devices);
-    await kubelet.admit('train-2', gpuResource, 1);
+    await k8s.kubelet.admit('train-2', gpuResource, 1);
     const end = allocation!.end.getTime();
 
     // The end passes with the pod still running: released (expired) into releasing, then carried.
@@ -221,7 +169,7 @@ describe('releasing a kubernetes binding', () => {
     expect(events.find((e) => e.type === 'reservation.release-forced')?.data).toMatchObject({
       reason: 'carry-limit',
       allocationIds: [allocation!.id],
-      nodeIds: [node.nodeId],
+      nodeIds: [k8s.node.nodeId],
     });
     expect(events.find((e) => e.type === 'reservation.released')?.data).toMatchObject({
       reason: 'expired',
@@ -253,6 +201,6 @@ describe('releasing a kubernetes binding', () => {
         { timeout: 20_000 },
       )
       .toBe(windows.length);
-    kubelet.removePod('train-2');
+    k8s.kubelet.removePod('train-2');
   });
 });

@@ -12,6 +12,7 @@ import { createCompute } from '../../server/compute.ts';
 import { type ApiFixture, callApi, createApiFixture } from '../support/api.ts';
 import { eventually } from '../support/eventually.ts';
 import { emulatedSystems, type MetalSite, startMetalSite } from '../support/metal-site.ts';
+import { smallH100Shape } from '../support/sim-shapes.ts';
 import { startTestTemporal, type TestTemporal } from '../support/temporal.ts';
 
 /**
@@ -149,16 +150,7 @@ export async function startMetalDeployHarness(input: {
       log,
       network,
       systems,
-      shape: {
-        gpus: 2,
-        gpuModel: 'NVIDIA H100 80GB HBM3',
-        gpuMemoryMiB: 81_559,
-        nvlinkDomainSize: 2,
-        numaNodes: 1,
-        vcpu: 32,
-        memoryGiB: 256,
-        hugepages1Gi: 0,
-      },
+      shape: smallH100Shape,
     });
     stops.push(() => machines.stop());
     const notifyUrl = await machines.listen();

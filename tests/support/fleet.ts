@@ -1,3 +1,4 @@
+import { sql } from 'kysely';
 import type { Db } from '../../core/database.ts';
 import {
   insertPool,
@@ -67,4 +68,17 @@ export async function seedPool(
     await offerPool(db, { poolId, tenantId, quota });
   }
   return { siteId, poolId, nodes };
+}
+
+/**
+ * Nodes registered without a daemon send no heartbeats, so a gateway's liveness sweep marks them
+ * unreachable one lease after they were registered; a test that places on them later says they
+ * were just heard from.
+ */
+export async function markNodesHeard(db: Db, nodeIds: string[]): Promise<void> {
+  await sql`UPDATE nodes SET connectivity = 'connected', last_heartbeat_at = compute_now()
+            WHERE id = ANY(${nodeIds}::text[])`.execute(db);
+  await sql`DELETE FROM node_conditions WHERE node_id = ANY(${nodeIds}::text[]) AND type = 'NodeUnreachable'`.execute(
+    db,
+  );
 }
