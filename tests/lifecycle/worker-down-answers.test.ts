@@ -3,7 +3,13 @@ import { afterCommitWaitMs } from '../../api/reservations/access.ts';
 import { useLifecycleApi, waitForState } from './harness.ts';
 
 // A long bind deadline: with no daemon the reservation stays binding while the worker is away.
-const h = useLifecycleApi({ name: 'worker-down', nodes: 1, timers: { bindTimeoutMs: 300_000 } });
+// A short activity timeout: a step the stopped worker left in flight is retried soon after it is back.
+const h = useLifecycleApi({
+  name: 'worker-down',
+  nodes: 1,
+  timers: { bindTimeoutMs: 300_000 },
+  activityTimeoutMs: 5_000,
+});
 
 describe('answers while the worker is down', () => {
   it('renews a lease in PostgreSQL and answers within the after-commit bound; the lifecycle catches up', async () => {
@@ -45,7 +51,8 @@ describe('answers while the worker is down', () => {
     const handle = h.temporal.client.workflow.getHandle(created.id);
     await expect
       .poll(async () => (await handle.query('snapshot')) as { leaseExpiresAt: number } | null, {
-        timeout: 20_000,
+        // The new worker bundles its workflows and the sticky task of the old one times out first.
+        timeout: 60_000,
       })
       .toMatchObject({ leaseExpiresAt: after.lease_expires_at!.getTime() });
     await h.compute.api.reservations.release(h.credential, {
