@@ -201,7 +201,9 @@ async function advanceStep(trx: Trx, wf: MetalWorkflowView, step: MetalStepView)
     commandId: null,
     state: 'running',
     error: null,
-    epochBefore: node.epoch,
+    // A join since the step began counts for a retry too: a failed attempt's power change may
+    // still have been applied (a BMC that answered too late), and its agent is up already.
+    epochBefore: step.awaitRejoin && attempts[0] ? attempts[0].epochBefore : node.epoch,
     startedAt: nowMs,
     finishedAt: null,
   };

@@ -46,14 +46,14 @@ async function recovered(): Promise<void> {
   await eventually(async () => {
     const now = await probe.reservations.get({ tenantId: 'acme', reservationId: created.id });
     return now.state === 'active';
-  }, 90_000);
+  }, 180_000);
   await probe.reservations.release({ tenantId: 'acme', reservationId: created.id }, { idempotent: true });
 }
 
 /** Waits until the load has had `n` more reservations answered than it had when called. */
 async function moreCreated(n: number): Promise<void> {
   const target = load.created() + n;
-  await eventually(async () => load.created() >= target, 60_000);
+  await eventually(async () => load.created() >= target, 120_000);
 }
 
 describe('faults under load', () => {
@@ -66,7 +66,7 @@ describe('faults under load', () => {
     tally.phase = 'postgres back';
     await recovered();
     expect(tally.count('INTERNAL', 'postgres down')).toBe(0);
-  }, 150_000);
+  }, 300_000);
 
   it('the Temporal server crashes and restarts: a create still commits, waiting about a second', async () => {
     await moreCreated(2);
@@ -111,7 +111,7 @@ describe('faults under load', () => {
       await probe.reservations.release({ tenantId: 'acme', reservationId: id }, { idempotent: true });
     }
     await recovered();
-  }, 180_000);
+  }, 360_000);
 
   it('the gateway is killed and started again: the nodes come back and bind', async () => {
     tally.phase = 'gateway down';
@@ -120,7 +120,7 @@ describe('faults under load', () => {
     await stack.gateway.start();
     tally.phase = 'gateway back';
     await recovered();
-  }, 150_000);
+  }, 300_000);
 
   it('an API process is killed and started again: the clients retry until it answers', async () => {
     tally.phase = 'api down';
@@ -129,7 +129,7 @@ describe('faults under load', () => {
     await stack.api.start();
     tally.phase = 'api back';
     await recovered();
-  }, 150_000);
+  }, 300_000);
 
   it('the worker is killed and started again: the lifecycles carry on', async () => {
     tally.phase = 'worker down';
@@ -138,7 +138,7 @@ describe('faults under load', () => {
     await stack.worker.start();
     tally.phase = 'worker back';
     await recovered();
-  }, 150_000);
+  }, 300_000);
 
   it('afterwards nothing is lost', async () => {
     tally.phase = 'drain';
@@ -201,5 +201,5 @@ describe('faults under load', () => {
       ),
     );
     expect(tally.untyped()).toEqual([]);
-  }, 180_000);
+  }, 360_000);
 });

@@ -39,7 +39,7 @@ describe('the orphan sweeper (a Temporal Schedule)', () => {
     await h.lifecycle.signal(waiting, { type: 'cancel' });
     await waitForState(h, placed.id, 'released');
     await waitForState(h, waiting, 'cancelled');
-  });
+  }, 150_000);
 
   it('restarts the lifecycle of a live reservation whose workflow was terminated', async () => {
     const placed = await insertPlacedReservation(h, { node: h.nodes[1]!, startInMs: 3_600_000 });
