@@ -13,8 +13,6 @@ export const daemonConfigSchema = z.object({
   /** The kubelet's device-plugin directory; set, bcd serves `kubernetes` bindings as a device plugin. */
   kubeletDir: z.string().min(1).optional(),
   logLevel: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']),
-  /** `bcd site`: BMC commands run at once for different machines (each machine's in order). */
-  bmcConcurrency: z.coerce.number().int().min(1).max(1024).default(16),
 });
 export type DaemonConfig = z.infer<typeof daemonConfigSchema>;
 
@@ -27,7 +25,6 @@ export function parseDaemonConfig(
     envDir?: string;
     kubeletDir?: string;
     logLevel?: string;
-    bmcConcurrency?: string;
   },
   env: Record<string, string | undefined> = process.env,
 ): DaemonConfig {
@@ -43,7 +40,6 @@ export function parseDaemonConfig(
       (root ? path.join(root, 'run/bcd/allocations') : '/run/bcd/allocations'),
     kubeletDir: flags.kubeletDir ?? env.BCD_KUBELET_DIR,
     logLevel: flags.logLevel ?? env.BCD_LOG_LEVEL ?? 'info',
-    bmcConcurrency: flags.bmcConcurrency ?? env.BCD_BMC_CONCURRENCY,
   });
   if (!result.success) {
     const issue = result.error.issues[0]!;
