@@ -3,7 +3,7 @@ import path from 'node:path';
 import { beforeAll, describe, expect, test, vi } from 'vitest';
 import { newId } from '../../domain/ids.ts';
 import { useTestApi } from '../support/api.ts';
-import { insertOutboxEvent } from '../support/events.ts';
+import { insertOutboxEvent, untilReadable } from '../support/events.ts';
 import { tenantMember } from '../support/iam.ts';
 import { json, runCli } from './run-cli.ts';
 
@@ -20,15 +20,17 @@ beforeAll(async () => {
 });
 
 async function emit(type: string, subject: string, tenantId = 'acme') {
-  await insertOutboxEvent(api.database.db, { type, subject, tenantId, data: { state: type.split('.')[1] } });
+  return insertOutboxEvent(api.database.db, { type, subject, tenantId, data: { state: type.split('.')[1] } });
 }
 
 describe('events and webhooks from the CLI', () => {
   test('events list pages by subject and type; events watch prints one JSON object per line', async () => {
     const subject = `reservation/${newId('rsv')}`;
-    await emit('reservation.placed', subject);
-    await emit('reservation.active', subject);
-    await emit('reservation.placed', `reservation/${newId('rsv')}`, 'globex');
+    await untilReadable(api.database.db, [
+      await emit('reservation.placed', subject),
+      await emit('reservation.active', subject),
+      await emit('reservation.placed', `reservation/${newId('rsv')}`, 'globex'),
+    ]);
     const [table, onlyActive, paged, bad] = await Promise.all([
       runCli(['events', 'list', '--subject', subject], asAcme),
       runCli(['events', 'list', '--subject', subject, '--type', 'reservation.active', '--json'], asAcme),

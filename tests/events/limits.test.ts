@@ -2,6 +2,7 @@ import { sql } from 'kysely';
 import { describe, expect, test } from 'vitest';
 import { type ComputeClientError, createComputeClient, parseSse } from '../../client/index.ts';
 import { newId } from '../../domain/ids.ts';
+import { untilReadable } from '../support/events.ts';
 import { eventually } from '../support/eventually.ts';
 import { tenantMember } from '../support/iam.ts';
 import { useConfiguredApi } from './configured-api.ts';
@@ -152,7 +153,8 @@ describe('event streams', () => {
     // A tenant of its own: the streams of the test above may still be closing on the server.
     const reader = await tenantMember(api.iam, 'replayer');
     const subject = `reservation/${newId('rsv')}`;
-    for (let i = 0; i < 30; i++) await emit('replayer', subject);
+    const emitted: string[] = [];
+    for (let i = 0; i < 30; i++) emitted.push(await emit('replayer', subject));
     const newest = await newestSeq();
 
     const tooFar = await openStream(reader.token, { 'last-event-id': String(newest - 25) });
@@ -177,6 +179,7 @@ describe('event streams', () => {
 
     // events.list has no count limit: it reads those pages.
     const client = createComputeClient({ baseURL: api.url, token: reader.token });
+    await untilReadable(api.database.db, emitted);
     const page = await client.events.list({ subject, after: newest - 25, limit: 100 });
     expect(page.items.map((e) => e.seq)).toEqual(Array.from({ length: 25 }, (_, i) => newest - 24 + i));
   });
@@ -194,6 +197,7 @@ describe('event streams', () => {
       api.database.db,
     );
     const client = createComputeClient({ baseURL: api.url, token: reader.token });
+    await untilReadable(api.database.db, ids);
 
     const old = (await client.events
       .list({ subject, after: seqs[5]! })

@@ -1,5 +1,7 @@
+import { sql } from 'kysely';
 import type { Db } from '../../core/database.ts';
 import { newId } from '../../domain/ids.ts';
+import { eventually } from './eventually.ts';
 
 /**
  * Writes one outbox event the way a committed state change does (outside any other transaction
@@ -21,4 +23,18 @@ export async function insertOutboxEvent(
     })
     .execute();
   return id;
+}
+
+/**
+ * Waits until readers are shown these events: a reader shows an event only once every transaction
+ * older than its own has ended, cluster-wide, so on a busy machine another test database's open
+ * transaction holds it back for a while.
+ */
+export async function untilReadable(db: Db, ids: readonly string[], timeoutMs = 60_000): Promise<void> {
+  await eventually(async () => {
+    const { rows } = await sql<{ readable: boolean }>`
+      SELECT bool_and(xid < pg_snapshot_xmin(pg_current_snapshot())) AS readable
+      FROM outbox_events WHERE id = ANY(${ids}::text[])`.execute(db);
+    return rows[0]?.readable === true;
+  }, timeoutMs);
 }
