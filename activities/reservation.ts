@@ -21,8 +21,8 @@ import { ComputeError } from '../domain/errors.ts';
 import { terminalEventTypes } from '../domain/event-types.ts';
 import type { Condition, LifecycleTimers, ReservationSnapshot } from '../domain/reservation-lifecycle.ts';
 import { isRenewable, isTerminal, type TerminalState } from '../domain/reservation-states.ts';
-import { asActivity } from './failure.ts';
 import { createMachineLeaseActivities } from './dedicated-root.ts';
+import { asActivity } from './failure.ts';
 import { createKubernetesReleaseActivities } from './kubernetes-release.ts';
 
 export interface ReservationActivityDeps {
@@ -265,7 +265,9 @@ export function createReservationActivities({ db, log }: ReservationActivityDeps
           // The reservation's events say what changed: node health, connectivity, bindings.
           const key = (c: Condition) => `${c.type}/${c.reason}`;
           const before = (row.conditions ?? []) as Condition[];
-          const set = input.conditions.filter((c) => !before.some((b) => key(b) === key(c) && b.message === c.message));
+          const set = input.conditions.filter(
+            (c) => !before.some((b) => key(b) === key(c) && b.message === c.message),
+          );
           const cleared = before.filter((b) => !input.conditions.some((c) => key(c) === key(b)));
           if (set.length > 0 || cleared.length > 0) {
             await recordReservationEvent(trx, row, 'reservation.conditions-changed', row.state, {

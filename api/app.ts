@@ -1,5 +1,6 @@
 import { Hono } from 'hono';
 import type { ContentfulStatusCode } from 'hono/utils/http-status';
+import { asUnavailable } from '../core/dependency-unavailable.ts';
 import type { Deps } from '../core/deps.ts';
 import type { Principal } from '../core/iam-port.ts';
 import { ComputeError } from '../domain/errors.ts';
@@ -7,7 +8,6 @@ import { requiredHeader } from '../domain/http-protocol.ts';
 import { newId } from '../domain/ids.ts';
 import { type Authenticator, bearerToken, createAuthenticator } from './authenticate.ts';
 import { withFailedLookupCache } from './authenticate-cache.ts';
-import { asUnavailable } from '../core/dependency-unavailable.ts';
 import { mountDoors } from './doors.ts';
 import type { ApiEnv } from './env.ts';
 import { errorEnvelope, toComputeError } from './envelope.ts';

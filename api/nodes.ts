@@ -6,6 +6,7 @@ import { finishDrains } from '../db/nodes/drains.ts';
 import { listNodeIds, setNodeSchedulingFlags } from '../db/nodes/nodes.ts';
 import { countLiveAllocations } from '../db/nodes/workloads.ts';
 import { ComputeError } from '../domain/errors.ts';
+import { publicationFieldsOf, readHostPublicationViews } from './holds/publication-view.ts';
 import { defineMethod, type MethodContext } from './method.ts';
 import { operatorReason, requireNode, requirePool, requireTenantRead } from './nodes-access.ts';
 import { nodeCommandMethods } from './nodes-commands.ts';
@@ -13,7 +14,6 @@ import { nodeMaintenanceMethods } from './nodes-maintenance.ts';
 import { nodeMigMethods } from './nodes-mig.ts';
 import { nodeTrustMethods } from './nodes-trust.ts';
 import { loadNodeViews, nodeView } from './nodes-view.ts';
-import { publicationFieldsOf, readHostPublicationViews } from './holds/publication-view.ts';
 
 const nodeId = z.string().regex(/^node_[0-9a-z]{26}$/, 'a node id (node_…)');
 

@@ -14,8 +14,8 @@ export { type ErrorCode, errorCodes, isErrorCode } from '../domain/errors.ts';
 export type { EventType } from '../domain/event-types.ts';
 export { ComputeClientError, ComputeConnectionError, isComputeClientError } from './errors.ts';
 export type { ComputeEvent, StreamOptions } from './events.ts';
-export { parseSse, type SseFrame } from './sse.ts';
 export { type Hold, type WithHoldOptions, withHold } from './holds.ts';
+export { parseSse, type SseFrame } from './sse.ts';
 export type { RetryNotice, RetryPolicy, TokenSource, TransportOptions } from './transport.ts';
 export type { CallOptions, ClientMethods, MethodInput, MethodOutput, RegistryOf } from './types.ts';
 

@@ -102,7 +102,12 @@ export const configSchema = z.object({
   BETTER_COMPUTE_RELEASE_PINS: z
     .string()
     .default('')
-    .transform((v) => v.split(',').map((p) => p.trim()).filter(Boolean))
+    .transform((v) =>
+      v
+        .split(',')
+        .map((p) => p.trim())
+        .filter(Boolean),
+    )
     .pipe(z.array(z.string().regex(/^sha256\/[A-Za-z0-9+/]{43}=$/, 'pins of the form sha256/<base64>'))),
   /**
    * The image signers bare-metal deploys trust, by pin (`sha256/<base64>`, comma-separated): an
@@ -112,7 +117,12 @@ export const configSchema = z.object({
   BETTER_COMPUTE_IMAGE_SIGNER_PINS: z
     .string()
     .default('')
-    .transform((v) => v.split(',').map((p) => p.trim()).filter(Boolean))
+    .transform((v) =>
+      v
+        .split(',')
+        .map((p) => p.trim())
+        .filter(Boolean),
+    )
     .pipe(z.array(z.string().regex(/^sha256\/[A-Za-z0-9+/]{43}=$/, 'pins of the form sha256/<base64>'))),
   /** How many distinct pinned signers a release needs (k of the n pins). */
   BETTER_COMPUTE_RELEASE_THRESHOLD: z.coerce.number().int().min(1).max(16).default(1),

@@ -771,11 +771,7 @@ export interface NodesTable {
   protocol_version: number | null;
   bcd_health: 'healthy' | 'unhealthy' | null;
   bcd_health_epoch: ColumnType<string | null, number | string | null | undefined, number | string | null>;
-  bcd_update_report: ColumnType<
-    Record<string, unknown> | null,
-    string | null | undefined,
-    string | null
-  >;
+  bcd_update_report: ColumnType<Record<string, unknown> | null, string | null | undefined, string | null>;
 }
 
 export interface Database {

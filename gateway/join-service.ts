@@ -23,6 +23,7 @@ import {
 } from '../db/nodes/nodes.ts';
 import { ComputeError, errorCodeTraits, isComputeError } from '../domain/errors.ts';
 import { computeHardwareKey } from '../domain/hardware-key.ts';
+import { isDiscoveryToken } from '../domain/metal-discovery.ts';
 import { type CaMaterial, nodeSpiffeId, readCsr } from '../domain/pki.ts';
 import { verifyReclaimProof } from '../domain/reclaim-proof.ts';
 import type {
@@ -35,9 +36,8 @@ import type {
 } from '../proto/gen/agent/v1/agent.ts';
 import { checkJoinRequest, checkRenewRequest } from './message-bounds.ts';
 import { normalizeNodeName } from './node-name.ts';
-import { joinSiteAgent } from './site-join.ts';
 import { joinRamdisk } from './ramdisk-join.ts';
-import { isDiscoveryToken } from '../domain/metal-discovery.ts';
+import { joinSiteAgent } from './site-join.ts';
 import { verifiedPeer } from './tls.ts';
 import { KeyedTokenBuckets, TokenBucket } from './token-bucket.ts';
 

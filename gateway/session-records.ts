@@ -70,7 +70,8 @@ export async function recordCommandResult(
     if (site) await afterSiteResultStored(db, result.commandId);
     return true;
   }
-  if (site) await refuseStaleSiteResult(db, { nodeId: session.nodeId, siteId: peer.siteId }, result.commandId);
+  if (site)
+    await refuseStaleSiteResult(db, { nodeId: session.nodeId, siteId: peer.siteId }, result.commandId);
   const seq = await findNodeCommandSeq(db, session.nodeId, result.commandId);
   if (seq === null) throw new ComputeError('NOT_FOUND', `unknown command ${result.commandId}`);
   if (seq !== Number(result.seq)) {

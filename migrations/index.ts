@@ -13,14 +13,14 @@ import * as allocationLifecycle from './2026-11-29T31-allocation-lifecycle.ts';
 import * as eventsAndWebhooks from './2026-11-29T40-events-and-webhooks.ts';
 import * as admissionHardening from './2026-11-29T55-admission-hardening.ts';
 import * as nodeTrust from './2026-11-29T60-node-trust.ts';
-import * as releasesRollouts from './2026-11-30T50-releases-rollouts.ts';
 import * as hostHolds from './2026-11-30T10-host-holds.ts';
-import * as bareMetal from './2026-11-30T70-bare-metal.ts';
-import * as taintsDrains from './2026-11-30T81-taints-drains.ts';
 import * as gang from './2026-11-30T20-gang.ts';
 import * as calendar from './2026-11-30T21-calendar.ts';
 import * as poolAdministration from './2026-11-30T23-pool-administration.ts';
+import * as releasesRollouts from './2026-11-30T50-releases-rollouts.ts';
 import * as nodeEnforcement from './2026-11-30T60-node-enforcement.ts';
+import * as bareMetal from './2026-11-30T70-bare-metal.ts';
+import * as taintsDrains from './2026-11-30T81-taints-drains.ts';
 
 /** Every migration in order; names are frozen once released. */
 export const migrations: Record<string, Migration> = {

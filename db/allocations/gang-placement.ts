@@ -14,6 +14,7 @@ import { newId } from '../../domain/ids.ts';
 import type { Interval, NodeFit, PlacementRequest, PlacerNode } from '../../domain/placer.ts';
 import { planPlacement, summarizeNoFit } from '../../domain/placer.ts';
 import type { NormalizedRequest } from '../../domain/reservation-request.ts';
+import { findAndBookMachines } from '../metal/dedicated-placement.ts';
 import {
   counterOfferHorizonMs,
   findAndBook,
@@ -22,7 +23,6 @@ import {
   tryBook,
   withCounterOffer,
 } from './placement.ts';
-import { findAndBookMachines } from '../metal/dedicated-placement.ts';
 import { loadPlacerNodes } from './placement-load.ts';
 
 type Trx = Transaction<Database>;

@@ -3,7 +3,9 @@ import type { AdmissionCaches, PoolForTenant } from '../../core/admission-caches
 import type { Database, Db, Reservation } from '../../core/database.ts';
 import type { Principal } from '../../core/iam-port.ts';
 import { ComputeError } from '../../domain/errors.ts';
+import type { PoolSharingMode } from '../../domain/fleet.ts';
 import { reservationDraftId } from '../../domain/ids.ts';
+import { calendarHorizonDays, readPoolPolicy } from '../../domain/pool-policy.ts';
 import {
   authzAttributes,
   type HostResourceAmounts,
@@ -11,8 +13,6 @@ import {
   startGraceMs,
   startOutOfHorizon,
 } from '../../domain/reservation-request.ts';
-import { calendarHorizonDays, readPoolPolicy } from '../../domain/pool-policy.ts';
-import type { PoolSharingMode } from '../../domain/fleet.ts';
 import { atomWorth } from '../../domain/sharing.ts';
 import { resolveMachineLeaseRequest } from '../metal/dedicated-admission.ts';
 import { preparedMarker } from '../pool.ts';
@@ -139,7 +139,10 @@ export async function resolveRequestForPool(
     deviceClass: device.class,
     mode: pool.sharing_mode as PoolSharingMode,
     policy: pool.policy,
-    profile: typeof device.selector?.attributes?.profile === 'string' ? device.selector.attributes.profile : undefined,
+    profile:
+      typeof device.selector?.attributes?.profile === 'string'
+        ? device.selector.attributes.profile
+        : undefined,
   }).hostShare;
   const share = {
     vcpu: Math.floor(perGpu.vcpu * device.count * equivalent),
@@ -277,7 +280,8 @@ export async function writeDraft(
     caches?.pools.clear();
     throw new ComputeError('NOT_FOUND', `poolId: pool ${pool.id} is not offered to tenant ${input.tenantId}`);
   }
-  const outside = request.start !== undefined && startOutOfHorizon(request.start, Number(result.checked_at), horizonDays);
+  const outside =
+    request.start !== undefined && startOutOfHorizon(request.start, Number(result.checked_at), horizonDays);
   if (!result.in_horizon && outside) throw outside;
   throw new ComputeError('INTERNAL', `reservation ${id} could be neither inserted nor found`);
 }

@@ -1,5 +1,7 @@
 import { sql, type Transaction } from 'kysely';
 import type { Database, Db } from '../../core/database.ts';
+import { machineLeaseTimers } from '../../domain/dedicated-root.ts';
+import { readPoolPolicy } from '../../domain/pool-policy.ts';
 import {
   type AllocationView,
   type Condition,
@@ -7,11 +9,9 @@ import {
   type LifecycleTimers,
   type ReservationSnapshot,
 } from '../../domain/reservation-lifecycle.ts';
-import { readPoolPolicy } from '../../domain/pool-policy.ts';
 import { liveStates, type ReservationState } from '../../domain/reservation-states.ts';
-import { parseStoredRequest } from './stored.ts';
-import { machineLeaseTimers } from '../../domain/dedicated-root.ts';
 import { runningMachineWorkflowIds } from '../metal/dedicated-leases.ts';
+import { parseStoredRequest } from './stored.ts';
 
 type Trx = Transaction<Database>;
 

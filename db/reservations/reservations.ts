@@ -4,12 +4,12 @@ import { ComputeError } from '../../domain/errors.ts';
 import { isCancellable, isPlaced, isTerminal } from '../../domain/reservation-states.ts';
 import { insertAuditEvent } from '../events/audit.ts';
 import { insertOutboxEvent } from '../events/outbox.ts';
+import { holdMachinesForCleaning } from '../metal/dedicated-leases.ts';
 import { preparedMarker } from '../pool.ts';
 import { reservationStateEvent } from './lifecycle-events.ts';
 import { endCurrentAllocations, refundReservationQuota } from './lifecycle-release.ts';
 import { type CalledOffPreemption, callOffPreemptionsBy } from './preemption-call-off.ts';
 import { beginKubernetesRelease } from './releasing.ts';
-import { holdMachinesForCleaning } from '../metal/dedicated-leases.ts';
 
 type Trx = Transaction<Database>;
 

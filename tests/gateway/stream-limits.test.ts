@@ -100,7 +100,10 @@ describe('the throttle on Join', () => {
           requestedName: name,
           agentVersion: 'test',
         });
-      const [first, second] = await Promise.all([join('patient-1', tokens[0]!), join('patient-2', tokens[1]!)]);
+      const [first, second] = await Promise.all([
+        join('patient-1', tokens[0]!),
+        join('patient-2', tokens[1]!),
+      ]);
       expect(first.nodeId).not.toBe(second.nodeId);
       expect(gateway.stats().joinsThrottled).toBeGreaterThan(0);
     } finally {

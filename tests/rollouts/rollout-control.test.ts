@@ -65,9 +65,14 @@ describe('a rollout pauses, resumes, aborts, survives its worker and its missing
     // Which rollouts are paused, from Temporal's visibility.
     // The row turns paused inside the step's activity; the workflow's upsert lands just after it.
     await expect
-      .poll(async () => (await stack.temporal.client.workflow.getHandle(rollout.id).describe()).searchAttributes.ComputeState, {
-        timeout: 30_000,
-      })
+      .poll(
+        async () =>
+          (await stack.temporal.client.workflow.getHandle(rollout.id).describe()).searchAttributes
+            .ComputeState,
+        {
+          timeout: 30_000,
+        },
+      )
       .toEqual(['paused']);
 
     // A signal's answer waits a bounded time for the workflow's step: under load, wait for the state.

@@ -9,8 +9,8 @@ import {
 } from '@temporalio/workflow';
 // biome-ignore lint/style/noRestrictedImports: a type-only import, erased before bundling
 import type { MetalActivities } from '../../activities/metal.ts';
-import { searchAttributes } from '../search-attributes.ts';
 import { wakeSignal } from '../reservation/messages.ts';
+import { searchAttributes } from '../search-attributes.ts';
 import { type MetalWorkflowInput, metalProgressQuery, wakeMetalWorkflowSignal } from './messages.ts';
 
 const { advanceMetalWorkflow } = proxyActivities<MetalActivities>({

@@ -38,6 +38,7 @@ import {
 import { type BookingRepairInput, bookingRepairWorkflowType } from '../booking-repair/messages.ts';
 import type { bookingRepair } from '../booking-repair/workflow.ts';
 import { searchAttributes } from '../search-attributes.ts';
+import { tendMachineLease } from './dedicated-root.ts';
 import {
   allocationReportSignal,
   cancelUpdate,
@@ -50,7 +51,6 @@ import {
   snapshotQuery,
   wakeSignal,
 } from './messages.ts';
-import { tendMachineLease } from './dedicated-root.ts';
 import { handleOperatorSignals } from './operator-signals.ts';
 import { LifecycleHolder } from './state.ts';
 
