@@ -9,7 +9,7 @@ import {
 import { newId } from '../../domain/ids.ts';
 import { createOutboxHub } from '../../events/outbox-hub.ts';
 import { type TestDatabase, useTestDatabase } from '../support/database.ts';
-import { insertOutboxEvent } from '../support/events.ts';
+import { insertOutboxEvent, untilReadable } from '../support/events.ts';
 import { eventually } from '../support/eventually.ts';
 import { testLogger } from '../support/logger.ts';
 
@@ -104,12 +104,13 @@ describe('reading the outbox', () => {
 
   test('filters by subject, type pattern and tenant', async () => {
     const db = database.db;
+    const ids = [newId('evt'), newId('evt')];
     await db
       .insertInto('outbox_events')
       .values([
-        { id: newId('evt'), type: 'node.cordoned', subject: 'node/node_1', tenant_id: null, data: '{}' },
+        { id: ids[0]!, type: 'node.cordoned', subject: 'node/node_1', tenant_id: null, data: '{}' },
         {
-          id: newId('evt'),
+          id: ids[1]!,
           type: 'reservation.active',
           subject: 'reservation/rsv_y',
           tenant_id: 'globex',
@@ -117,6 +118,7 @@ describe('reading the outbox', () => {
         },
       ])
       .execute();
+    await untilReadable(db, ids);
     const all = await readOutbox(db, outboxStart, { tenantId: null, types: ['node.*'] }, 100);
     expect(all.events.map((e) => e.type)).toEqual(['node.cordoned']);
     const globex = await readOutbox(db, outboxStart, { tenantId: 'globex' }, 100);

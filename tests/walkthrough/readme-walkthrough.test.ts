@@ -123,8 +123,18 @@ describe("the README's first ten minutes", () => {
     }
     // Its history, as events.list shows it: every step in order, each type in README's catalog.
     const client = createComputeClient({ baseURL: info.apiUrl, token: info.tenants.acme.token });
-    const history = await client.events.list({ subject: `reservation/${id}` });
-    const types = history.items.map((e) => e.type);
+    // A reader shows an event once every older transaction has ended: read until the last shows.
+    let types: string[] = [];
+    await expect
+      .poll(
+        async () => {
+          const history = await client.events.list({ subject: `reservation/${id}` });
+          types = history.items.map((e) => e.type);
+          return types.includes('reservation.released');
+        },
+        { timeout: 30_000, interval: 100 },
+      )
+      .toBe(true);
     const inOrder = [
       'reservation.placed',
       'reservation.binding',
