@@ -253,6 +253,8 @@ export class NodeAgent {
     // Renew once a third of a day's lifetime is left (or it already expired: renewal is refused
     // then, and the node must join again).
     if (this.renewing || notAfter - now > 8 * 3600_000 || notAfter <= now) return;
+    // A ramdisk's certificate lasts at most 2 hours by design and the gateway refuses to renew it.
+    if (this.options.ramdiskCommands) return;
     this.renewing = true;
     try {
       this.status.certificateNotAfter = await renewCertificate(
