@@ -33,6 +33,25 @@ afterAll(async () => {
   await load?.stop();
 });
 
+/**
+ * Waits until each of these reservations is `active`. When the wait runs out it says where each
+ * one stands and what the worker, API and gateway children last wrote, so a slow recovery on a busy
+ * machine can be told from a stuck one.
+ */
+async function untilActive(ids: readonly string[], timeoutMs: number): Promise<void> {
+  const states = () =>
+    Promise.all(ids.map((id) => probe.reservations.get({ tenantId: 'acme', reservationId: id })));
+  try {
+    await eventually(async () => (await states()).every((r) => r.state === 'active'), timeoutMs);
+  } catch (error) {
+    const now = await states().catch((e: unknown) => `unreadable: ${String(e)}`);
+    throw new Error(
+      `${String(error)}; the reservations: ${JSON.stringify(now)}\n` +
+        `worker: ${stack.worker.stderrTail()}\napi: ${stack.api.stderrTail()}\ngateway: ${stack.gateway.stderrTail()}`,
+    );
+  }
+}
+
 /** One more reservation goes all the way to `active` and is released: every part works again. */
 async function recovered(): Promise<void> {
   const key = `probe-${++probes}`;
@@ -43,10 +62,7 @@ async function recovered(): Promise<void> {
     duration: '10m',
     idempotencyKey: key,
   });
-  await eventually(async () => {
-    const now = await probe.reservations.get({ tenantId: 'acme', reservationId: created.id });
-    return now.state === 'active';
-  }, 180_000);
+  await untilActive([created.id], 180_000);
   await probe.reservations.release({ tenantId: 'acme', reservationId: created.id }, { idempotent: true });
 }
 
@@ -101,17 +117,15 @@ describe('faults under load', () => {
     // The wait for the start is bounded at 1 s (it took 20 s before); the rest is admission under load.
     for (const ms of [...answered.map((a) => a.ms), ...loadCreates]) expect(ms).toBeLessThan(8_000);
     // The orphan sweeper (or the start that went on in the background) starts their lifecycles.
-    await eventually(async () => {
-      const states = await Promise.all(
-        answered.map(({ id }) => probe.reservations.get({ tenantId: 'acme', reservationId: id })),
-      );
-      return states.every((r) => r.state === 'active');
-    }, 90_000);
+    await untilActive(
+      answered.map((a) => a.id),
+      180_000,
+    );
     for (const { id } of answered) {
       await probe.reservations.release({ tenantId: 'acme', reservationId: id }, { idempotent: true });
     }
     await recovered();
-  }, 360_000);
+  }, 480_000);
 
   it('the gateway is killed and started again: the nodes come back and bind', async () => {
     tally.phase = 'gateway down';
