@@ -87,7 +87,7 @@ export function normalizeRequest(input: PreviewInput): NormalizedRequest {
   if (input.binding === 'instance') {
     throw new ComputeError(
       'UNSUPPORTED',
-      "binding: 'instance' is not a reservation binding; VPS instances are created with instances.create",
+      "binding: 'instance' (a VPS instance) is not offered by this control plane; use binding 'hold' (the default), 'kubernetes' or 'node'",
     );
   }
   if (input.node && input.binding !== 'node') {
