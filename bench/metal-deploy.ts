@@ -111,6 +111,19 @@ const load = () =>
     .map((l) => l.toFixed(1))
     .join(' / ');
 const loadBefore = load();
+/** The site agents' `bmc.*` commands completed since `since`, by outcome, and their rate. */
+const bmcCommandsSince = async (since: Date, seconds: number) => {
+  const rows = await bench.db
+    .selectFrom('node_commands')
+    .where('kind', 'like', 'bmc.%')
+    .where('completed_at', '>=', since)
+    .select(['state'])
+    .execute();
+  const byState = Object.fromEntries(
+    [...new Set(rows.map((r) => r.state))].map((s) => [s, rows.filter((r) => r.state === s).length]),
+  );
+  return { count: rows.length, byState, perSecond: Math.round((rows.length / seconds) * 100) / 100 };
+};
 const t0 = Date.now();
 const seconds = (from: number) => Math.round((Date.now() - from) / 100) / 10;
 let site: Awaited<ReturnType<typeof startMetalSite>> | undefined;
@@ -131,20 +144,32 @@ try {
     onEmulator: async (_emulator, gateway) =>
       machines.attach({ address: gateway.address, caCertificatePem: gateway.caCertificatePem }),
   });
-  const ids = site.machines;
+  const enrolled = site.machines;
+  let inspected: Array<{ id: string; ready: boolean }> = [];
   for (;;) {
     const rows = await bench.db
       .selectFrom('nodes')
-      .where('id', 'in', ids)
-      .select(['provision_state', 'maintenance'])
+      .where('id', 'in', enrolled)
+      .select(['id', 'provision_state', 'maintenance'])
       .execute();
-    const ready = rows.filter((r) => r.provision_state === 'ready' && !r.maintenance).length;
+    inspected = rows.map((r) => ({ id: r.id, ready: r.provision_state === 'ready' && !r.maintenance }));
+    const ready = inspected.filter((r) => r.ready).length;
     const stuck = rows.filter((r) => r.maintenance).length;
     progress(`inspection: ${ready} of ${count} ready, ${stuck} in maintenance (${seconds(t0)} s)`);
     if (ready + stuck >= count) break;
     await new Promise((r) => setTimeout(r, 5_000));
   }
   const inspectedSeconds = seconds(t0);
+  // A machine inspection left in maintenance (with its reason) is not deployed.
+  const ids = enrolled.filter((id) => inspected.find((r) => r.id === id)?.ready);
+  const inspection = {
+    seconds: inspectedSeconds,
+    ready: ids.length,
+    maintenance: count - ids.length,
+    bmcCommands: await bmcCommandsSince(new Date(t0), inspectedSeconds),
+    loadAfter: load(),
+  };
+  progress(`inspection done: ${JSON.stringify(inspection)}`);
 
   const identity = { name: 'ubuntu', version: '24.04', format: 'raw' as const, sha256: imageSha };
   const image = await call('images/register', {
@@ -176,7 +201,7 @@ try {
   for (const { id } of order.slice(0, failing))
     planned.set(id, faults[Math.floor(random() * faults.length)]!);
   for (const [id, fault] of planned) {
-    const system = systems[ids.indexOf(id)]!;
+    const system = systems[enrolled.indexOf(id)]!;
     if (fault === 'silent-ramdisk') machines.silentRamdisks.add(system.uuid);
     if (fault === 'bmc-credentials') {
       // The BMC's account is not the one enrolled (a credential rotated at the BMC): it answers 401.
@@ -189,7 +214,7 @@ try {
   }
 
   progress(
-    `deploying ${count} machines at once (${failing} set to fail: ${[...planned.values()].join(', ')})`,
+    `deploying ${ids.length} machines at once (${failing} set to fail: ${[...planned.values()].join(', ')})`,
   );
   const t1 = Date.now();
   const workflows = await Promise.all(
@@ -222,7 +247,7 @@ try {
       .where('state', '=', 'running')
       .select((eb) => eb.fn.countAll<string>().as('n'))
       .executeTakeFirstOrThrow();
-    final = { deployed, maintenance, between: count - deployed - maintenance, withoutReason };
+    final = { deployed, maintenance, between: ids.length - deployed - maintenance, withoutReason };
     progress(
       `deploy: ${deployed} deployed, ${maintenance} in maintenance, ${final.between} in between, ${running.n} workflows running (${seconds(t1)} s, load ${load()})`,
     );
@@ -231,6 +256,7 @@ try {
     await new Promise((r) => setTimeout(r, 5_000));
   }
   const deploySeconds = seconds(t1);
+  const deployBmcCommands = await bmcCommandsSince(new Date(t1), deploySeconds);
   const reasons = await bench.db
     .selectFrom('nodes')
     .where('id', 'in', ids)
@@ -249,9 +275,12 @@ try {
       machines: count,
       planned: failing,
       inspectSeconds: inspectedSeconds,
+      inspection,
+      deployBmcCommands,
       admitSeconds: admittedSeconds,
       deploySeconds,
-      perMachineSeconds: Math.round((deploySeconds / count) * 100) / 100,
+      deployedMachines: ids.length,
+      perMachineSeconds: Math.round((deploySeconds / ids.length) * 100) / 100,
       ...final,
       failedAtStep: byStep,
       maintenanceNotPlanned: unexpected,

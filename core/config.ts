@@ -46,6 +46,8 @@ export const configSchema = z.object({
   BETTER_COMPUTE_GATEWAY_JOINS_PER_SECOND_PER_PEER: z.coerce.number().positive().max(100_000).default(10),
   /** Join calls per second the gateway takes from all peers together (bursts of twice as many). */
   BETTER_COMPUTE_GATEWAY_JOINS_PER_SECOND: z.coerce.number().positive().max(1_000_000).default(100),
+  /** BMC commands in flight to a site agent at once (it runs different machines' side by side). */
+  BETTER_COMPUTE_GATEWAY_SITE_BMC_CREDITS: z.coerce.number().int().min(1).max(1024).default(16),
   BETTER_COMPUTE_TRUST_DOMAIN: z.string().min(1).default('better-compute.local'),
   /**
    * The deployment secret: the CA private key and webhook signing secrets are sealed at rest with

@@ -21,6 +21,7 @@ import { gatewayChannel } from './gateway-tls.ts';
 import type { Hardware } from './hardware.ts';
 import { type NodeIdentity, renewCertificate } from './identity.ts';
 import { Journal } from './journal.ts';
+import { KeyedRunner } from './keyed-runner.ts';
 import type { SelfUpdater } from './self-update.ts';
 import { SpecConverger } from './spec-converger.ts';
 
@@ -42,6 +43,12 @@ export interface AgentOptions {
   passIntervalMs?: number;
   /** A site agent's runner of `bmc.*` commands (`bcd site`); a node agent has none. */
   siteCommands?: CommandHost['siteCommands'];
+  /**
+   * Commands run side by side (a site agent's `bmc.*`, one queue per machine): `key` names the
+   * queue a command runs in, in order, or null for its lane's; at most `concurrency` keyed
+   * commands run at once.
+   */
+  commandQueues?: { key(command: Command): string | null; concurrency: number };
   ramdiskCommands?: CommandHost['ramdiskCommands'];
   /** A/B self-update (bcd sim only): the version and protocol it declares come from its slot. */
   selfUpdate?: SelfUpdater;
@@ -94,12 +101,14 @@ export class NodeAgent {
   private passTimer: NodeJS.Timeout | null = null;
   private renewing = false;
   private lanes = new Map<Lane, Promise<void>>();
+  private readonly keyed: KeyedRunner | null;
   private loop: Promise<void> | null = null;
   private wake: (() => void) | null = null;
   readonly status: AgentStatus;
 
   constructor(private readonly options: AgentOptions) {
     this.journal = new Journal(options.stateDir);
+    this.keyed = options.commandQueues ? new KeyedRunner(options.commandQueues.concurrency) : null;
     this.devicePlugin = options.kubelet
       ? new KubeletDevicePlugin({
           dir: options.kubelet.deviceDir,
@@ -415,30 +424,40 @@ export class NodeAgent {
   }
 
   private onCommand(command: Command): void {
+    const key = this.keyed ? (this.options.commandQueues?.key(command) ?? null) : null;
+    if (this.keyed && key !== null) {
+      this.keyed
+        .run(key, () => this.execute(command))
+        .catch((err: unknown) => this.options.log.warn({ err }, 'command failed'));
+      return;
+    }
     const previous = this.lanes.get(command.lane) ?? Promise.resolve();
-    const next = previous.then(async () => {
-      if (this.stopped) return;
-      const result = await runCommand(
-        {
-          hardware: this.options.hardware,
-          journal: this.journal,
-          heldGpus: () => this.converger.heldGpus(),
-          resendInventory: () => this.sendInventory(['gpus', 'host']),
-          reboot: () => this.closeStream(),
-          ...(this.options.siteCommands ? { siteCommands: this.options.siteCommands } : {}),
-          ...(this.options.ramdiskCommands ? { ramdiskCommands: this.options.ramdiskCommands } : {}),
-          ...(this.options.selfUpdate ? { selfUpdate: this.options.selfUpdate } : {}),
-        },
-        command,
-        Date.now(),
-      );
-      if (this.stopped) return;
-      this.status.commandsRun++;
-      this.send({ body: { $case: 'commandResult', value: result } });
-    });
+    const next = previous.then(() => this.execute(command));
     this.lanes.set(
       command.lane,
       next.catch((err: unknown) => this.options.log.warn({ err }, 'command failed')),
     );
+  }
+
+  /** Runs one command under the journal and sends its result. */
+  private async execute(command: Command): Promise<void> {
+    if (this.stopped) return;
+    const result = await runCommand(
+      {
+        hardware: this.options.hardware,
+        journal: this.journal,
+        heldGpus: () => this.converger.heldGpus(),
+        resendInventory: () => this.sendInventory(['gpus', 'host']),
+        reboot: () => this.closeStream(),
+        ...(this.options.siteCommands ? { siteCommands: this.options.siteCommands } : {}),
+        ...(this.options.ramdiskCommands ? { ramdiskCommands: this.options.ramdiskCommands } : {}),
+        ...(this.options.selfUpdate ? { selfUpdate: this.options.selfUpdate } : {}),
+      },
+      command,
+      Date.now(),
+    );
+    if (this.stopped) return;
+    this.status.commandsRun++;
+    this.send({ body: { $case: 'commandResult', value: result } });
   }
 }

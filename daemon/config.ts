@@ -13,6 +13,8 @@ export const daemonConfigSchema = z.object({
   /** The kubelet's device-plugin directory; set, bcd serves `kubernetes` bindings as a device plugin. */
   kubeletDir: z.string().min(1).optional(),
   logLevel: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']),
+  /** `bcd site`: BMC commands run at once for different machines (each machine's in order). */
+  bmcConcurrency: z.coerce.number().int().min(1).max(1024).default(16),
 });
 export type DaemonConfig = z.infer<typeof daemonConfigSchema>;
 
@@ -25,6 +27,7 @@ export function parseDaemonConfig(
     envDir?: string;
     kubeletDir?: string;
     logLevel?: string;
+    bmcConcurrency?: string;
   },
   env: Record<string, string | undefined> = process.env,
 ): DaemonConfig {
@@ -40,6 +43,7 @@ export function parseDaemonConfig(
       (root ? path.join(root, 'run/bcd/allocations') : '/run/bcd/allocations'),
     kubeletDir: flags.kubeletDir ?? env.BCD_KUBELET_DIR,
     logLevel: flags.logLevel ?? env.BCD_LOG_LEVEL ?? 'info',
+    bmcConcurrency: flags.bmcConcurrency ?? env.BCD_BMC_CONCURRENCY,
   });
   if (!result.success) {
     const issue = result.error.issues[0]!;

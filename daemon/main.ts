@@ -96,6 +96,10 @@ common(program.command('site'))
   .requiredOption('--ca-file <file>', "the control plane's CA certificate (PEM)")
   .option('--token <token>', 'a site join token (bcst_…), needed only for the first start')
   .option('--name <name>', 'the agent name to ask for (default: the hostname)')
+  .option(
+    '--bmc-concurrency <n>',
+    "BMC commands run at once for different machines (each machine's in order; default 16); env BCD_BMC_CONCURRENCY",
+  )
   .action(async (flags) => {
     const config = parseDaemonConfig(flags);
     const log = createLogger({ level: config.logLevel, name: 'bcd-site' });
@@ -109,6 +113,7 @@ common(program.command('site'))
       name: flags.name ?? hardware.evidence().hostname,
       hardware,
       log,
+      bmcConcurrency: config.bmcConcurrency,
     });
     console.log(
       `site agent ${site.identity.nodeName} (${site.identity.nodeId}) of site ${site.identity.siteId}`,

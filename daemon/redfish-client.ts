@@ -80,15 +80,11 @@ export class RedfishClient {
   async system(): Promise<BmcSystemView> {
     const system = (await this.request('GET', this.systemPath)) as Record<string, any>;
     const boot = (system.Boot ?? {}) as Record<string, string>;
-    const macs: string[] = [];
-    const nics = system.EthernetInterfaces?.['@odata.id'];
-    if (nics) {
-      const collection = (await this.request('GET', nics)) as { Members?: Array<{ '@odata.id': string }> };
-      for (const member of collection.Members ?? []) {
-        const nic = (await this.request('GET', member['@odata.id'])) as { MACAddress?: string };
-        if (nic.MACAddress) macs.push(nic.MACAddress.toLowerCase());
-      }
-    }
+    // The sub-resources are read side by side: a BMC command's answer costs one round trip each.
+    const [macs, virtualMedia] = await Promise.all([
+      this.macs(system.EthernetInterfaces?.['@odata.id']),
+      this.virtualMedia(),
+    ]);
     return {
       systemId: this.target.systemId,
       name: system.Name ?? null,
@@ -98,8 +94,19 @@ export class RedfishClient {
       bootDevice: bootDeviceFromRedfish(boot.BootSourceOverrideTarget),
       bootOverride: boot.BootSourceOverrideTarget ?? null,
       macs,
-      virtualMedia: await this.virtualMedia(),
+      virtualMedia,
     };
+  }
+
+  private async macs(collectionPath: string | undefined): Promise<string[]> {
+    if (!collectionPath) return [];
+    const collection = (await this.request('GET', collectionPath)) as {
+      Members?: Array<{ '@odata.id': string }>;
+    };
+    const nics = (await Promise.all(
+      (collection.Members ?? []).map((member) => this.request('GET', member['@odata.id'])),
+    )) as Array<{ MACAddress?: string }>;
+    return nics.flatMap((nic) => (nic.MACAddress ? [nic.MACAddress.toLowerCase()] : []));
   }
 
   private async virtualMedia(): Promise<BmcSystemView['virtualMedia']> {
@@ -110,12 +117,20 @@ export class RedfishClient {
       if (error instanceof RedfishError && error.status === 404) return [];
       throw error;
     }
-    const devices: BmcSystemView['virtualMedia'] = [];
-    for (const member of collection.Members ?? []) {
-      const media = (await this.request('GET', member['@odata.id'])) as Record<string, any>;
-      devices.push({ id: String(media.Id), inserted: Boolean(media.Inserted), image: media.Image || null });
-    }
-    return devices;
+    const devices = (await Promise.all(
+      (collection.Members ?? []).map((member) => this.request('GET', member['@odata.id'])),
+    )) as Array<Record<string, any>>;
+    return devices.map((media) => ({
+      id: String(media.Id),
+      inserted: Boolean(media.Inserted),
+      image: media.Image || null,
+    }));
+  }
+
+  /** The system's Redfish `PowerState` alone (one request: what a wait for a power change polls). */
+  async redfishPowerState(): Promise<string | null> {
+    const system = (await this.request('GET', this.systemPath)) as { PowerState?: string };
+    return system.PowerState ?? null;
   }
 
   /** Asks for a power change; a BMC applies it some seconds later (`waitForPower` waits for it). */
@@ -125,19 +140,27 @@ export class RedfishClient {
     });
   }
 
-  /** Polls the system until its power is `want` or `timeoutMs` passes (RedfishError then). */
-  async waitForPower(want: 'on' | 'off', timeoutMs: number): Promise<BmcSystemView> {
+  /**
+   * Polls the system's power state every `pollMs` until it is `want` or `timeoutMs` passes
+   * (RedfishError then); answers the whole system once it is. Each poll is one request, so a site
+   * agent waiting on many machines at once does not flood their BMCs.
+   */
+  async waitForPower(want: 'on' | 'off', timeoutMs: number, pollMs = 1_000): Promise<BmcSystemView> {
     const deadline = Date.now() + timeoutMs; // wall time: a deadline on a real device's answer
+    const wanted = want === 'on' ? 'On' : 'Off';
     for (;;) {
-      const view = await this.system();
-      if (view.powerState === want && view.redfishPowerState === (want === 'on' ? 'On' : 'Off')) return view;
+      const state = await this.redfishPowerState();
+      if (state === wanted) {
+        const view = await this.system();
+        if (view.redfishPowerState === wanted) return view;
+      }
       if (Date.now() > deadline) {
         throw new RedfishError(
-          `the BMC did not reach power ${want} within ${timeoutMs} ms (it reports ${view.redfishPowerState})`,
+          `the BMC did not reach power ${want} within ${timeoutMs} ms (it reports ${state})`,
           null,
         );
       }
-      await new Promise((resolve) => setTimeout(resolve, 500));
+      await new Promise((resolve) => setTimeout(resolve, pollMs));
     }
   }
 

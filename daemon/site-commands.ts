@@ -14,6 +14,8 @@ export interface SiteCommandOptions {
   requestTimeoutMs?: number;
   /** How long a power change may take to show (real BMCs: seconds; the emulator: 1 to 11 s). */
   powerTimeoutMs?: number;
+  /** How often a power change is polled for (one request each; default 1 s). */
+  powerPollMs?: number;
   /**
    * The network boot server: with `bmc.boot` to `pxe` and a ramdisk to offer, it is published here
    * for the machine before the BMC is told to boot from the network.
@@ -50,7 +52,9 @@ export async function runSiteCommand(
     case 'bmc.power': {
       const action = payload.action as BmcPowerAction;
       await client.power(action);
-      return answer(await client.waitForPower(action === 'off' ? 'off' : 'on', powerTimeoutMs));
+      return answer(
+        await client.waitForPower(action === 'off' ? 'off' : 'on', powerTimeoutMs, options.powerPollMs),
+      );
     }
     case 'bmc.boot': {
       const ramdisk = payload.ramdisk as { discoveryToken: string } | undefined;

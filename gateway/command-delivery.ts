@@ -7,6 +7,7 @@ import {
 import type { CommandLane } from '../domain/fleet.ts';
 import type { GatewayContext } from './context.ts';
 import type { NodeSession } from './session.ts';
+import { sessionCredits } from './site-agents.ts';
 
 /**
  * Delivers queued commands to the sessions this gateway holds, pushed rather than polled: the
@@ -112,7 +113,7 @@ export class CommandDelivery {
       if (!session || session.closed) continue;
       let free = credits.get(nodeId);
       if (!free) {
-        free = session.credits();
+        free = sessionCredits(this.ctx, session);
         credits.set(nodeId, free);
       }
       // Order within a lane: once a command waits, later ones of its lane wait too.

@@ -24,6 +24,11 @@ export interface GatewayOptions {
   /** Node certificate lifetime (at most 24 hours). */
   certificateTtlMs: number;
   credits: Record<CommandLane, number>;
+  /**
+   * A site agent's `provision` credits instead of `credits.provision`: its lane carries every
+   * machine's BMC commands, which it runs side by side (`bcd site --bmc-concurrency`, 16 by default).
+   */
+  siteProvisionCredits: number;
   /** Per-session message rate (token bucket) and how many refusals end the session. */
   messagesPerSecond: number;
   messageBurst: number;
@@ -60,6 +65,7 @@ export const defaultGatewayOptions: Omit<GatewayOptions, 'gatewayId' | 'trustDom
   commandPollMs: 5_000,
   certificateTtlMs: 24 * 60 * 60 * 1000,
   credits: { control: 8, provision: 2, bulk: 2 },
+  siteProvisionCredits: 16,
   messagesPerSecond: 100,
   messageBurst: 200,
   maxRefusals: 500,

@@ -79,6 +79,7 @@ export async function startGateway(
     maxSessions: deps.config.BETTER_COMPUTE_GATEWAY_MAX_SESSIONS,
     helloTimeoutMs: deps.config.BETTER_COMPUTE_GATEWAY_HELLO_TIMEOUT_SECONDS * 1000,
     commandPollMs: deps.config.BETTER_COMPUTE_GATEWAY_COMMAND_POLL_SECONDS * 1000,
+    siteProvisionCredits: deps.config.BETTER_COMPUTE_GATEWAY_SITE_BMC_CREDITS,
     joinsPerSecondPerPeer: deps.config.BETTER_COMPUTE_GATEWAY_JOINS_PER_SECOND_PER_PEER,
     joinBurstPerPeer: Math.ceil(deps.config.BETTER_COMPUTE_GATEWAY_JOINS_PER_SECOND_PER_PEER * 5),
     joinsPerSecond: deps.config.BETTER_COMPUTE_GATEWAY_JOINS_PER_SECOND,

@@ -9,7 +9,7 @@ import {
 } from '../db/metal/site-leases.ts';
 import type { QueuedCommandRow } from '../db/nodes/commands.ts';
 import { ComputeError } from '../domain/errors.ts';
-import type { NodeRole } from '../domain/fleet.ts';
+import type { CommandLane, NodeRole } from '../domain/fleet.ts';
 import type { Sealer } from '../domain/sealing.ts';
 import type { GatewayContext } from './context.ts';
 
@@ -27,6 +27,21 @@ interface SiteSessionView {
  * The gateway's side of site agents: the boot lease each live site session takes or renews, the
  * BMC credential opened only on the wire, and the lease fence on a site agent's results.
  */
+
+/**
+ * A session's free credits per lane: a site agent's `provision` lane holds
+ * `siteProvisionCredits` (every machine's BMC commands, run side by side), others' `credits`.
+ */
+export function sessionCredits(
+  ctx: GatewayContext,
+  session: { peer: { role: NodeRole }; credits(): Record<CommandLane, number> },
+): Record<CommandLane, number> {
+  const free = session.credits();
+  if (session.peer.role === 'site') {
+    free.provision += ctx.options.siteProvisionCredits - ctx.options.credits.provision;
+  }
+  return free;
+}
 
 /**
  * Takes or renews `site:<id>:boot` for every live site-agent session on this gateway (one

@@ -268,6 +268,50 @@ describe('sites, the site agent and BMCs over Redfish', () => {
     expect(machine.bmc.lastError).toMatch(/did not answer/);
   }, 60_000);
 
+  it('the boot server drives different machines’ BMCs side by side, each machine’s commands in order', async () => {
+    const silent = await call('metal/enroll', {
+      siteId,
+      poolId,
+      name: 'silent-in-order',
+      bmc: { address: silentBmcAddress, systemId: '2', username: 'root', password: 'calvin' },
+      inspect: false,
+    });
+    // Four commands to a BMC that never answers: each fails after its 2 s request deadline...
+    const stuck: string[] = [];
+    for (const [method, body] of [
+      ['metal/power', { action: 'on' }],
+      ['metal/inventory', {}],
+      ['metal/bootDevice', { device: 'disk' }],
+      ['metal/power', { action: 'off' }],
+    ] as const) {
+      stuck.push((await call(method, { nodeId: silent.nodeId, ...body, waitSeconds: 0 })).commandId);
+    }
+    // ...and one to a BMC that answers, sent after them: it does not wait behind them.
+    const inventory = await bmc('metal/inventory', { nodeId: machines[1] });
+    expect(inventory).toMatchObject({ state: 'succeeded', system: { name: 'metal-2' } });
+    const rows = async () =>
+      api.database.db
+        .selectFrom('node_commands')
+        .where('id', 'in', [...stuck, inventory.commandId])
+        .select(['id', 'state', 'delivered_at', 'completed_at'])
+        .execute();
+    await eventually(async () => (await rows()).every((r) => r.completed_at !== null), 60_000);
+    const byId = new Map((await rows()).map((r) => [r.id, r]));
+    const done = stuck.map((id) => byId.get(id)!);
+    expect(done.map((r) => r.state)).toEqual(['failed', 'failed', 'failed', 'failed']);
+    // One machine's commands ran one after another, in the order they were sent (2 s each): they
+    // completed in that order, and the last no sooner than four deadlines after the first was
+    // delivered (results recorded late on a busy machine can only widen that span).
+    const completed = done.map((r) => r.completed_at!.getTime());
+    expect(completed).toEqual([...completed].sort((a, b) => a - b));
+    expect(completed[completed.length - 1]! - done[0]!.delivered_at!.getTime()).toBeGreaterThan(
+      4 * 2_000 - 500,
+    );
+    expect(byId.get(inventory.commandId)!.completed_at!.getTime()).toBeLessThan(
+      done[done.length - 1]!.completed_at!.getTime(),
+    );
+  }, 120_000);
+
   it('the standby takes over only after the lease expires, under epoch 2; the stale agent’s writes are refused', async () => {
     const [a, b] = agents as [StartedSiteAgent, StartedSiteAgent];
     const db = api.database.db;
