@@ -55,6 +55,21 @@ export function closedWindows(input: {
 }
 
 /**
+ * The time up to which billing is settled: compute_now(), or the start of the oldest transaction
+ * still open on this database if that is earlier. compute_now() is a transaction's start time, so
+ * a release that began before this meter and commits after it stamps `released_at` (or truncates
+ * the allocation's window) at that earlier time; a window billed past it would be final and too
+ * long. Windows after the horizon wait for a later meter; an allocation already released (or of
+ * an ended reservation) is settled and billed to its end at once. (Sessions of other roles show no
+ * `xact_start` and are not waited for: the control plane runs under one role.)
+ */
+const settledHorizon = sql`
+  SELECT COALESCE(c.frozen_at, least(now(), (SELECT min(xact_start) FROM pg_stat_activity
+    WHERE datname = current_database() AND backend_type = 'client backend' AND xact_start IS NOT NULL))
+    + c.offset_by) AS at
+  FROM compute_clock c`;
+
+/**
  * Writes the closed usage windows of every bound allocation of a reservation (billing runs from
  * `bound_at`, never before the window's start, and stops at the release or the booking's end).
  * A window once written is final: a retry inserts nothing twice. Answers how many it wrote.
@@ -77,17 +92,21 @@ export async function meterReservationUsage(
     final: boolean;
     atoms: Array<{ c: string; p: string | null }> | null;
   }>`
+    WITH horizon AS (${settledHorizon})
     SELECT a.id AS allocation_id, r.tenant_id, p.gpu_model, r.spot, p.sharing_mode, p.policy,
       greatest(a.bound_at, lower(a.during)) AS bill_from,
-      least(coalesce(a.released_at, 'infinity'), upper(a.during), compute_now()) AS bill_to,
-      compute_now() AS now,
-      (a.released_at IS NOT NULL OR upper(a.during) <= compute_now()
-        OR r.state IN (${sql.join(endedStates.map((s) => sql.lit(s)))})) AS final,
+      CASE WHEN s.settled THEN least(coalesce(a.released_at, 'infinity'), upper(a.during), compute_now())
+        ELSE least(upper(a.during), h.at) END AS bill_to,
+      h.at AS now,
+      (s.settled OR upper(a.during) <= h.at) AS final,
       (SELECT json_agg(json_build_object('c', d.class, 'p', d.attributes->>'profile'))
         FROM device_bookings b JOIN devices d ON d.id = b.device_id WHERE b.allocation_id = a.id) AS atoms
     FROM allocations a
     JOIN reservations r ON r.id = a.reservation_id
     JOIN pools p ON p.id = r.pool_id
+    CROSS JOIN horizon h
+    CROSS JOIN LATERAL (SELECT a.released_at IS NOT NULL
+      OR r.state IN (${sql.join(endedStates.map((s) => sql.lit(s)))}) AS settled) s
     WHERE a.reservation_id = ${reservationId} AND a.bound_at IS NOT NULL`.execute(trx);
   let written = 0;
   for (const row of rows) {

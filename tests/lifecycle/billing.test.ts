@@ -1,5 +1,7 @@
 import { sql } from 'kysely';
 import { describe, expect, it } from 'vitest';
+import { endCurrentAllocations } from '../../db/reservations/lifecycle-release.ts';
+import { checkBilling } from '../support/fault-checks.ts';
 import { insertPlacedReservation, reportAllocation, useLifecycleHarness, waitForState } from './harness.ts';
 
 // One-second usage windows stand in for hours.
@@ -46,5 +48,42 @@ describe('billing', () => {
     expect(Math.max(...windows.map((w) => w.hour_start.getTime()))).toBeLessThanOrEqual(
       rows[0]!.released_at.getTime(),
     );
+  });
+
+  it('never bills past a release whose transaction began before the window closed', async () => {
+    const { id, allocationId } = await insertPlacedReservation(h);
+    await h.startLifecycle(id);
+    await waitForState(h, id, 'binding');
+    await reportAllocation(h, id, allocationId, 'bound');
+    await waitForState(h, id, 'active');
+    const billedUntil = async () =>
+      (
+        await sql<{ until: Date | null }>`
+          SELECT max(hour_start) + interval '1 second' AS until FROM usage_windows WHERE allocation_id = ${allocationId}`.execute(
+          h.db,
+        )
+      ).rows[0]!.until?.getTime() ?? 0;
+    const computeNow = async () =>
+      (await sql<{ now: Date }>`SELECT compute_now() AS now`.execute(h.db)).rows[0]!.now.getTime();
+    await expect.poll(billedUntil, { timeout: 30_000, interval: 100 }).toBeGreaterThan(0);
+    // A release begins (its compute_now() is its start) and commits only after three more windows
+    // closed, while the lifecycle goes on metering: those windows must wait for it.
+    await h.db.transaction().execute(async (trx) => {
+      const began = (
+        await sql<{ now: Date }>`SELECT compute_now() AS now`.execute(trx)
+      ).rows[0]!.now.getTime();
+      await expect.poll(computeNow, { timeout: 30_000, interval: 100 }).toBeGreaterThan(began + 3_000);
+      await expect
+        .poll(billedUntil, { timeout: 30_000, interval: 100 })
+        .toBeGreaterThanOrEqual(began - 1_000);
+      expect(await billedUntil()).toBeLessThanOrEqual(began + 1_000);
+      await endCurrentAllocations(trx, id, 'released');
+    });
+    await h.lifecycle.signal(id, { type: 'release' });
+    await waitForState(h, id, 'released');
+    await h.temporal.client.workflow.getHandle(id).result();
+    const report = await checkBilling(h.db, 1_000);
+    expect(report).toMatchObject({ overbilledAllocations: 0, overlappingWindows: 0 });
+    expect(report.windows).toBeGreaterThan(0);
   });
 });
