@@ -20,6 +20,19 @@ import type { LifecycleTimers } from './reservation-lifecycle-types.ts';
 export const machineBindTimeoutMs = 2 * 3_600_000;
 
 /**
+ * The wipe after a lease: a leased machine's bookings run this long past the lease's own end
+ * (unbilled: billing follows the allocation's window), so no later booking can start on the
+ * machine while the ramdisk still wipes it after a natural end. A clean that finishes sooner frees
+ * the machine then; one that fails puts it in maintenance.
+ */
+export const machineTurnaroundMs = 30 * 60_000;
+
+/** The span a lease's machines are booked for: its window and the wipe after it. */
+export function machineBookingWindow(window: Interval): Interval {
+  return { start: window.start, end: window.end + machineTurnaroundMs };
+}
+
+/**
  * The lifecycle's timers for a dedicated-root lease: 2 hours to bind (the deploy), and one binding
  * attempt only, so a failed deploy fails the reservation rather than placing it a second time.
  */

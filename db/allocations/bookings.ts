@@ -223,6 +223,8 @@ export interface AllocationWithBookings extends TimeWindow {
   deviceIds: readonly string[];
   /** Scalar host resources booked on the node (amounts of 0 are not booked). */
   resources: Partial<Record<HostResource, number>>;
+  /** The bookings' end when they outlast the allocation's own `end` (a leased machine's wipe). */
+  bookedUntil?: Date | undefined;
 }
 
 /**
@@ -238,6 +240,9 @@ export async function insertAllocationWithBookings(trx: Trx, input: AllocationWi
     .filter(([, amount]) => (amount ?? 0) > 0)
     .sort(([a], [b]) => a.localeCompare(b));
   const during = sql`tstzrange(${input.start.toISOString()}::timestamptz, ${input.end.toISOString()}::timestamptz, '[)')`;
+  const booked = input.bookedUntil
+    ? sql`tstzrange(${input.start.toISOString()}::timestamptz, ${input.bookedUntil.toISOString()}::timestamptz, '[)')`
+    : during;
   try {
     await sql`${sql.raw(preparedMarker)}
       WITH alloc AS (
@@ -249,13 +254,13 @@ export async function insertAllocationWithBookings(trx: Trx, input: AllocationWi
         SELECT pg_advisory_xact_lock(${deviceLockSpace}, k) FROM ${deviceLockKeys(input.deviceIds)}
       ), devices AS (
         INSERT INTO device_bookings (device_id, allocation_id, during)
-        SELECT d, (SELECT id FROM alloc), ${during}
+        SELECT d, (SELECT id FROM alloc), ${booked}
         FROM unnest(${input.deviceIds as string[]}::text[]) AS d
         WHERE (SELECT count(*) FROM locks) >= 0
         RETURNING 1
       )
       INSERT INTO scalar_bookings (allocation_id, node_id, resource, amount, during)
-      SELECT (SELECT id FROM alloc), ${input.nodeId}, r, m, ${during}
+      SELECT (SELECT id FROM alloc), ${input.nodeId}, r, m, ${booked}
       FROM unnest(${scalars.map(([r]) => r)}::text[], ${scalars.map(([, m]) => String(m))}::numeric[])
            WITH ORDINALITY AS t(r, m, i)
       WHERE (SELECT count(*) FROM devices) >= 0

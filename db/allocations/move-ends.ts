@@ -10,7 +10,8 @@ type Trx = Transaction<Database>;
  * transaction. The atoms are locked first; when another booking starts before `newEnd` nothing
  * changes and the answer carries `availableUntil`, the latest end every atom can reach. The
  * EXCLUDE constraint and the scalar guard decide (a conflict rolls back to a savepoint). The
- * reservation row itself is the caller's to move.
+ * reservation row itself is the caller's to move. Bookings that outlast the allocations by a fixed
+ * span (a leased machine's wipe after its end) keep that span past the new end.
  */
 export async function moveAllocationEnds(
   trx: Trx,
@@ -34,14 +35,15 @@ export async function moveAllocationEnds(
     : [];
   const deviceIds = devices.map((d) => d.device_id);
   await lockDevices(trx, deviceIds);
-  const current = new Date(input.currentEnd).toISOString();
-  const target = new Date(input.newEnd).toISOString();
+  const tailMs = await bookedPastEndMs(trx, allocationIds, input.currentEnd);
+  const current = new Date(input.currentEnd + tailMs).toISOString();
+  const target = new Date(input.newEnd + tailMs).toISOString();
   const { rows } = await sql<{ next: Date | null }>`
     SELECT min(lower(during)) AS next FROM device_bookings
     WHERE device_id = ANY(${deviceIds}::text[]) AND NOT (allocation_id = ANY(${allocationIds}::text[]))
       AND during && tstzrange(${current}::timestamptz, ${target}::timestamptz, '[)')`.execute(trx);
   const next = rows[0]?.next?.getTime();
-  if (next !== undefined) return { moved: false, availableUntil: Math.max(next, input.currentEnd) };
+  if (next !== undefined) return { moved: false, availableUntil: Math.max(next - tailMs, input.currentEnd) };
   await sql`SAVEPOINT extend_bookings`.execute(trx);
   try {
     for (const table of [sql.raw('device_bookings'), sql.raw('scalar_bookings')]) {
@@ -59,7 +61,22 @@ export async function moveAllocationEnds(
     }
     throw error;
   }
-  await sql`UPDATE allocations SET during = tstzrange(lower(during), ${target}::timestamptz, '[)'), updated_at = compute_now()
-    WHERE id = ANY(${allocationIds}::text[]) AND upper(during) = ${current}::timestamptz`.execute(trx);
+  const allocationEnd = new Date(input.currentEnd).toISOString();
+  const newAllocationEnd = new Date(input.newEnd).toISOString();
+  await sql`UPDATE allocations SET during = tstzrange(lower(during), ${newAllocationEnd}::timestamptz, '[)'), updated_at = compute_now()
+    WHERE id = ANY(${allocationIds}::text[]) AND upper(during) = ${allocationEnd}::timestamptz`.execute(trx);
   return { moved: true };
+}
+
+/** How far the allocations' bookings run past `endMs` (0 for bookings that end with them). */
+async function bookedPastEndMs(trx: Trx, allocationIds: readonly string[], endMs: number): Promise<number> {
+  if (allocationIds.length === 0) return 0;
+  const { rows } = await sql<{ until: Date | null }>`
+    SELECT greatest(
+      (SELECT max(upper(during)) FROM device_bookings WHERE allocation_id = ANY(${allocationIds}::text[])),
+      (SELECT max(upper(during)) FROM scalar_bookings WHERE allocation_id = ANY(${allocationIds}::text[]))) AS until`.execute(
+    trx,
+  );
+  const until = rows[0]?.until?.getTime();
+  return until !== undefined && until > endMs ? until - endMs : 0;
 }

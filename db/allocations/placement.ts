@@ -126,15 +126,24 @@ export function withCounterOffer(summary: string, earliest: number | null, start
  */
 export async function tryBook(
   trx: Trx,
-  input: { fit: NodeFit; window: Interval; reservationId: string; allocationId?: string | undefined },
+  input: {
+    fit: NodeFit;
+    window: Interval;
+    reservationId: string;
+    allocationId?: string | undefined;
+    /** The bookings' end when they outlast the window (a leased machine's wipe); default its end. */
+    bookedUntil?: number | undefined;
+  },
 ): Promise<'booked' | 'locked' | 'stale'> {
   const { fit, window } = input;
   const start = new Date(window.start);
   const end = new Date(window.end);
-  const room = await lockHostRoom(trx, { nodeId: fit.nodeId, resources: fit.resources, start, end });
+  const bookedUntil = input.bookedUntil !== undefined ? new Date(input.bookedUntil) : undefined;
+  const span = { start, end: bookedUntil ?? end };
+  const room = await lockHostRoom(trx, { nodeId: fit.nodeId, resources: fit.resources, ...span });
   if (room !== 'room') return room === 'locked' ? 'locked' : 'stale';
   // The atoms' locks tried in their fixed order and, under them, their bookings re-checked.
-  const devices = await tryLockFreeDevices(trx, fit.deviceIds, { start, end });
+  const devices = await tryLockFreeDevices(trx, fit.deviceIds, span);
   if (devices === 'locked') return 'locked';
   if (devices === 'booked') return 'stale';
   try {
@@ -146,6 +155,7 @@ export async function tryBook(
       resources: fit.resources,
       start,
       end,
+      bookedUntil,
     });
     return 'booked';
   } catch (error) {

@@ -1,6 +1,6 @@
 import { sql, type Transaction } from 'kysely';
 import type { Database, Db } from '../../core/database.ts';
-import { planMachines, summarizeMachinesNoFit } from '../../domain/dedicated-root.ts';
+import { machineBookingWindow, planMachines, summarizeMachinesNoFit } from '../../domain/dedicated-root.ts';
 import { newId } from '../../domain/ids.ts';
 import type { Interval, NodeFit } from '../../domain/placer.ts';
 import type { NormalizedRequest } from '../../domain/reservation-request.ts';
@@ -14,7 +14,9 @@ type Trx = Transaction<Database>;
  * caller's transaction, all or nothing: machines of the pool in provision state `ready` (powered
  * off, no agent needed) whose every bookable atom and host resource is free over `window`, each
  * booked whole through the one booking path (`tryBook`: atoms try-locked and re-checked, the
- * EXCLUDE constraint, the scalar guard), one allocation per machine. A machine lost to a
+ * EXCLUDE constraint, the scalar guard), one allocation per machine. The machines are booked
+ * through the wipe after the lease as well (`machineBookingWindow`), the allocations over the
+ * lease's window alone (what is billed). A machine lost to a
  * concurrent placement rolls the lease back to its savepoint. NoFit answers why (no counter-offer:
  * machines are leased from now). Throws PlacementContention when only concurrent placements stood
  * in the way.
@@ -28,12 +30,9 @@ export async function findAndBookMachines(
   | { placed: false; message: string; earliestStart: number | null }
 > {
   const count = request.devices[0]!.count;
-  const nodes = await loadPlacerNodes(trx, {
-    poolId: input.poolId,
-    deviceClass: 'gpu',
-    horizon: input.window,
-  });
-  const plan = planMachines(nodes, input.window, input.reservationId);
+  const span = machineBookingWindow(input.window);
+  const nodes = await loadPlacerNodes(trx, { poolId: input.poolId, deviceClass: 'gpu', horizon: span });
+  const plan = planMachines(nodes, span, input.reservationId);
   if (plan.fits.length < count) {
     return { placed: false, message: summarizeMachinesNoFit(plan, count), earliestStart: null };
   }
@@ -44,6 +43,7 @@ export async function findAndBookMachines(
     const outcome = await tryBook(trx, {
       fit,
       window: input.window,
+      bookedUntil: span.end,
       reservationId: input.reservationId,
       allocationId: newId('alloc'),
     });
@@ -68,12 +68,9 @@ export async function previewMachines(
   | { fits: true; fit: NodeFit; window: Interval }
   | { fits: false; message: string; earliestStart: number | null; window: Interval }
 > {
-  const nodes = await loadPlacerNodes(db, {
-    poolId: input.poolId,
-    deviceClass: 'gpu',
-    horizon: input.window,
-  });
-  const plan = planMachines(nodes, input.window);
+  const span = machineBookingWindow(input.window);
+  const nodes = await loadPlacerNodes(db, { poolId: input.poolId, deviceClass: 'gpu', horizon: span });
+  const plan = planMachines(nodes, span);
   if (plan.fits.length >= input.count) return { fits: true, fit: plan.fits[0]!, window: input.window };
   return {
     fits: false,

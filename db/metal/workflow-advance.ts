@@ -220,6 +220,13 @@ async function advanceStep(trx: Trx, wf: MetalWorkflowView, step: MetalStepView)
     return true;
   } catch (error) {
     if (!isComputeError(error) || error.code === 'INTERNAL') throw error;
+    // No site agent holds the boot lease just now (a failover under way, a restart): the step
+    // waits for one within its timeout instead of spending every attempt in the gap at once.
+    const waitingSince = step.attempts.at(-1)?.finishedAt ?? step.startedAt?.getTime() ?? nowMs;
+    if (error.code === 'UNAVAILABLE' && nowMs - waitingSince < step.timeoutSeconds * 1_000) {
+      await saveStep(trx, wf, step, { state: 'pending', attempts, error: `waiting: ${error.message}` });
+      return false;
+    }
     attempts.push({ ...attempt, state: 'failed', error: error.message, finishedAt: nowMs });
     await failAttempt(trx, wf, step, attempts, error.message);
     return true;

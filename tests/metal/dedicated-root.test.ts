@@ -1,5 +1,7 @@
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { advanceComputeClock, readComputeNow } from '../../db/clock.ts';
+import { machineTurnaroundMs } from '../../domain/dedicated-root.ts';
 import { createCompute } from '../../server/compute.ts';
 import { callApi } from '../support/api.ts';
 import { eventually } from '../support/eventually.ts';
@@ -63,6 +65,30 @@ describe('dedicated root: whole bare machines leased with a profile deployed, wi
       );
     }
   };
+
+  /** Creates a one-machine lease and waits until it is active on its deployed machine. */
+  const activeLease = async (idempotencyKey: string, duration: string) => {
+    const created = await asLessee('reservations/create', lease({ idempotencyKey, duration }));
+    expect(created.status, JSON.stringify(created.body)).toBe(200);
+    const id: string = created.body.data.id;
+    return within(id, () =>
+      eventually(async () => {
+        const got = await asLessee('reservations/get', { tenantId: lessee.tenantId, reservationId: id });
+        return got.body.data?.state === 'active' ? got.body.data : null;
+      }, 420_000),
+    );
+  };
+  const cleanOf = (allocationId: string) =>
+    eventually(
+      () =>
+        h.api.database.db
+          .selectFrom('metal_workflows')
+          .where('allocation_id', '=', allocationId)
+          .where('kind', '=', 'clean')
+          .selectAll()
+          .executeTakeFirst(),
+      60_000,
+    );
 
   beforeAll(async () => {
     h = await startMetalDeployHarness({ dir, log, machines: 2, name: 'lease' });
@@ -167,6 +193,17 @@ describe('dedicated root: whole bare machines leased with a profile deployed, wi
       .select('id')
       .execute();
     expect([...allocation.deviceIds].sort()).toEqual(gpus.map((g) => g.id).sort());
+    // The machine is booked through the wipe after the lease; the allocation (what is billed) is not.
+    const spans = await db
+      .selectFrom('device_bookings as b')
+      .innerJoin('allocations as a', 'a.id', 'b.allocation_id')
+      .where('a.id', '=', allocation.id)
+      .select([sql<Date>`upper(b.during)`.as('booked'), sql<Date>`upper(a.during)`.as('billed')])
+      .execute();
+    expect(spans.map((x) => x.booked.getTime() - x.billed.getTime())).toEqual([
+      machineTurnaroundMs,
+      machineTurnaroundMs,
+    ]);
 
     // The lifecycle starts the deploy of the lease's profile on that machine.
     const deploy = await within(reservation.id, () =>
@@ -309,5 +346,121 @@ describe('dedicated root: whole bare machines leased with a profile deployed, wi
       [...h.site.machines].sort(),
     );
     await asLessee('reservations/cancel', { tenantId: lessee.tenantId, reservationId: again.body.data.id });
+  }, 900_000);
+
+  it('at the natural end the machine stays booked while it is wiped, then is freed, unbilled past the end', async () => {
+    const db = h.api.database.db;
+    // A short lease, so the clock moves only minutes to its end.
+    const active = await activeLease('natural-end', '10m');
+    const allocation = active.allocations[0];
+    // An extend moves the turnaround along with the end.
+    const extended = await asLessee('reservations/extend', {
+      tenantId: lessee.tenantId,
+      reservationId: active.id,
+      by: '5m',
+      idempotencyKey: 'natural-end-extend',
+    });
+    expect(extended.body.data, JSON.stringify(extended.body)).toMatchObject({ extended: true });
+    const end = extended.body.data.reservation.during.end as number;
+    expect(end).toBe(active.during.end + 5 * 60_000);
+    const tails = await db
+      .selectFrom('device_bookings')
+      .where('allocation_id', '=', allocation.id)
+      .select(sql<Date>`upper(during)`.as('until'))
+      .execute();
+    expect(tails.map((t) => t.until.getTime())).toEqual([
+      end + machineTurnaroundMs,
+      end + machineTurnaroundMs,
+    ]);
+
+    // The lease's end passes (the clock moved there): the lifecycle ends it and the wipe begins.
+    // The clock moves back once it has: certificates and TLS live by the wall clock, and the
+    // ramdisk that wipes the machine must join under it.
+    const jump = end - (await readComputeNow(db)).getTime() + 1_000;
+    await advanceComputeClock(db, jump);
+    try {
+      await h.temporal.lifecycle.signal(active.id, { type: 'wake', reason: 'test' });
+      await within(active.id, () =>
+        eventually(async () => {
+          const got = await asLessee('reservations/get', {
+            tenantId: lessee.tenantId,
+            reservationId: active.id,
+          });
+          return got.body.data?.state === 'released' ? got.body.data : null;
+        }, 60_000),
+      );
+    } finally {
+      await advanceComputeClock(db, -jump);
+    }
+    const clean = await within(active.id, () => cleanOf(allocation.id));
+    const during = await db
+      .selectFrom('allocations')
+      .where('id', '=', allocation.id)
+      .select(['state', sql<Date>`upper(during)`.as('until')])
+      .executeTakeFirstOrThrow();
+    // Billed to the end only; booked on past it, so nothing else starts on the machine mid-wipe.
+    expect(during.until.getTime()).toBe(end);
+    if (during.state === 'releasing') {
+      expect((await bookingsOf(allocation.id)).every((b) => b.live)).toBe(true);
+      const next = await asLessee(
+        'reservations/create',
+        lease({ idempotencyKey: 'after-natural-end', devices: [{ class: 'gpu', count: 2 }] }),
+      );
+      expect(next.body.data?.state ?? next.body.error?.code).not.toBe('placed');
+      if (next.body.data)
+        await asLessee('reservations/cancel', {
+          tenantId: lessee.tenantId,
+          reservationId: next.body.data.id,
+        });
+    }
+    const wiped = await h.until(clean.id, (wf) => wf.state !== 'running', 300_000);
+    expect(wiped.state, JSON.stringify(wiped.steps)).toBe('succeeded');
+    expect(await h.call('nodes/get', { nodeId: allocation.nodeId })).toMatchObject({
+      provisionState: 'ready',
+      maintenance: false,
+    });
+    expect((await bookingsOf(allocation.id)).some((b) => b.live)).toBe(false);
+    // Billed GPU-hours: at most the machine's two GPUs over the lease's window, nothing for the wipe.
+    const billed = await db
+      .selectFrom('usage_windows')
+      .where('reservation_id', '=', active.id)
+      .select(sql<string>`coalesce(sum(quantity), 0)`.as('hours'))
+      .executeTakeFirstOrThrow();
+    expect(Number(billed.hours)).toBeLessThanOrEqual((2 * (end - active.during.start)) / 3_600_000 + 1e-6);
+  }, 900_000);
+
+  it('a deploy that fails fails the lease: DeployFailed with the reason, the machine in maintenance, nothing left booked', async () => {
+    const db = h.api.database.db;
+    // The image server refuses every download: write-image fails both of its attempts.
+    h.image.failRequests = 1_000_000;
+    try {
+      const created = await asLessee('reservations/create', lease({ idempotencyKey: 'doomed' }));
+      expect(created.status, JSON.stringify(created.body)).toBe(200);
+      const id: string = created.body.data.id;
+      const allocation = created.body.data.allocations[0];
+      const failed = await within(id, () =>
+        eventually(async () => {
+          const got = await asLessee('reservations/get', { tenantId: lessee.tenantId, reservationId: id });
+          return got.body.data?.state === 'failed' ? got.body.data : null;
+        }, 600_000),
+      );
+      const condition = failed.conditions.find((c: { reason: string }) => c.reason === 'DeployFailed');
+      expect(condition?.message).toMatch(
+        new RegExp(`on node ${allocation.nodeId} failed: .*failed at step write-image`),
+      );
+      const node = await h.call('nodes/get', { nodeId: allocation.nodeId });
+      expect(node.maintenance).toBe(true);
+      expect(node.maintenanceReason).toMatch(/failed at step write-image/);
+      // It was placed once, never a second time, and holds nothing now.
+      const allocations = await db
+        .selectFrom('allocations')
+        .where('reservation_id', '=', id)
+        .select('state')
+        .execute();
+      expect(allocations).toEqual([{ state: expect.stringMatching(/failed|released/) }]);
+      expect((await bookingsOf(allocation.id)).some((b) => b.live)).toBe(false);
+    } finally {
+      h.image.failRequests = 0;
+    }
   }, 900_000);
 });
