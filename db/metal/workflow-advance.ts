@@ -224,7 +224,9 @@ async function advanceStep(trx: Trx, wf: MetalWorkflowView, step: MetalStepView)
     // waits for one within its timeout instead of spending every attempt in the gap at once.
     const waitingSince = step.attempts.at(-1)?.finishedAt ?? step.startedAt?.getTime() ?? nowMs;
     if (error.code === 'UNAVAILABLE' && nowMs - waitingSince < step.timeoutSeconds * 1_000) {
-      await saveStep(trx, wf, step, { state: 'pending', attempts, error: `waiting: ${error.message}` });
+      const waiting = `waiting: ${error.message}`;
+      if (step.error !== waiting || !step.startedAt)
+        await saveStep(trx, wf, step, { state: 'pending', attempts, error: waiting });
       return false;
     }
     attempts.push({ ...attempt, state: 'failed', error: error.message, finishedAt: nowMs });
