@@ -100,13 +100,17 @@ function spread(seed: string, id: string): number {
 export function planMachines(nodes: readonly PlacerNode[], window: Interval, seed = ''): PlacementPlan {
   const fits: NodeFit[] = [];
   const rejections: PlacementPlan['rejections'] = {};
+  let noScheduleCondition: string | undefined;
   for (const node of nodes) {
     const result = fitMachine(node, window);
     if ('fit' in result) fits.push(result.fit);
-    else rejections[result.rejection] = (rejections[result.rejection] ?? 0) + 1;
+    else {
+      rejections[result.rejection] = (rejections[result.rejection] ?? 0) + 1;
+      if ('condition' in result && result.condition) noScheduleCondition ??= result.condition;
+    }
   }
   fits.sort((a, b) => spread(seed, a.nodeId) - spread(seed, b.nodeId));
-  return { fits, rejections, nodes: nodes.length };
+  return { fits, rejections, nodes: nodes.length, ...(noScheduleCondition ? { noScheduleCondition } : {}) };
 }
 
 /**

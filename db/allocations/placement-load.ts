@@ -99,7 +99,10 @@ export async function loadPlacerNodes(
   const { rows } = await sql<NodeRow>`${sql.raw(preparedMarker)}
     SELECT n.id, n.name, n.provision_state = 'ready' AS ready, n.cordoned, n.maintenance, n.draining,
            n.connectivity = 'connected' AS connected, COALESCE(n.observed_generation, 0) >= 1 AS converged,
-           (SELECT c.type FROM node_conditions c WHERE c.node_id = n.id AND c.effect = 'NoSchedule' ORDER BY c.type LIMIT 1) AS no_schedule,
+           -- NodeUnreachable last: the machine placer excuses it on powered-off machines, so any
+           -- other NoSchedule condition (an operator's taint) beside it must be the one it sees.
+           (SELECT c.type FROM node_conditions c WHERE c.node_id = n.id AND c.effect = 'NoSchedule'
+             ORDER BY c.type = 'NodeUnreachable', c.type LIMIT 1) AS no_schedule,
            (SELECT json_object_agg(l.key, l.value) FROM node_labels l
              WHERE l.node_id = n.id AND (l.key NOT LIKE 'bc.dev/%' OR l.source = 'system')) AS labels,
            (SELECT json_agg(json_build_object('id', d.id, 'a', d.attributes, 'h', d.health = 'healthy')) FROM devices d

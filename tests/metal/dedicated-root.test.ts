@@ -176,6 +176,38 @@ describe('dedicated root: whole bare machines leased with a profile deployed, wi
     expect(rows).toEqual([]);
   });
 
+  it('a tainted machine is not leased, though its NodeUnreachable (powered off) is excused', async () => {
+    const db = h.api.database.db;
+    const machine = h.site.machines[0]!;
+    // Powered off after its inspection, the machine's session lapsed: NodeUnreachable stands.
+    await eventually(
+      () =>
+        db
+          .selectFrom('node_conditions')
+          .where('node_id', '=', machine)
+          .where('type', '=', 'NodeUnreachable')
+          .select('type')
+          .executeTakeFirst(),
+      120_000,
+    );
+    await h.call('nodes/taint', { nodeId: machine, reason: 'bad-fan' });
+    try {
+      const created = await asLessee(
+        'reservations/create',
+        lease({ idempotencyKey: 'tainted', devices: [{ class: 'gpu', count: 2 }] }),
+      );
+      expect(created.status, JSON.stringify(created.body)).toBe(200);
+      expect(created.body.data.state).not.toBe('placed');
+      expect(JSON.stringify(created.body.data.conditions)).toMatch(/Taint:bad-fan/);
+      await asLessee('reservations/cancel', {
+        tenantId: lessee.tenantId,
+        reservationId: created.body.data.id,
+      });
+    } finally {
+      await h.call('nodes/untaint', { nodeId: machine, reason: 'bad-fan' });
+    }
+  });
+
   it('leases a whole ready machine: deployed at the start, active once joined; on release wiped, ready, then freed', async () => {
     const db = h.api.database.db;
     const created = await asLessee('reservations/create', lease({ idempotencyKey: 'lease-1' }));
