@@ -66,17 +66,20 @@ describe('dedicated root: whole bare machines leased with a profile deployed, wi
     }
   };
 
+  /** Waits until the lease is in `state` and answers it; a timeout says where the lease stands. */
+  const untilLeaseState = (reservationId: string, state: string, ms: number) =>
+    within(reservationId, () =>
+      eventually(async () => {
+        const got = await asLessee('reservations/get', { tenantId: lessee.tenantId, reservationId });
+        return got.body.data?.state === state ? got.body.data : null;
+      }, ms),
+    );
+
   /** Creates a one-machine lease and waits until it is active on its deployed machine. */
   const activeLease = async (idempotencyKey: string, duration: string) => {
     const created = await asLessee('reservations/create', lease({ idempotencyKey, duration }));
     expect(created.status, JSON.stringify(created.body)).toBe(200);
-    const id: string = created.body.data.id;
-    return within(id, () =>
-      eventually(async () => {
-        const got = await asLessee('reservations/get', { tenantId: lessee.tenantId, reservationId: id });
-        return got.body.data?.state === 'active' ? got.body.data : null;
-      }, 420_000),
-    );
+    return untilLeaseState(created.body.data.id, 'active', 420_000);
   };
   const cleanOf = (allocationId: string) =>
     eventually(
@@ -272,13 +275,7 @@ describe('dedicated root: whole bare machines leased with a profile deployed, wi
       'reboot-into-image',
       'acceptance',
     ]);
-    const active = await eventually(async () => {
-      const got = await asLessee('reservations/get', {
-        tenantId: lessee.tenantId,
-        reservationId: reservation.id,
-      });
-      return got.body.data?.state === 'active' ? got.body.data : null;
-    }, 120_000);
+    const active = await untilLeaseState(reservation.id, 'active', 120_000);
     expect(active.allocations[0].state).toBe('bound');
     const system = h.systems[h.site.machines.indexOf(allocation.nodeId)]!;
     expect(h.machines.running(system.uuid)).toBe('os');
@@ -412,15 +409,7 @@ describe('dedicated root: whole bare machines leased with a profile deployed, wi
     await advanceComputeClock(db, jump);
     try {
       await h.temporal.lifecycle.signal(active.id, { type: 'wake', reason: 'test' });
-      await within(active.id, () =>
-        eventually(async () => {
-          const got = await asLessee('reservations/get', {
-            tenantId: lessee.tenantId,
-            reservationId: active.id,
-          });
-          return got.body.data?.state === 'released' ? got.body.data : null;
-        }, 60_000),
-      );
+      await untilLeaseState(active.id, 'released', 60_000);
     } finally {
       await advanceComputeClock(db, -jump);
     }
@@ -470,12 +459,7 @@ describe('dedicated root: whole bare machines leased with a profile deployed, wi
       expect(created.status, JSON.stringify(created.body)).toBe(200);
       const id: string = created.body.data.id;
       const allocation = created.body.data.allocations[0];
-      const failed = await within(id, () =>
-        eventually(async () => {
-          const got = await asLessee('reservations/get', { tenantId: lessee.tenantId, reservationId: id });
-          return got.body.data?.state === 'failed' ? got.body.data : null;
-        }, 600_000),
-      );
+      const failed = await untilLeaseState(id, 'failed', 600_000);
       const condition = failed.conditions.find((c: { reason: string }) => c.reason === 'DeployFailed');
       expect(condition?.message).toMatch(
         new RegExp(`on node ${allocation.nodeId} failed: .*failed at step write-image`),
