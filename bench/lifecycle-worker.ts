@@ -10,6 +10,7 @@ const options = JSON.parse(process.argv[2] ?? '{}') as {
   databaseUrl: string;
   address: string;
   taskQueue: string;
+  maxCachedWorkflows?: number;
 };
 const log = createLogger({ level: 'warn', name: 'bench-worker' });
 const { db } = createDb(options.databaseUrl, { max: 10, applicationName: 'bench-worker' });
@@ -20,6 +21,7 @@ const worker = await startWorker({
   address: options.address,
   taskQueue: options.taskQueue,
   sweeper: false,
+  ...(options.maxCachedWorkflows !== undefined ? { maxCachedWorkflows: options.maxCachedWorkflows } : {}),
 });
 process.on('message', async (message: { type: string }) => {
   if (message.type === 'stop') {

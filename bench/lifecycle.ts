@@ -6,6 +6,7 @@
  * them (placed, a day ahead, so every workflow stays live, waiting on its timers) and started 25
  * at a time. The worker runs in a child process so its figures are its own.
  * Usage: node --import tsx bench/lifecycle.ts [--reservations 1000] [--creates 200] [--idle 5]
+ *   [--cache N] (the worker's sticky cache: most workflows kept; default the SDK's)
  */
 import { fork } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
@@ -28,6 +29,7 @@ const { values } = parseArgs({
     reservations: { type: 'string', default: '1000' },
     creates: { type: 'string', default: '200' },
     idle: { type: 'string', default: '5' },
+    cache: { type: 'string' },
   },
 });
 const total = Number(values.reservations);
@@ -41,7 +43,14 @@ const taskQueue = `bench-lifecycle-${randomBytes(4).toString('hex')}`;
 const temporal = await connectTemporal({ address });
 const child = fork(
   fileURLToPath(new URL('./lifecycle-worker.ts', import.meta.url)),
-  [JSON.stringify({ databaseUrl: bench.url, address, taskQueue })],
+  [
+    JSON.stringify({
+      databaseUrl: bench.url,
+      address,
+      taskQueue,
+      ...(values.cache !== undefined ? { maxCachedWorkflows: Number(values.cache) } : {}),
+    }),
+  ],
   { execArgv: ['--import', 'tsx', '--expose-gc'], stdio: ['ignore', 'inherit', 'inherit', 'ipc'] },
 );
 type Usage = { memory: NodeJS.MemoryUsage; cpu: NodeJS.CpuUsage };

@@ -101,6 +101,11 @@ export interface WorkerDeps {
   draftRetentionHours?: number;
   /** Most activities run at once (each holds one PostgreSQL connection while it runs). */
   maxConcurrentActivities?: number;
+  /**
+   * Most workflows kept in the sticky cache (default: the SDK's, from the heap limit). An evicted
+   * lifecycle is replayed from its history when it next wakes; fewer cached costs less memory.
+   */
+  maxCachedWorkflows?: number;
 }
 
 export interface RunningWorker {
@@ -171,6 +176,7 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
     workflowBundle: await workflowBundle(),
     activities,
     maxConcurrentActivityTaskExecutions: deps.maxConcurrentActivities ?? 50,
+    ...(deps.maxCachedWorkflows !== undefined ? { maxCachedWorkflows: deps.maxCachedWorkflows } : {}),
   });
   if (deps.sweeper !== false) {
     await ensureSweeperSchedule(temporal.client, {
