@@ -118,6 +118,9 @@ export async function startModeProcesses(
         namespace: config.TEMPORAL_NAMESPACE,
         taskQueue: config.BETTER_COMPUTE_TASK_QUEUE,
         draftRetentionHours: config.BETTER_COMPUTE_DRAFT_RETENTION_HOURS,
+        ...(config.BETTER_COMPUTE_WORKFLOW_CACHE !== undefined
+          ? { maxCachedWorkflows: config.BETTER_COMPUTE_WORKFLOW_CACHE }
+          : {}),
         ...(input.temporal.sweeper !== undefined ? { sweeper: input.temporal.sweeper } : {}),
       });
       stops.push(worker.stop);
