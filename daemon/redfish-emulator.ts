@@ -63,6 +63,8 @@ export interface RedfishEmulator {
   username: string;
   password: string;
   systems: EmulatedSystem[];
+  /** The emulator's process id (undefined if it could not be spawned). */
+  pid: number | undefined;
   stop(): Promise<void>;
 }
 
@@ -96,6 +98,9 @@ export async function startRedfishEmulator(options: {
   password?: string;
   notifyUrl?: string;
   log?: Logger;
+  /** Run it in a process group of its own, so a watchdog can stop it (`onSpawn` gets its pid). */
+  detached?: boolean;
+  onSpawn?: (pid: number) => void;
 }): Promise<RedfishEmulator> {
   const binary = ensureSushyEmulator(options.toolsDir, options.log);
   mkdirSync(options.dataDir, { recursive: true });
@@ -137,7 +142,9 @@ export async function startRedfishEmulator(options: {
   );
   const child: ChildProcess = spawn(binary, ['--config', configFile, '--fake'], {
     stdio: ['ignore', 'ignore', 'pipe'],
+    detached: options.detached ?? false,
   });
+  if (child.pid !== undefined) options.onSpawn?.(child.pid);
   let stderr = '';
   child.stderr?.on('data', (chunk: Buffer) => {
     stderr = (stderr + chunk.toString()).slice(-4000);
@@ -169,6 +176,7 @@ export async function startRedfishEmulator(options: {
     username,
     password,
     systems: options.systems,
+    pid: child.pid,
     stop: async () => {
       if (child.exitCode === null) {
         child.kill('SIGTERM');

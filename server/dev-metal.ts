@@ -38,6 +38,8 @@ export async function seedDevMetal(input: {
   rootToken: string;
   signer: { privateKeyPem: string };
   log: Logger;
+  /** The dev stack's watchdog: the Redfish emulator (its own process group) never outlives it. */
+  watchdog?: { watch(pid: number, signal: NodeJS.Signals): void; unwatch(pid: number): void };
 }): Promise<DevMetal> {
   const { plane, log } = input;
   const none: DevMetal = { sites: [], profiles: [], stop: async () => {} };
@@ -88,8 +90,14 @@ export async function seedDevMetal(input: {
       password: bmcPassword,
       notifyUrl,
       log,
+      ...(input.watchdog
+        ? { detached: true, onSpawn: (pid: number) => input.watchdog?.watch(pid, 'SIGTERM') }
+        : {}),
     });
-    stops.push(() => emulator.stop());
+    stops.push(async () => {
+      await emulator.stop();
+      if (emulator.pid !== undefined) input.watchdog?.unwatch(emulator.pid);
+    });
 
     const { sites } = await api.sites.list(cred, {});
     const site =

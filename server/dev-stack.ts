@@ -185,6 +185,7 @@ export async function startDevStack(options: {
       rootToken: demo.tenants.root.token,
       signer,
       log,
+      watchdog,
     });
     stops.push(metal.stop);
 

@@ -21,6 +21,7 @@ let child: ChildProcess | undefined;
 let output = '';
 
 interface DevJson {
+  sites: unknown[];
   apiUrl: string;
   temporalAddress: string;
   databaseUrl: string;
@@ -66,20 +67,29 @@ function postgresPid(): number {
   return Number(readFileSync(path.join(dataDir, 'postgres', 'postmaster.pid'), 'utf8').split('\n')[0]);
 }
 
-function temporalPid(): number {
-  const marker = path.join(dataDir, 'temporal', 'temporal.db');
+/** The live processes whose command line holds every one of `parts`. */
+function pidsWith(...parts: string[]): number[] {
+  const pids: number[] = [];
   for (const entry of readdirSync('/proc')) {
     if (!/^\d+$/.test(entry)) continue;
     try {
       const cmdline = readFileSync(`/proc/${entry}/cmdline`, 'utf8');
-      if (cmdline.includes('start-dev') && cmdline.includes(marker) && alive(Number(entry)))
-        return Number(entry);
+      if (parts.every((p) => cmdline.includes(p)) && alive(Number(entry))) pids.push(Number(entry));
     } catch {
       // gone meanwhile
     }
   }
-  throw new Error('no Temporal dev server of this dev stack runs');
+  return pids;
 }
+
+function temporalPid(): number {
+  const pid = pidsWith('start-dev', path.join(dataDir, 'temporal', 'temporal.db'))[0];
+  if (pid === undefined) throw new Error('no Temporal dev server of this dev stack runs');
+  return pid;
+}
+
+/** The dev stack's Redfish emulator (none when python3's venv or PyPI is missing here). */
+const emulatorPids = () => pidsWith('sushy-emulator', path.join(dataDir, 'metal', 'bmc'));
 
 async function whoami(info: DevJson) {
   const response = await fetch(`${info.apiUrl}/api/compute/system/whoami`, {
@@ -138,9 +148,11 @@ describe('the dev stack supervises PostgreSQL and the Temporal dev server', () =
     expect(await isPortFree(Number(info.temporalAddress.split(':')[1]))).toBe(true);
 
     // SIGKILLed, the dev stack cannot stop them itself: its watchdog does.
-    await startDev(ports);
+    const restarted = await startDev(ports);
     const [pg, tp] = [postgresPid(), temporalPid()];
+    const emulators = emulatorPids();
+    if (restarted.sites.length > 0) expect(emulators).toHaveLength(1);
     child!.kill('SIGKILL');
-    await eventually(async () => !alive(pg) && !alive(tp), 30_000);
+    await eventually(async () => !alive(pg) && !alive(tp) && emulators.every((pid) => !alive(pid)), 30_000);
   }, 400_000);
 });
