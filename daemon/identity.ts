@@ -72,8 +72,12 @@ export function reclaimProofFrom(dir: string, csrPem: string): ReclaimProof | un
   }
 }
 
-/** How many times a throttled Join is tried again, honouring the gateway's retry pushback. */
-const joinAttempts = 8;
+/**
+ * How long a throttled Join keeps trying, honouring the gateway's retry pushback. A budget of
+ * time, not of attempts: many machines behind one address (a rack booting, a simulated fleet) are
+ * refused together again and again until the per-address rate lets each in.
+ */
+const joinPushbackBudgetMs = 10 * 60_000;
 
 function pushbackMs(error: unknown): number | null {
   const e = error as { code?: number; metadata?: Metadata };
@@ -112,15 +116,17 @@ export async function joinWithToken(input: {
   const tls = gatewayChannel(input.gateway, { caCertificatePem: input.caCertificatePem });
   const client = new JoinServiceClient(input.gateway, tls.credentials, tls.options);
   let response: JoinResponse;
+  const started = Date.now(); // wall time: the pushback budget of this process
   try {
-    for (let attempt = 1; ; attempt++) {
+    for (;;) {
       try {
         response = await unary<JoinResponse>((cb) => client.join(request, cb));
         break;
       } catch (error) {
         const wait = pushbackMs(error);
-        if (wait === null || attempt >= joinAttempts) throw error;
-        await new Promise((r) => setTimeout(r, wait));
+        if (wait === null || Date.now() - started + wait > joinPushbackBudgetMs) throw error; // wall time
+        // Up to twice the pushback, at random: a herd refused together comes back spread out.
+        await new Promise((r) => setTimeout(r, wait + Math.floor(Math.random() * wait)));
       }
     }
   } finally {
