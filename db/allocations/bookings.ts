@@ -7,7 +7,7 @@ import { preparedMarker } from '../pool.ts';
 type Trx = Transaction<Database>;
 
 /** Advisory-lock namespace for per-device booking locks (the first key of the two-key form). */
-const deviceLockSpace = 0x6263_0001;
+export const deviceLockSpace = 0x6263_0001;
 
 export interface TimeWindow {
   start: Date;
@@ -39,7 +39,7 @@ export class BookingConflict extends ComputeError {
  * The per-device lock keys of `deviceIds`, one row each (`k`), in the one fixed order every
  * booking writer takes them in. Every statement that locks devices selects from this.
  */
-function deviceLockKeys(deviceIds: readonly string[]) {
+export function deviceLockKeys(deviceIds: readonly string[]) {
   return sql`(SELECT DISTINCT hashtext(id) AS k FROM unnest(${deviceIds as string[]}::text[]) AS id ORDER BY k) AS keys`;
 }
 
@@ -47,7 +47,7 @@ function deviceLockKeys(deviceIds: readonly string[]) {
  * An exclusion refusal (23P01) as BookingConflict and, for writers of a node's scalar resources
  * (`nodeId` given), a guard refusal (BC001, or 23503 for a missing resource row); anything else as is.
  */
-function bookingConflictOf(
+export function bookingConflictOf(
   error: unknown,
   what: { deviceIds?: readonly string[]; nodeId?: string; resource?: string; message?: string },
 ) {
@@ -76,84 +76,6 @@ export async function lockDevices(trx: Trx, deviceIds: readonly string[]): Promi
   await sql`SELECT pg_advisory_xact_lock(${deviceLockSpace}, k) FROM ${deviceLockKeys(deviceIds)}`.execute(
     trx,
   );
-}
-
-/**
- * Tries the per-device locks (never waits) and looks up bookings in one round trip: the locks are
- * tried in the same fixed order and, only when every one was taken, the devices' bookings over
- * `window` are looked up. 'locked' when a lock was held by another transaction, 'booked' when a
- * device is already booked, else 'free' (with the locks held to the end of the transaction). The
- * lookup reads the statement's snapshot, taken just before the locks: a booking committed in
- * between is not seen here, and the EXCLUDE constraint refuses it at insert time (BookingConflict).
- */
-export async function tryLockFreeDevices(
-  trx: Trx,
-  deviceIds: readonly string[],
-  window: TimeWindow,
-): Promise<'locked' | 'booked' | 'free'> {
-  if (deviceIds.length === 0) return 'free';
-  const { rows } = await sql<{ got: boolean; booked: boolean | null }>`${sql.raw(preparedMarker)}
-    WITH locks AS MATERIALIZED (
-      SELECT pg_try_advisory_xact_lock(${deviceLockSpace}, k) AS got FROM ${deviceLockKeys(deviceIds)}
-    )
-    SELECT bool_and(got) AS got,
-           CASE WHEN bool_and(got) THEN EXISTS (
-             SELECT 1 FROM device_bookings
-             WHERE device_id = ANY(${deviceIds}::text[])
-               AND during && tstzrange(${window.start.toISOString()}::timestamptz, ${window.end.toISOString()}::timestamptz, '[)'))
-           END AS booked
-    FROM locks`.execute(trx);
-  if (!rows[0]?.got) return 'locked';
-  return rows[0].booked ? 'booked' : 'free';
-}
-
-/**
- * The node a transaction last locked the host-resource rows of (lockHostRoom), so it waits only
- * for nodes in ascending id order: two placements never wait on each other's rows in a cycle.
- */
-const lastHostRoomLock = new WeakMap<object, string>();
-
-/**
- * Serializes every booker of a node's scalar host resources (reservations here, holds in
- * db/holds/holds.ts, the guard triggers) on the node's host_resources rows, taken FOR UPDATE in
- * resource-name order (the order of the guard), then checks, in a statement that starts under
- * them (so it sees every booking committed before), that `resources` fit over `window` beside the
- * reservations' and holds' bookings: the guard's sum, read first. Waits for the rows only when
- * `nodeId` is above every node this transaction locked before (else tries them, never waiting).
- * 'locked' (a concurrent booker holds a row and waiting could deadlock), 'full' (the room is gone,
- * or a row is missing), or 'room' (rows held to the end of the transaction, so the insert that
- * follows cannot be refused by the guard). Nothing booked; no error thrown for contention.
- */
-export async function lockHostRoom(
-  trx: Trx,
-  input: { nodeId: string; resources: Partial<Record<HostResource, number>> } & TimeWindow,
-): Promise<'room' | 'locked' | 'full'> {
-  const wanted = Object.entries(input.resources)
-    .filter(([, amount]) => (amount ?? 0) > 0)
-    .sort(([a], [b]) => a.localeCompare(b)) as Array<[HostResource, number]>;
-  if (wanted.length === 0) return 'room';
-  const names = wanted.map(([r]) => r);
-  const previous = lastHostRoomLock.get(trx);
-  const wait = previous === undefined || input.nodeId > previous;
-  const { rows: locked } = await sql<{ resource: string }>`${sql.raw(preparedMarker)}
-    SELECT resource FROM host_resources WHERE node_id = ${input.nodeId} AND resource = ANY(${names}::text[])
-    ORDER BY array_position(${names}::text[], resource)
-    FOR UPDATE ${wait ? sql`` : sql`SKIP LOCKED`}`.execute(trx);
-  if (wait) lastHostRoomLock.set(trx, input.nodeId);
-  const during = sql`tstzrange(${input.start.toISOString()}::timestamptz, ${input.end.toISOString()}::timestamptz, '[)')`;
-  const { rows } = await sql<{ resource: string; present: boolean; fits: boolean }>`${sql.raw(preparedMarker)}
-    SELECT w.r AS resource, h.node_id IS NOT NULL AS present,
-           COALESCE(h.allocatable >= w.m
-             + COALESCE((SELECT sum(amount) FROM scalar_bookings s
-                          WHERE s.node_id = ${input.nodeId} AND s.resource = w.r AND s.during && ${during}), 0)
-             + COALESCE((SELECT sum(amount) FROM hold_bookings b
-                          WHERE b.node_id = ${input.nodeId} AND b.resource = w.r AND b.during && ${during}), 0),
-             false) AS fits
-    FROM unnest(${names}::text[], ${wanted.map(([, m]) => String(m))}::numeric[]) AS w(r, m)
-    LEFT JOIN host_resources h ON h.node_id = ${input.nodeId} AND h.resource = w.r`.execute(trx);
-  const got = new Set(locked.map((l) => l.resource));
-  if (rows.some((r) => r.present && !got.has(r.resource))) return 'locked';
-  return rows.every((r) => r.present && r.fits) ? 'room' : 'full';
 }
 
 function isPgError(error: unknown, code: string): error is { code: string; message: string } {

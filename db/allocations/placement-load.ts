@@ -96,6 +96,8 @@ export async function loadPlacerNodes(
         WHERE a.during && ${range(input.horizon)})`
     : sql``;
   const horizon = range(input.horizon);
+  const start = new Date(input.horizon.start).toISOString();
+  const end = new Date(input.horizon.end).toISOString();
   const { rows } = await sql<NodeRow>`${sql.raw(preparedMarker)}
     SELECT n.id, n.name, n.provision_state = 'ready' AS ready, n.cordoned, n.maintenance, n.draining,
            n.connectivity = 'connected' AS connected, COALESCE(n.observed_generation, 0) >= 1 AS converged,
@@ -109,10 +111,14 @@ export async function loadPlacerNodes(
              WHERE d.node_id = n.id AND d.class = ${input.deviceClass} AND d.bookable AND d.removed_at IS NULL
                -- an atom a new NodeSpec generation made counts once the node reported converging it
                AND d.bookable_from_generation <= COALESCE(n.observed_generation, 0)) AS devices,
+           -- Through the node's live allocations only: the horizon is tested on the bounds, not
+           -- with &&, which the planner would answer from the EXCLUDE index across every device's
+           -- bookings (a cost growing with the fleet's live reservations). The allocation's own
+           -- window is not tested: a leased machine's bookings outlast it (the turnaround).
            (SELECT json_agg(json_build_object('d', b.device_id, 's', lower(b.during), 'e', upper(b.during)))
               FROM allocations a JOIN device_bookings b ON b.allocation_id = a.id
-             WHERE a.node_id = n.id AND a.state NOT IN (${literalList(endedAllocationStates)}) AND a.during && ${horizon}
-               AND b.during && ${horizon}) AS bookings,
+             WHERE a.node_id = n.id AND a.state NOT IN (${literalList(endedAllocationStates)})
+               AND upper(b.during) > ${start}::timestamptz AND lower(b.during) < ${end}::timestamptz) AS bookings,
            (SELECT json_object_agg(h.resource, h.allocatable) FROM host_resources h
              WHERE h.node_id = n.id AND h.resource IN ('vcpu', 'memoryGiB', 'hugepages1Gi')) AS host,
            (SELECT json_agg(json_build_object('r', s.resource, 'n', s.amount, 's', lower(s.during), 'e', upper(s.during)))

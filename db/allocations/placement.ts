@@ -14,13 +14,9 @@ import {
 } from '../../domain/placer.ts';
 import type { NormalizedRequest } from '../../domain/reservation-request.ts';
 import { isTransientConflict } from '../conflict-retry.ts';
-import {
-  BookingConflict,
-  insertAllocationWithBookings,
-  lockHostRoom,
-  tryLockFreeDevices,
-} from './bookings.ts';
+import { BookingConflict } from './bookings.ts';
 import { loadPlacerNodes, sampleNodeIds, schedulableNodeIds } from './placement-load.ts';
+import { tryInsertAllocationWithBookings } from './try-book.ts';
 
 type Trx = Transaction<Database>;
 
@@ -117,12 +113,13 @@ export function withCounterOffer(summary: string, earliest: number | null, start
 }
 
 /**
- * Books one fit in the caller's transaction: the node's host-resource rows locked and its room
- * re-checked under them (lockHostRoom: every scalar booker of the node, hold or reservation,
- * queues there, so the loser sees the winner's booking), its atoms' locks tried (never waited
- * for) and their bookings re-checked under them, then the allocation inserted through the EXCLUDE
- * constraint and the scalar guard. 'locked' (a concurrent placement holds an atom or a row) or
- * 'stale' (an atom or the host room was booked since the plan) change nothing.
+ * Books one fit in the caller's transaction, in one statement (tryInsertAllocationWithBookings):
+ * the node's host-resource rows and its atoms' locks tried (never waited for), the room and the
+ * atoms' bookings re-checked, then the allocation inserted through the EXCLUDE constraint and the
+ * scalar guard. 'locked' (a concurrent placement holds an atom or a row) or 'stale' (an atom or
+ * the host room was booked since the plan) change nothing. A refusal by the constraint or the
+ * guard (a booking committed between the statement's snapshot and its locks) is
+ * PlacementContention: the statement failed, so the transaction is retried whole.
  */
 export async function tryBook(
   trx: Trx,
@@ -133,35 +130,24 @@ export async function tryBook(
     allocationId?: string | undefined;
     /** The bookings' end when they outlast the window (a leased machine's wipe); default its end. */
     bookedUntil?: number | undefined;
+    /** Wait for the node's host rows (in ascending node order only; see tryInsertAllocationWithBookings). */
+    waitForHostRows?: boolean;
   },
 ): Promise<'booked' | 'locked' | 'stale'> {
   const { fit, window } = input;
-  const start = new Date(window.start);
-  const end = new Date(window.end);
-  const bookedUntil = input.bookedUntil !== undefined ? new Date(input.bookedUntil) : undefined;
-  const span = { start, end: bookedUntil ?? end };
-  const room = await lockHostRoom(trx, { nodeId: fit.nodeId, resources: fit.resources, ...span });
-  if (room !== 'room') return room === 'locked' ? 'locked' : 'stale';
-  // The atoms' locks tried in their fixed order and, under them, their bookings re-checked.
-  const devices = await tryLockFreeDevices(trx, fit.deviceIds, span);
-  if (devices === 'locked') return 'locked';
-  if (devices === 'booked') return 'stale';
   try {
-    await insertAllocationWithBookings(trx, {
+    return await tryInsertAllocationWithBookings(trx, {
+      waitForHostRows: input.waitForHostRows === true,
       allocationId: input.allocationId ?? newId('alloc'),
       reservationId: input.reservationId,
       nodeId: fit.nodeId,
       deviceIds: fit.deviceIds,
       resources: fit.resources,
-      start,
-      end,
-      bookedUntil,
+      start: new Date(window.start),
+      end: new Date(window.end),
+      bookedUntil: input.bookedUntil !== undefined ? new Date(input.bookedUntil) : undefined,
     });
-    return 'booked';
   } catch (error) {
-    // The atoms and the host rows were locked and re-checked, so this is not expected (a device
-    // booked between the lookup's snapshot and its lock). The statement failed, so the transaction
-    // is over: retry it whole (no savepoint round trips on the common path).
     if (error instanceof BookingConflict) throw new PlacementContention();
     throw error;
   }
@@ -217,6 +203,7 @@ export async function findAndBook(
       const outcome = noFitOutcome(nodes, plan, input);
       return { placed: false, message: outcome.message, earliestStart: outcome.earliestStart };
     }
+    const locked: NodeFit[] = [];
     for (const fit of plan.fits.slice(0, 16)) {
       const outcome = await tryBook(trx, {
         fit,
@@ -225,8 +212,21 @@ export async function findAndBook(
         allocationId: input.allocationId,
       });
       if (outcome === 'booked') return { placed: true, fit };
-      if (outcome === 'locked') contended = true;
+      if (outcome === 'locked') locked.push(fit);
     }
+    // Only concurrent bookers stood in the way: queue behind the first of them (so a small pool
+    // fills exactly instead of answering contention), then look again.
+    for (const fit of locked) {
+      const outcome = await tryBook(trx, {
+        fit,
+        window: input.window,
+        reservationId: input.reservationId,
+        allocationId: input.allocationId,
+        waitForHostRows: true,
+      });
+      if (outcome === 'booked') return { placed: true, fit };
+    }
+    if (locked.length > 0) contended = true;
   }
   // Every fit was taken or locked by concurrent placements: roll back and try again.
   throw new PlacementContention();

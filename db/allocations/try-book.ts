@@ -1,0 +1,124 @@
+import { sql, type Transaction } from 'kysely';
+import type { Database } from '../../core/database.ts';
+import { preparedMarker } from '../pool.ts';
+import {
+  type AllocationWithBookings,
+  bookingConflictOf,
+  deviceLockKeys,
+  deviceLockSpace,
+} from './bookings.ts';
+
+type Trx = Transaction<Database>;
+
+/** The highest node id each transaction has locked host rows of (see `waitForHostRows`). */
+const highestLockedNode = new WeakMap<object, string>();
+
+/**
+ * Tries one placement's booking in one statement (one round trip where it took four): the node's
+ * host-resource rows tried FOR UPDATE SKIP LOCKED in resource order, then, only when every one was
+ * taken, the per-device locks tried in their fixed order; the room and the devices' bookings
+ * checked; and, only when all of that holds, the `planned` allocation inserted with its device
+ * bookings (through the EXCLUDE constraint) and its scalar bookings (in resource order, under the
+ * guard trigger). Nothing ever waits for a lock, so no two placements wait on each other in a
+ * cycle, and placements that chose the same best-fit node spread to their next candidates.
+ *
+ * The checks read the statement's snapshot, taken just before the locks, so they are a fast
+ * answer, not the proof: a booking committed in between is refused by the EXCLUDE constraint or
+ * the scalar guard (which reads afresh under the row locks), raised as BookingConflict; the
+ * statement having failed, the caller's transaction must end and be retried.
+ * 'locked': a concurrent booker holds a host row or a device lock (locks taken so far are held to
+ * the end of the transaction); 'stale': a device is booked, the room is gone or a host row is
+ * missing; 'booked': inserted, with every lock held to the end of the transaction.
+ */
+export async function tryInsertAllocationWithBookings(
+  trx: Trx,
+  input: AllocationWithBookings & {
+    /**
+     * Wait for the node's host rows first (a statement of its own, so the checks that follow see
+     * the winner's booking): only when the node's id is above every node this transaction locked
+     * rows of before, so waiters always wait in ascending order and never in a cycle. Answers
+     * 'locked' without waiting otherwise.
+     */
+    waitForHostRows?: boolean;
+  },
+): Promise<'booked' | 'locked' | 'stale'> {
+  const highest = highestLockedNode.get(trx);
+  if (input.waitForHostRows && highest !== undefined && input.nodeId <= highest) return 'locked';
+  const scalars = Object.entries(input.resources)
+    .filter(([, amount]) => (amount ?? 0) > 0)
+    .sort(([a], [b]) => a.localeCompare(b));
+  const names = scalars.map(([r]) => r);
+  const amounts = scalars.map(([, m]) => String(m));
+  const start = input.start.toISOString();
+  const during = sql`tstzrange(${start}::timestamptz, ${input.end.toISOString()}::timestamptz, '[)')`;
+  const booked = input.bookedUntil
+    ? sql`tstzrange(${start}::timestamptz, ${input.bookedUntil.toISOString()}::timestamptz, '[)')`
+    : during;
+  const deviceIds = input.deviceIds as string[];
+  if (input.waitForHostRows && names.length > 0) {
+    await sql`${sql.raw(preparedMarker)}
+      SELECT 1 FROM host_resources WHERE node_id = ${input.nodeId} AND resource = ANY(${names}::text[])
+      ORDER BY resource FOR UPDATE`.execute(trx);
+  }
+  try {
+    const { rows } = await sql<{
+      verdict: 'go' | 'locked' | 'stale';
+      host_rows: number;
+    }>`${sql.raw(preparedMarker)}
+      WITH present AS MATERIALIZED (
+        SELECT count(*) AS n FROM host_resources WHERE node_id = ${input.nodeId} AND resource = ANY(${names}::text[])
+      ), host AS MATERIALIZED (
+        SELECT resource FROM host_resources WHERE node_id = ${input.nodeId} AND resource = ANY(${names}::text[])
+        ORDER BY resource FOR UPDATE SKIP LOCKED
+      ), host_got AS MATERIALIZED (
+        SELECT count(*) AS n FROM host
+      ), locks AS MATERIALIZED (
+        SELECT pg_try_advisory_xact_lock(${deviceLockSpace}, k) AS got FROM ${deviceLockKeys(deviceIds)}
+        WHERE (SELECT n FROM host_got) = (SELECT n FROM present)
+      ), verdict AS MATERIALIZED (
+        SELECT CASE
+          WHEN (SELECT n FROM host_got) < (SELECT n FROM present) THEN 'locked'
+          WHEN NOT COALESCE((SELECT bool_and(got) FROM locks), true) THEN 'locked'
+          WHEN (SELECT n FROM present) < cardinality(${names}::text[]) THEN 'stale'
+          WHEN EXISTS (SELECT 1 FROM device_bookings WHERE device_id = ANY(${deviceIds}::text[]) AND during && ${booked}) THEN 'stale'
+          WHEN EXISTS (
+            SELECT 1 FROM unnest(${names}::text[], ${amounts}::numeric[]) AS w(r, m)
+            JOIN host_resources h ON h.node_id = ${input.nodeId} AND h.resource = w.r
+            WHERE h.allocatable < w.m
+              + COALESCE((SELECT sum(amount) FROM scalar_bookings s
+                           WHERE s.node_id = ${input.nodeId} AND s.resource = w.r AND s.during && ${booked}), 0)
+              + COALESCE((SELECT sum(amount) FROM hold_bookings b
+                           WHERE b.node_id = ${input.nodeId} AND b.resource = w.r AND b.during && ${booked}), 0)) THEN 'stale'
+          ELSE 'go' END AS v
+      ), alloc AS (
+        INSERT INTO allocations (id, reservation_id, node_id, state, during, resources)
+        SELECT ${input.allocationId}, ${input.reservationId}, ${input.nodeId}, 'planned', ${during},
+               ${JSON.stringify(input.resources)}::jsonb
+        WHERE (SELECT v FROM verdict) = 'go'
+        RETURNING id
+      ), devices AS (
+        INSERT INTO device_bookings (device_id, allocation_id, during)
+        SELECT d, (SELECT id FROM alloc), ${booked}
+        FROM unnest(${deviceIds}::text[]) AS d
+        WHERE (SELECT v FROM verdict) = 'go'
+        RETURNING 1
+      ), scalar AS (
+        INSERT INTO scalar_bookings (allocation_id, node_id, resource, amount, during)
+        SELECT (SELECT id FROM alloc), ${input.nodeId}, r, m, ${booked}
+        FROM unnest(${names}::text[], ${amounts}::numeric[]) WITH ORDINALITY AS t(r, m, i)
+        WHERE (SELECT v FROM verdict) = 'go' AND (SELECT count(*) FROM devices) >= 0
+        ORDER BY i
+        RETURNING 1
+      )
+      SELECT (SELECT v FROM verdict) AS verdict, (SELECT n FROM host_got)::int AS host_rows,
+             (SELECT count(*) FROM scalar) AS inserted`.execute(trx);
+    const verdict = rows[0]?.verdict;
+    // Rows of this node are now held (some or all) to the end of the transaction.
+    if ((rows[0]?.host_rows ?? 0) > 0 && (highest === undefined || input.nodeId > highest)) {
+      highestLockedNode.set(trx, input.nodeId);
+    }
+    return verdict === 'go' ? 'booked' : verdict === 'locked' ? 'locked' : 'stale';
+  } catch (error) {
+    throw bookingConflictOf(error, { deviceIds: input.deviceIds, nodeId: input.nodeId });
+  }
+}
