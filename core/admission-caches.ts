@@ -1,4 +1,5 @@
 import type { HostResourceAmounts } from '../domain/reservation-request.ts';
+import { PlacerNodeCache } from './placer-node-cache.ts';
 
 /** A pool a tenant may book, as admission reads it (owned by or offered to the tenant). */
 export interface PoolForTenant {
@@ -56,6 +57,8 @@ export interface AdmissionCaches {
   share: TtlCache<HostResourceAmounts>;
   /** Positive poolForTenant answers per tenant and pool (5 s). */
   pools: TtlCache<PoolForTenant>;
+  /** Nodes of large pools as the placer last read them (10 s), each re-checked when booked. */
+  placerNodes: PlacerNodeCache;
 }
 
 export function createAdmissionCaches(): AdmissionCaches {
@@ -63,5 +66,6 @@ export function createAdmissionCaches(): AdmissionCaches {
     schedulable: new TtlCache<string[]>(5_000),
     share: new TtlCache<HostResourceAmounts>(30_000),
     pools: new TtlCache<PoolForTenant>(5_000),
+    placerNodes: new PlacerNodeCache(),
   };
 }

@@ -125,6 +125,23 @@ function spread(seed: string, id: string): number {
 
 type FitResult = { fit: NodeFit } | { rejection: Rejection; label?: string; condition?: string };
 
+/**
+ * The labels a node must carry to take the request: the required ones and, when it books host
+ * resources, the device-limits capability (any value: null), and the selector's (that value).
+ */
+export function labelsNeeded(node: PlacerNode, request: PlacementRequest): Record<string, string | null> {
+  const hasHostRows = Object.keys(node.host).length > 0;
+  const booksHost =
+    hasHostRows &&
+    (request.resources.vcpu > 0 || request.resources.memoryGiB > 0 || request.resources.hugepages1Gi > 0);
+  const needed: Record<string, string | null> = {};
+  for (const label of [...request.requiredLabels, ...(booksHost ? [capDevicesLimitsLabel] : [])]) {
+    needed[label] = null;
+  }
+  for (const [key, value] of Object.entries(request.selector?.nodeLabels ?? {})) needed[key] = value;
+  return needed;
+}
+
 /** Whether one node fits the request over `window`, and with which atoms. */
 export function fitNode(node: PlacerNode, request: PlacementRequest, window: Interval): FitResult {
   const scheduling = schedulingRejection(node);
@@ -133,16 +150,11 @@ export function fitNode(node: PlacerNode, request: PlacementRequest, window: Int
       rejection: scheduling,
       ...(scheduling === 'no-schedule' ? { condition: node.noSchedule! } : {}),
     };
-  const hasHostRows = Object.keys(node.host).length > 0;
-  const booksHost =
-    hasHostRows &&
-    (request.resources.vcpu > 0 || request.resources.memoryGiB > 0 || request.resources.hugepages1Gi > 0);
-  const labels = [...request.requiredLabels, ...(booksHost ? [capDevicesLimitsLabel] : [])];
-  const missing = labels.find((l) => node.labels[l] === undefined);
-  if (missing) return { rejection: 'labels', label: missing };
-  for (const [key, value] of Object.entries(request.selector?.nodeLabels ?? {})) {
-    if (node.labels[key] !== value) return { rejection: 'selector' };
-  }
+  const needed = Object.entries(labelsNeeded(node, request));
+  const missing = needed.find(([key, value]) => value === null && node.labels[key] === undefined);
+  if (missing) return { rejection: 'labels', label: missing[0] };
+  if (needed.some(([key, value]) => value !== null && node.labels[key] !== value))
+    return { rejection: 'selector' };
   const ofClass = node.devices.filter((d) => d.class === request.deviceClass && d.healthy);
   const matching = ofClass.filter((d) => matchesSelector(d, request.selector));
   if (matching.length < request.count)

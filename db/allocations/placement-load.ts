@@ -16,7 +16,8 @@ import { literalList } from '../sql-literals.ts';
 const range = (w: Interval) =>
   sql`tstzrange(${new Date(w.start).toISOString()}::timestamptz, ${new Date(w.end).toISOString()}::timestamptz, '[)')`;
 
-const schedulable = sql`n.provision_state = 'ready' AND NOT n.cordoned AND NOT n.maintenance AND NOT n.draining
+/** A node `n` the placer may book: ready, connected, converged, not fenced off in any way. */
+export const schedulable = sql`n.provision_state = 'ready' AND NOT n.cordoned AND NOT n.maintenance AND NOT n.draining
   AND n.connectivity = 'connected' AND COALESCE(n.observed_generation, 0) >= 1
   AND NOT EXISTS (SELECT 1 FROM node_conditions c WHERE c.node_id = n.id AND c.effect = 'NoSchedule')`;
 

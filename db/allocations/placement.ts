@@ -6,6 +6,7 @@ import { newId } from '../../domain/ids.ts';
 import {
   earliestStart,
   type Interval,
+  labelsNeeded,
   type NodeFit,
   type PlacementRequest,
   type PlacerNode,
@@ -132,12 +133,15 @@ export async function tryBook(
     bookedUntil?: number | undefined;
     /** Wait for the node's host rows (in ascending node order only; see tryInsertAllocationWithBookings). */
     waitForHostRows?: boolean;
+    /** Re-check the node as the plan saw it (a cached read; see tryInsertAllocationWithBookings). */
+    verify?: Parameters<typeof tryInsertAllocationWithBookings>[1]['verify'];
   },
 ): Promise<'booked' | 'locked' | 'stale'> {
   const { fit, window } = input;
   try {
     return await tryInsertAllocationWithBookings(trx, {
       waitForHostRows: input.waitForHostRows === true,
+      ...(input.verify ? { verify: input.verify } : {}),
       allocationId: input.allocationId ?? newId('alloc'),
       reservationId: input.reservationId,
       nodeId: fit.nodeId,
@@ -151,6 +155,47 @@ export async function tryBook(
     if (error instanceof BookingConflict) throw new PlacementContention();
     throw error;
   }
+}
+
+/** How far past a window the bookings of a cached node are read, so later windows reuse it. */
+const cachedHorizonMs = 86_400_000;
+
+/**
+ * A large pool's candidates for one round: a random sample of its schedulable nodes and the
+ * nodes of this process's newest placements, from the placer's node cache where it has them
+ * (bookings covering the window), the rest read now and cached.
+ */
+async function sampledNodes(
+  trx: Trx,
+  input: { poolId: string; request: PlacementRequest; window: Interval; caches: AdmissionCaches },
+): Promise<PlacerNode[]> {
+  const { poolId, request, window, caches } = input;
+  const ids = [
+    ...new Set([...(await sampleNodeIds(trx, poolId, caches)), ...caches.placerNodes.recentNodes(poolId)]),
+  ];
+  const { cached, missing } = caches.placerNodes.lookup(poolId, request.deviceClass, ids, window);
+  if (missing.length === 0) return cached;
+  const readHorizon = { start: window.start, end: window.end + cachedHorizonMs };
+  const read = await loadPlacerNodes(trx, {
+    poolId,
+    deviceClass: request.deviceClass,
+    horizon: readHorizon,
+    sample: missing,
+  });
+  caches.placerNodes.store(poolId, request.deviceClass, read, readHorizon);
+  return [...cached, ...read];
+}
+
+/** What a booking from a possibly cached node re-checks: the atoms as seen and the labels needed. */
+function verification(node: PlacerNode, fit: NodeFit, request: PlacementRequest) {
+  const chosen = new Set(fit.deviceIds);
+  return {
+    deviceClass: request.deviceClass,
+    attributes: Object.fromEntries(
+      node.devices.filter((d) => chosen.has(d.id)).map((d) => [d.id, d.attributes]),
+    ),
+    labels: labelsNeeded(node, request),
+  };
 }
 
 /**
@@ -185,16 +230,13 @@ export async function findAndBook(
     start: input.window.start,
     end: input.window.start + counterOfferHorizonMs + input.durationMs,
   };
+  const excluded = new Set(input.excludeNodeIds ?? []);
   let contended = false;
   for (let round = 0; round < 3; round++) {
     const whole = !large || round === 2;
-    const loaded = await loadPlacerNodes(trx, {
-      poolId: input.poolId,
-      deviceClass: input.request.deviceClass,
-      horizon: whole ? horizon : input.window,
-      ...(whole ? {} : { sample: await sampleNodeIds(trx, input.poolId, caches), recentAllocations: 12 }),
-    });
-    const excluded = new Set(input.excludeNodeIds ?? []);
+    const loaded = whole
+      ? await loadPlacerNodes(trx, { poolId: input.poolId, deviceClass: input.request.deviceClass, horizon })
+      : await sampledNodes(trx, { ...input, caches });
     const nodes = excluded.size > 0 ? loaded.filter((n) => !excluded.has(n.id)) : loaded;
     const plan = planPlacement(nodes, input.request, input.window, input.reservationId);
     if (plan.fits.length === 0) {
@@ -203,19 +245,35 @@ export async function findAndBook(
       const outcome = noFitOutcome(nodes, plan, input);
       return { placed: false, message: outcome.message, earliestStart: outcome.earliestStart };
     }
+    const byId = new Map(nodes.map((n) => [n.id, n]));
     const locked: NodeFit[] = [];
     for (const fit of plan.fits.slice(0, 16)) {
+      const node = byId.get(fit.nodeId)!;
       const outcome = await tryBook(trx, {
         fit,
         window: input.window,
         reservationId: input.reservationId,
         allocationId: input.allocationId,
+        // A sampled node may come from the cache: the booking re-checks what the plan relied on.
+        ...(whole ? {} : { verify: verification(node, fit, input.request) }),
       });
-      if (outcome === 'booked') return { placed: true, fit };
+      if (outcome === 'booked') {
+        caches.placerNodes.recordBooking(input.poolId, input.request.deviceClass, {
+          nodeId: fit.nodeId,
+          deviceIds: fit.deviceIds,
+          window: input.window,
+          resources: fit.resources,
+        });
+        return { placed: true, fit };
+      }
+      if (outcome === 'stale') caches.placerNodes.forget(input.poolId, input.request.deviceClass, fit.nodeId);
       if (outcome === 'locked') locked.push(fit);
     }
-    // Only concurrent bookers stood in the way: queue behind the first of them (so a small pool
-    // fills exactly instead of answering contention), then look again.
+    if (locked.length > 0) contended = true;
+    // In a large pool the next round samples other nodes; in the whole pool, only concurrent
+    // bookers stood in the way: queue behind them (so a small pool fills exactly instead of
+    // answering contention).
+    if (!whole) continue;
     for (const fit of locked) {
       const outcome = await tryBook(trx, {
         fit,
@@ -226,7 +284,6 @@ export async function findAndBook(
       });
       if (outcome === 'booked') return { placed: true, fit };
     }
-    if (locked.length > 0) contended = true;
   }
   // Every fit was taken or locked by concurrent placements: roll back and try again.
   throw new PlacementContention();

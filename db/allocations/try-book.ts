@@ -7,6 +7,7 @@ import {
   deviceLockKeys,
   deviceLockSpace,
 } from './bookings.ts';
+import { schedulable } from './placement-load.ts';
 
 type Trx = Transaction<Database>;
 
@@ -40,6 +41,16 @@ export async function tryInsertAllocationWithBookings(
      * 'locked' without waiting otherwise.
      */
     waitForHostRows?: boolean;
+    /**
+     * The node as the placer saw it from a cache: the booking also requires the node to be
+     * schedulable now, the atoms to be bookable, healthy and of `deviceClass` with the same
+     * attributes, and the labels the fit needed to be there (null: any value); else 'stale'.
+     */
+    verify?: {
+      deviceClass: string;
+      attributes: Record<string, Record<string, unknown>>;
+      labels: Record<string, string | null>;
+    };
   },
 ): Promise<'booked' | 'locked' | 'stale'> {
   const highest = highestLockedNode.get(trx);
@@ -55,6 +66,7 @@ export async function tryInsertAllocationWithBookings(
     ? sql`tstzrange(${start}::timestamptz, ${input.bookedUntil.toISOString()}::timestamptz, '[)')`
     : during;
   const deviceIds = input.deviceIds as string[];
+  const verify = input.verify;
   if (input.waitForHostRows && names.length > 0) {
     await sql`${sql.raw(preparedMarker)}
       SELECT 1 FROM host_resources WHERE node_id = ${input.nodeId} AND resource = ANY(${names}::text[])
@@ -80,6 +92,20 @@ export async function tryInsertAllocationWithBookings(
           WHEN (SELECT n FROM host_got) < (SELECT n FROM present) THEN 'locked'
           WHEN NOT COALESCE((SELECT bool_and(got) FROM locks), true) THEN 'locked'
           WHEN (SELECT n FROM present) < cardinality(${names}::text[]) THEN 'stale'
+          WHEN ${verify !== undefined} AND NOT EXISTS (
+            SELECT 1 FROM nodes n WHERE n.id = ${input.nodeId} AND ${schedulable}) THEN 'stale'
+          WHEN ${verify !== undefined} AND (
+            SELECT count(*) FROM devices d JOIN nodes n ON n.id = d.node_id
+            WHERE d.id = ANY(${deviceIds}::text[]) AND d.node_id = ${input.nodeId} AND d.class = ${verify?.deviceClass ?? ''}
+              AND d.bookable AND d.removed_at IS NULL AND d.health = 'healthy'
+              AND d.bookable_from_generation <= COALESCE(n.observed_generation, 0)
+              AND d.attributes = ${JSON.stringify(verify?.attributes ?? {})}::jsonb -> d.id) < cardinality(${deviceIds}::text[]) THEN 'stale'
+          WHEN ${verify !== undefined} AND EXISTS (
+            SELECT 1 FROM jsonb_each_text(${JSON.stringify(verify?.labels ?? {})}::jsonb) AS want(key, value)
+            WHERE NOT EXISTS (
+              SELECT 1 FROM node_labels l WHERE l.node_id = ${input.nodeId} AND l.key = want.key
+                AND (want.value IS NULL OR l.value = want.value)
+                AND (l.key NOT LIKE 'bc.dev/%' OR l.source = 'system'))) THEN 'stale'
           WHEN EXISTS (SELECT 1 FROM device_bookings WHERE device_id = ANY(${deviceIds}::text[]) AND during && ${booked}) THEN 'stale'
           WHEN EXISTS (
             SELECT 1 FROM unnest(${names}::text[], ${amounts}::numeric[]) AS w(r, m)

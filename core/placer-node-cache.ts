@@ -1,0 +1,106 @@
+import type { Interval, PlacerNode } from '../domain/placer.ts';
+
+/** How long a node read for placement is reused before it is read again. */
+const defaultTtlMs = 10_000;
+/** How many of its own newest placements per pool this process remembers (partly used nodes). */
+const recentPerPool = 12;
+
+interface Entry {
+  node: PlacerNode;
+  /** The bookings loaded cover this span; a window outside it is read afresh. */
+  horizon: Interval;
+  at: number;
+}
+
+/**
+ * Nodes of large pools as the placer last read them, per pool and device class, so a placement
+ * reads only the nodes it has not seen lately instead of every candidate each time. A heuristic
+ * input only: every booking re-checks the node (schedulable, the atoms' health, attributes and
+ * labels) and its bookings and room under its locks in the same statement, a stale entry is
+ * dropped when that check fails, and a NoFit answer always comes from a fresh read of the whole
+ * pool. This process's own bookings are added to the entries at once; other processes' show up
+ * through that check or the TTL.
+ */
+export class PlacerNodeCache {
+  readonly #entries = new Map<string, Map<string, Entry>>();
+  readonly #recent = new Map<string, string[]>();
+  readonly ttlMs: number;
+
+  constructor(ttlMs = defaultTtlMs) {
+    this.ttlMs = ttlMs;
+  }
+
+  /** The cached nodes among `nodeIds` whose bookings cover `window`, and the ids to read. */
+  lookup(
+    poolId: string,
+    deviceClass: string,
+    nodeIds: readonly string[],
+    window: Interval,
+  ): { cached: PlacerNode[]; missing: string[] } {
+    const entries = this.#entries.get(`${poolId}/${deviceClass}`);
+    const cached: PlacerNode[] = [];
+    const missing: string[] = [];
+    // wall time: the TTL of a heuristic cache, which decides no booking
+    const now = Date.now();
+    for (const id of nodeIds) {
+      const entry = entries?.get(id);
+      const fresh =
+        entry &&
+        now - entry.at < this.ttlMs &&
+        entry.horizon.start <= window.start &&
+        window.end <= entry.horizon.end;
+      if (fresh) cached.push(entry.node);
+      else missing.push(id);
+    }
+    return { cached, missing };
+  }
+
+  /** Stores nodes just read with their bookings over `horizon`. */
+  store(poolId: string, deviceClass: string, nodes: readonly PlacerNode[], horizon: Interval): void {
+    const key = `${poolId}/${deviceClass}`;
+    let entries = this.#entries.get(key);
+    if (!entries) {
+      entries = new Map();
+      this.#entries.set(key, entries);
+    }
+    // wall time: when the entries were read, for their TTL
+    const at = Date.now();
+    for (const node of nodes) entries.set(node.id, { node, horizon, at });
+  }
+
+  /** Adds this process's booking to the cached node (whether or not its transaction commits). */
+  recordBooking(
+    poolId: string,
+    deviceClass: string,
+    booking: {
+      nodeId: string;
+      deviceIds: readonly string[];
+      window: Interval;
+      resources: Record<string, number>;
+    },
+  ): void {
+    const recent = this.#recent.get(poolId) ?? [];
+    this.#recent.set(
+      poolId,
+      [booking.nodeId, ...recent.filter((id) => id !== booking.nodeId)].slice(0, recentPerPool),
+    );
+    const node = this.#entries.get(`${poolId}/${deviceClass}`)?.get(booking.nodeId)?.node;
+    if (!node) return;
+    const booked = new Set(booking.deviceIds);
+    for (const device of node.devices) if (booked.has(device.id)) device.bookings.push(booking.window);
+    for (const [resource, amount] of Object.entries(booking.resources)) {
+      if (amount > 0)
+        node.host[resource as keyof PlacerNode['host']]?.bookings.push({ ...booking.window, amount });
+    }
+  }
+
+  /** Forgets a node whose booking found it changed. */
+  forget(poolId: string, deviceClass: string, nodeId: string): void {
+    this.#entries.get(`${poolId}/${deviceClass}`)?.delete(nodeId);
+  }
+
+  /** The nodes of this process's newest placements in the pool (likely partly used: tight fits). */
+  recentNodes(poolId: string): readonly string[] {
+    return this.#recent.get(poolId) ?? [];
+  }
+}
