@@ -5,8 +5,10 @@ import { readAuthzResource } from '../../db/iam/authz.ts';
 import { awaitConfirmation, denyDraft, expireLateConfirmation } from '../../db/reservations/admission.ts';
 import { type PoolForTenant, poolForTenant, writeDraft } from '../../db/reservations/draft.ts';
 import { placeDraft } from '../../db/reservations/placement.ts';
+import { watchSettled } from '../../db/reservations/settled-watch.ts';
 import { readReservationView } from '../../db/reservations/view.ts';
 import { ComputeError, isComputeError } from '../../domain/errors.ts';
+import { poolPlacer, readPoolPolicy } from '../../domain/pool-policy.ts';
 import { normalizeRequest, requestHash } from '../../domain/reservation-request.ts';
 import { createReservationInput } from '../../domain/reservation-schema.ts';
 import { isUndecided } from '../../domain/reservation-states.ts';
@@ -20,20 +22,33 @@ const action = 'compute:reservations:create';
 export const maxWaitMs = 30_000;
 
 /**
- * Re-reads the reservation (backing off from 50 ms to 1 s) while its operation is `running`, until
- * `timeoutMs` (capped at 30 s) passes or the caller goes away; answers the last read either way.
+ * Re-reads the reservation while its operation is `running`, until `timeoutMs` (capped at 30 s)
+ * passes or the caller goes away; answers the last read either way. It re-reads as soon as a
+ * pool-lease batch that decided it commits (its settle notification); besides, it re-reads backing
+ * off from 50 ms to 1 s, or from 1 s to 5 s while notifications are heard (a safety net only).
  */
 export async function waitForOperation(ctx: MethodContext, view: ReservationView, timeoutMs: number) {
+  if (view.operation.state !== 'running') return view;
   // wall time: how long the caller's HTTP request may wait, not a decision about the reservation
   const deadline = Date.now() + Math.min(timeoutMs, maxWaitMs);
   let delay = 50;
   let current = view;
-  // wall time: the same bounded wait
-  while (current.operation.state === 'running' && Date.now() < deadline && !ctx.signal.aborted) {
-    // wall time: the pause before the next read, within the same bounded wait
-    await new Promise((resolve) => setTimeout(resolve, Math.min(delay, Math.max(0, deadline - Date.now()))));
-    delay = Math.min(delay * 2, 1_000);
+  const settled = watchSettled(ctx.deps.db, view.id, ctx.deps.log);
+  try {
+    // The watch began before this read: a batch that committed since is not missed.
     current = (await readReservationView(ctx.deps.db, current.id)) ?? current;
+    // wall time: the same bounded wait
+    while (current.operation.state === 'running' && Date.now() < deadline && !ctx.signal.aborted) {
+      // wall time: the pause before the next read, within the same bounded wait
+      // While notifications are heard, a re-read without one is only a safety net (each re-read is
+      // a view read the batch's commit would have announced anyway).
+      const pause = settled.listening ? Math.max(delay, 1_000) : delay;
+      await settled.next(Math.min(pause, Math.max(0, deadline - Date.now())), ctx.signal);
+      delay = Math.min(delay * 2, settled.listening ? 5_000 : 1_000);
+      current = (await readReservationView(ctx.deps.db, current.id)) ?? current;
+    }
+  } finally {
+    settled.close();
   }
   return current;
 }
@@ -75,8 +90,7 @@ async function recordRefusal(
 }
 
 /** The budget check after the allow: SPEND_LIMIT_REACHED when the pool's policy stops new work. */
-async function budgetCheck(ctx: MethodContext, row: Reservation, known?: PoolForTenant) {
-  const pool = known ?? (await poolForTenant(ctx.deps.db, row.tenant_id, row.pool_id));
+async function budgetCheck(ctx: MethodContext, row: Reservation, pool: PoolForTenant) {
   const policy = pool.policy as { admission?: { budgetCheck?: string } };
   const checks =
     policy.admission?.budgetCheck === 'meter' ||
@@ -126,7 +140,7 @@ async function answerRepeatedKey(
 
 export const create = defineMethod({
   summary:
-    'Reserve devices of a pool for a time window, idempotently by key: a draft, one IAM decision, then quota and placement (placed, or pending with an Unschedulable condition).',
+    'Reserve devices of a pool for a time window, idempotently by key: a draft, one IAM decision, then quota and placement (placed, or pending with an Unschedulable condition; in a pool-lease pool, pending with a Queued condition until the pool placer batch, which `wait` waits for).',
   action,
   input: createReservationInput,
   output: reservationViewSchema,
@@ -177,16 +191,20 @@ export const create = defineMethod({
       }
       throw error;
     }
-    await budgetCheck(ctx, row, draft.kind === 'created' ? draft.pool : undefined);
+    const pool =
+      draft.kind === 'created' ? draft.pool : await poolForTenant(ctx.deps.db, row.tenant_id, row.pool_id);
+    await budgetCheck(ctx, row, pool);
 
     const outcome = await withPlacementTransaction(ctx.deps.db, (trx) =>
       placeDraft(trx, {
         reservationId: row.id,
         audit: callerAudit(ctx, action),
         ...(ctx.deps.caches ? { caches: ctx.deps.caches } : {}),
+        placer: poolPlacer(readPoolPolicy(pool.policy)),
       }),
     ).catch((error: unknown) => rethrowRecordingDemand(ctx.deps.db, row, error));
     if (outcome) {
+      // A queued one's lifecycle waits: the pool placer's batch places it and wakes it.
       const state = outcome.outcome === 'placed' ? 'placed' : 'pending';
       await afterCommit(ctx, 'start', () =>
         ctx.deps.lifecycle?.start({ id: row.id, tenantId: row.tenant_id, poolId: row.pool_id, state }),
