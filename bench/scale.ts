@@ -20,6 +20,7 @@ import { spawn } from 'node:child_process';
 import { loadavg } from 'node:os';
 import { parseArgs } from 'node:util';
 import { sql } from 'kysely';
+import { createAdmissionCaches } from '../core/admission-caches.ts';
 import type { ReservationLifecycle } from '../core/deps.ts';
 import { createLogger } from '../core/logger.ts';
 import { checkBookingInvariants } from '../db/allocations/invariants.ts';
@@ -166,7 +167,11 @@ try {
             WHERE id = ${poolId}`.execute(bench.db);
   // wall time: outliving admission's pool cache (a bench pause, not a decision)
   await new Promise((resolve) => setTimeout(resolve, 5_500));
-  const placer = startPoolPlacer({ db: bench.db, log, lifecycle: benchLifecycle }, { pollMs: 1_000 });
+  // Its own admission caches, as a worker's placer has (the pool's schedulable list, for sampling).
+  const placer = startPoolPlacer(
+    { db: bench.db, log, lifecycle: benchLifecycle, caches: createAdmissionCaches() },
+    { pollMs: 1_000 },
+  );
   const cpu1 = { node: nodeCpuSeconds(), postgres: postgresCpuSeconds(postmasterPid) };
   const ticker2 = setInterval(() => progress('P2: pool-lease placements running'), 5_000);
   const poolLease = await runLoad(clients, seconds, (client) =>

@@ -133,12 +133,17 @@ export async function loadBatchCandidates(
      WHERE h.node_id = ANY(${nodeIds}::text[]) AND h.resource IN ('vcpu', 'memoryGiB', 'hugepages1Gi')
     UNION ALL
     SELECT 'scalar', s.node_id, s.resource, s.amount::text, lower(s.during), upper(s.during)
-      FROM (SELECT node_id, resource, amount, during FROM scalar_bookings
-            UNION ALL SELECT node_id, resource, amount, during FROM hold_bookings) s
-     WHERE s.node_id = ANY(${nodeIds}::text[]) AND s.resource IN ('vcpu', 'memoryGiB', 'hugepages1Gi')
+      FROM unnest(${nodeIds}::text[]) AS t(id)
+      JOIN scalar_bookings s ON s.node_id = t.id AND s.resource IN ('vcpu', 'memoryGiB', 'hugepages1Gi')
+       AND s.during && ${horizon}
+    UNION ALL
+    SELECT 'scalar', s.node_id, s.resource, s.amount::text, lower(s.during), upper(s.during)
+      FROM unnest(${nodeIds}::text[]) AS t(id)
+      JOIN hold_bookings s ON s.node_id = t.id AND s.resource IN ('vcpu', 'memoryGiB', 'hugepages1Gi')
        AND s.during && ${horizon}
     ORDER BY k`.execute(trx);
-  // 'host' rows sort before 'scalar' ones, so each scalar booking finds its row.
+  // 'host' rows sort before 'scalar' ones, so each scalar booking finds its row. (Scalar bookings
+  // are joined one node at a time: their gist index takes no array of node ids.)
   for (const x of extras) {
     const node = nodes.get(x.node_id)!;
     const resource = x.key as keyof HostResourceAmounts;
