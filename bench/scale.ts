@@ -6,7 +6,9 @@
  *   P1  inline placements/s through HTTP (bench/placement.ts's load: `reservations.create` of 4
  *       GPUs in one NVLink domain by `--clients` clients of ten tenants), with the CPU per placement
  *       of this process (API and admission) plus PostgreSQL's processes;
- *   P2  pool-lease placements/s: null, the pool-lease placer is not built yet;
+ *   P2  pool-lease placements/s through HTTP at the same fleet (the pool's policy switched to
+ *       `placer: 'pool-lease'`, the placing loop of temporal/pool-placer.ts in this process, each
+ *       `create` with `wait` answering once its batch committed), with its CPU per placement;
  *   overlaps after the run (two bookings of one device overlapping; must be 0);
  *   with `--commands N`, command p50/p99 at the node count: bench/gateway.ts run as a child
  *       (`--provision direct`: N simulated agents in one process, `diag.nvml` at `--command-rate`).
@@ -18,9 +20,12 @@ import { spawn } from 'node:child_process';
 import { loadavg } from 'node:os';
 import { parseArgs } from 'node:util';
 import { sql } from 'kysely';
+import { createAdmissionCaches } from '../core/admission-caches.ts';
+import type { ReservationLifecycle } from '../core/deps.ts';
 import { createLogger } from '../core/logger.ts';
 import { checkBookingInvariants } from '../db/allocations/invariants.ts';
 import { registerReadyNodes } from '../db/nodes/fleet.ts';
+import { startPoolPlacer } from '../temporal/pool-placer.ts';
 import {
   benchDatabase,
   insertBenchPool,
@@ -95,6 +100,17 @@ async function commandLatency(): Promise<{ p50Ms: number; p99Ms: number; complet
   return (JSON.parse(last) as { commands: { p50Ms: number; p99Ms: number; completed: number } }).commands;
 }
 
+/**
+ * The bench runs no Temporal: reservation lifecycles are not what it measures (P1 starts none
+ * either), so the pool placer's wake-ups after each batch go nowhere.
+ */
+const benchLifecycle: ReservationLifecycle = {
+  start: async () => {},
+  running: async () => new Set<string>(),
+  signal: async () => {},
+  wakePool: async () => {},
+};
+
 const bench = await benchDatabase('scale', { max: Math.max(8, Number(values.connections)) });
 const log = createLogger({ level: 'warn', name: 'bench-scale' });
 try {
@@ -134,7 +150,6 @@ try {
     nodeSeconds: nodeCpuSeconds() - cpu0.node,
     postgresSeconds: postgresCpuSeconds(postmasterPid) - cpu0.postgres,
   };
-  await api.stop();
   const cpuMsPerPlacement =
     inline.committed === 0
       ? null
@@ -145,7 +160,39 @@ try {
       `CPU ${cpuMsPerPlacement} ms per placement (Node ${cpu.nodeSeconds.toFixed(1)} s, ` +
       `PostgreSQL ${postmasterPid ? `${cpu.postgresSeconds.toFixed(1)} s` : 'not readable'})`,
   );
-  progress('P2: the pool-lease placer is not built yet: poolLeasePerSecond is null');
+
+  // P2: the same API and fleet, the pool switched to the pool-lease placer (admission's pool
+  // cache holds the old policy for up to 5 s), its loop in this process as in a worker.
+  await sql`UPDATE pools SET policy = policy || '{"placer":"pool-lease","poolLease":{"batchSize":64}}'::jsonb
+            WHERE id = ${poolId}`.execute(bench.db);
+  // wall time: outliving admission's pool cache (a bench pause, not a decision)
+  await new Promise((resolve) => setTimeout(resolve, 5_500));
+  // Its own admission caches, as a worker's placer has (the pool's schedulable list, for sampling).
+  const placer = startPoolPlacer(
+    { db: bench.db, log, lifecycle: benchLifecycle, caches: createAdmissionCaches() },
+    { pollMs: 1_000 },
+  );
+  const cpu1 = { node: nodeCpuSeconds(), postgres: postgresCpuSeconds(postmasterPid) };
+  const ticker2 = setInterval(() => progress('P2: pool-lease placements running'), 5_000);
+  const poolLease = await runLoad(clients, seconds, (client) =>
+    api.place(client, { gpus, duration: '8h', waitMs: 30_000 }),
+  ).finally(() => clearInterval(ticker2));
+  const cpu2 = {
+    nodeSeconds: nodeCpuSeconds() - cpu1.node,
+    postgresSeconds: postgresCpuSeconds(postmasterPid) - cpu1.postgres,
+  };
+  const batches = placer.batches;
+  await placer.stop();
+  await api.stop();
+  const poolLeaseCpuMs =
+    poolLease.committed === 0
+      ? null
+      : Number((((cpu2.nodeSeconds + cpu2.postgresSeconds) * 1000) / poolLease.committed).toFixed(2));
+  progress(
+    `P2: ${poolLease.perSecond} pool-lease placements/s (${poolLease.committed} placed, ${poolLease.refused} ` +
+      `not placed, errors ${JSON.stringify(poolLease.errors)}, ${batches} batches), create+wait p50 ` +
+      `${poolLease.p50Ms} ms, p99 ${poolLease.p99Ms} ms, CPU ${poolLeaseCpuMs} ms per placement`,
+  );
 
   const invariants = await checkBookingInvariants(bench.db);
   const { rows } = await sql<{ n: number }>`
@@ -175,8 +222,12 @@ try {
       inlineP50Ms: inline.p50Ms,
       inlineP99Ms: inline.p99Ms,
       inlineErrors: inline.errors,
-      poolLeasePerSecond: null,
-      poolLeaseNote: 'the pool-lease placer is not built yet',
+      poolLeasePerSecond: poolLease.perSecond,
+      poolLeaseP50Ms: poolLease.p50Ms,
+      poolLeaseP99Ms: poolLease.p99Ms,
+      poolLeaseErrors: poolLease.errors,
+      poolLeaseBatches: batches,
+      poolLeaseCpuMsPerPlacement: poolLeaseCpuMs,
       cpuMsPerPlacement,
       cpuSeconds: {
         node: Number(cpu.nodeSeconds.toFixed(2)),
@@ -186,7 +237,7 @@ try {
       scalarOverbookings: invariants.scalarOverbookings,
       ratios: {
         inlineToBookings: ratio(inline.perSecond, guarded.perSecond),
-        poolLeaseToBookings: null,
+        poolLeaseToBookings: ratio(poolLease.perSecond, guarded.perSecond),
         bookingsPerPlacement: ratio(guarded.perSecond, inline.perSecond),
       },
       goals: { inlineToBookings: 0.1, poolLeaseToBookings: 0.2, cpuMsPerPlacement: 5, overlaps: 0 },

@@ -315,8 +315,11 @@ export async function startPlacementApi(
   let key = 0;
   return {
     rootAdminToken,
-    /** One create by client `client`'s tenant: true when placed, false when left pending. */
-    place: async (client: number, shape: { gpus: number; duration: string }) => {
+    /**
+     * One create by client `client`'s tenant: true when placed, false when left pending. With
+     * `waitMs` the create waits for its operation (a pool-lease pool's batch).
+     */
+    place: async (client: number, shape: { gpus: number; duration: string; waitMs?: number }) => {
       const t = tokens[client % tokens.length]!;
       const r = await post(t.token, {
         tenantId: t.tenantId,
@@ -324,6 +327,7 @@ export async function startPlacementApi(
         devices: [{ class: 'gpu', count: shape.gpus, topology: 'nvlink-all' }],
         duration: shape.duration,
         idempotencyKey: `bench-${key++}`,
+        ...(shape.waitMs ? { wait: { timeoutMs: shape.waitMs } } : {}),
       });
       return r.state === 'placed';
     },

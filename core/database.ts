@@ -779,4 +779,15 @@ export interface Database {
   release_files: ReleaseFilesTable;
   rollouts: RolloutsTable;
   rollout_nodes: RolloutNodesTable;
+  leases: LeasesTable;
+}
+
+/** A named lease (`pool:<id>`): one holder at a time, an epoch that grows with each new tenure. */
+export interface LeasesTable {
+  name: string;
+  holder: string;
+  epoch: ColumnType<string, number | string, number | string>;
+  acquired_at: TimestampDefault;
+  renewed_at: TimestampDefault;
+  expires_at: Timestamp;
 }

@@ -9,6 +9,7 @@ import type { TerminalState } from './reservation-states.ts';
 export const eventTypes = [
   'reservation.awaiting-confirmation',
   'reservation.pending',
+  'reservation.queued',
   'reservation.placed',
   'reservation.binding',
   'reservation.binding-rejected',

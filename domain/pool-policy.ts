@@ -65,6 +65,14 @@ export const poolPolicyShape = {
   calendar: z.strictObject({ horizonDays: z.number().int().min(1).max(3_650).optional() }).optional(),
   /** bcd rollouts: at most this many nodes updating at once, reservations, soak (domain/rollout-policy.ts). */
   disruption: disruptionPolicySchema.optional(),
+  /**
+   * Who places the pool's requests: `inline` (default) during `create`, or `pool-lease`: `create`
+   * queues them (`Queued`/`PoolPlacer`) and the worker holding the lease `pool:<id>` places them
+   * in batches.
+   */
+  placer: z.enum(['inline', 'pool-lease']).optional(),
+  /** The pool-lease placer: at most `batchSize` requests per batch transaction (default 64). */
+  poolLease: z.strictObject({ batchSize: z.number().int().min(1).max(500).optional() }).optional(),
 };
 
 export const poolPolicySchema = z.strictObject(poolPolicyShape);
@@ -75,6 +83,7 @@ export type PoolPolicy = z.infer<typeof poolPolicySchema>;
 export const poolPolicyDefaults = {
   spotNoticeSeconds: 120,
   calendarHorizonDays: 90,
+  poolLeaseBatchSize: 64,
 } as const;
 
 /**
@@ -102,6 +111,16 @@ export function spotNoticeSeconds(policy: PoolPolicy): number {
 /** How many days ahead a calendar reservation of this pool may start. */
 export function calendarHorizonDays(policy: PoolPolicy): number {
   return policy.calendar?.horizonDays ?? poolPolicyDefaults.calendarHorizonDays;
+}
+
+/** Who places this pool's requests (`inline` unless the policy says `pool-lease`). */
+export function poolPlacer(policy: PoolPolicy): 'inline' | 'pool-lease' {
+  return policy.placer ?? 'inline';
+}
+
+/** How many queued requests one pool-lease batch places at most. */
+export function poolLeaseBatchSize(policy: PoolPolicy): number {
+  return policy.poolLease?.batchSize ?? poolPolicyDefaults.poolLeaseBatchSize;
 }
 
 function safeJson(text: string): unknown {

@@ -98,6 +98,26 @@ describe('decide', () => {
     });
   });
 
+  it('leaves a Queued reservation to the pool-lease placer: it waits, but still cancels and fails past maxPending', () => {
+    const queued = snapshot({
+      state: 'pending',
+      start: null,
+      end: null,
+      allocations: [],
+      pendingSince: now - 1_000,
+      conditions: [{ type: 'Queued', reason: 'PoolPlacer', message: 'waiting for the pool placer' }],
+    });
+    expect(decide(queued, none, memory)).toMatchObject({ kind: 'wait', reason: 'queued' });
+    expect(decide(queued, { ...none, capacityFreed: true }, memory)).toMatchObject({ kind: 'wait' });
+    expect(decide(queued, { ...none, cancel: true }, memory)).toMatchObject({
+      kind: 'end',
+      state: 'cancelled',
+    });
+    expect(decide({ ...queued, pendingSince: now - defaultTimers.maxPendingMs }, none, memory)).toMatchObject(
+      { kind: 'end', condition: { reason: 'MaxPendingExceeded' } },
+    );
+  });
+
   it('expires an unconfirmed reservation at its deadline and denies a refused one', () => {
     const waiting = snapshot({
       state: 'awaiting-confirmation',

@@ -148,6 +148,9 @@ export function decide(
           },
         };
       }
+      // Queued for the pool-lease placer: its batch places it and wakes this lifecycle.
+      if (s.conditions.some((c) => c.type === 'Queued'))
+        return { kind: 'wait', until: earliest(recheck, maxPendingAt), reason: 'queued' };
       const nextTry =
         memory.lastPlaceAttemptAt === null ? s.now : memory.lastPlaceAttemptAt + t.pendingRetryMs;
       if (intents.capacityFreed || s.now >= nextTry) return { kind: 'place' };

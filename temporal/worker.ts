@@ -28,6 +28,7 @@ import type { Logger } from '../core/logger.ts';
 import type { LifecycleTimers } from '../domain/reservation-lifecycle.ts';
 import { connectTemporal } from './client.ts';
 import { createTemporalLifecycle } from './lifecycle.ts';
+import { type PoolPlacer, type PoolPlacerOptions, startPoolPlacer } from './pool-placer.ts';
 import { ensureSweeperSchedule, sweeperScheduleId } from './schedules.ts';
 
 // Beside this module: workflows/index.ts from the sources (tsx), workflows/index.js in the built package.
@@ -106,10 +107,14 @@ export interface WorkerDeps {
    * lifecycle is replayed from its history when it next wakes; fewer cached costs less memory.
    */
   maxCachedWorkflows?: number;
+  /** The pool-lease placer's loop in this process (temporal/pool-placer.ts); `false` runs none. */
+  poolPlacer?: false | PoolPlacerOptions;
 }
 
 export interface RunningWorker {
   worker: Worker;
+  /** This process's pool-lease placer, unless `poolPlacer: false`. */
+  poolPlacer: PoolPlacer | null;
   stop(): Promise<void>;
 }
 
@@ -190,9 +195,18 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
   const running = worker.run();
   running.catch((error) => log.error({ err: error }, 'the Temporal worker stopped'));
   log.info({ address: deps.address, namespace }, 'Temporal worker is polling');
+  const poolPlacer =
+    deps.poolPlacer === false
+      ? null
+      : startPoolPlacer(
+          { db: deps.db, log, caches, lifecycle: createTemporalLifecycle(temporal.client, lifecycle) },
+          deps.poolPlacer ?? {},
+        );
   return {
     worker,
+    poolPlacer,
     async stop() {
+      await poolPlacer?.stop();
       if (worker.getState() === 'RUNNING') worker.shutdown();
       await running.catch(() => {});
       await connection.close();

@@ -5,8 +5,10 @@ import { readAuthzResource } from '../../db/iam/authz.ts';
 import { awaitConfirmation, denyDraft, expireLateConfirmation } from '../../db/reservations/admission.ts';
 import { type PoolForTenant, poolForTenant, writeDraft } from '../../db/reservations/draft.ts';
 import { placeDraft } from '../../db/reservations/placement.ts';
+import { type SettledWatch, watchSettled } from '../../db/reservations/settled-watch.ts';
 import { readReservationView } from '../../db/reservations/view.ts';
 import { ComputeError, isComputeError } from '../../domain/errors.ts';
+import { poolPlacer, readPoolPolicy } from '../../domain/pool-policy.ts';
 import { normalizeRequest, requestHash } from '../../domain/reservation-request.ts';
 import { createReservationInput } from '../../domain/reservation-schema.ts';
 import { isUndecided } from '../../domain/reservation-states.ts';
@@ -20,20 +22,49 @@ const action = 'compute:reservations:create';
 export const maxWaitMs = 30_000;
 
 /**
- * Re-reads the reservation (backing off from 50 ms to 1 s) while its operation is `running`, until
- * `timeoutMs` (capped at 30 s) passes or the caller goes away; answers the last read either way.
+ * Re-reads the reservation while its operation is `running`, until `timeoutMs` (capped at 30 s)
+ * passes or the caller goes away; answers the last read either way. It re-reads as soon as a
+ * pool-lease batch that decided it commits (its settle notification); besides, it re-reads backing
+ * off from 50 ms to 1 s, or from 1 s to 5 s while notifications are heard (a safety net only).
+ * `watch`, when the caller began it before the reservation was queued, means no notification can
+ * have been missed: the first read waits for one instead of re-reading at once (and `view` may then
+ * be omitted: nothing is read until the batch answers). The watch is closed either way.
  */
-export async function waitForOperation(ctx: MethodContext, view: ReservationView, timeoutMs: number) {
+export async function waitForOperation(
+  ctx: MethodContext,
+  reservationId: string,
+  timeoutMs: number,
+  known: { view?: ReservationView; watch?: SettledWatch },
+): Promise<ReservationView | null> {
+  if (known.view && known.view.operation.state !== 'running') {
+    known.watch?.close();
+    return known.view;
+  }
   // wall time: how long the caller's HTTP request may wait, not a decision about the reservation
   const deadline = Date.now() + Math.min(timeoutMs, maxWaitMs);
   let delay = 50;
-  let current = view;
-  // wall time: the same bounded wait
-  while (current.operation.state === 'running' && Date.now() < deadline && !ctx.signal.aborted) {
-    // wall time: the pause before the next read, within the same bounded wait
-    await new Promise((resolve) => setTimeout(resolve, Math.min(delay, Math.max(0, deadline - Date.now()))));
-    delay = Math.min(delay * 2, 1_000);
-    current = (await readReservationView(ctx.deps.db, current.id)) ?? current;
+  let current = known.view ?? null;
+  const settled = known.watch ?? watchSettled(ctx.deps.db, reservationId, ctx.deps.log);
+  try {
+    // A watch begun here began after the caller's read: a batch that committed since is not missed.
+    if (!known.watch) current = (await readReservationView(ctx.deps.db, reservationId)) ?? current;
+    // wall time: the same bounded wait
+    while (
+      (current?.operation.state ?? 'running') === 'running' &&
+      Date.now() < deadline &&
+      !ctx.signal.aborted
+    ) {
+      // wall time: the pause before the next read, within the same bounded wait
+      // While notifications are heard, a re-read without one is only a safety net (each re-read is
+      // a view read the batch's commit would have announced anyway).
+      const pause = settled.listening ? Math.max(delay, 1_000) : delay;
+      await settled.next(Math.min(pause, Math.max(0, deadline - Date.now())), ctx.signal);
+      delay = Math.min(delay * 2, settled.listening ? 5_000 : 1_000);
+      current = (await readReservationView(ctx.deps.db, reservationId)) ?? current;
+    }
+    if (!current) current = (await readReservationView(ctx.deps.db, reservationId)) ?? null;
+  } finally {
+    settled.close();
   }
   return current;
 }
@@ -75,8 +106,7 @@ async function recordRefusal(
 }
 
 /** The budget check after the allow: SPEND_LIMIT_REACHED when the pool's policy stops new work. */
-async function budgetCheck(ctx: MethodContext, row: Reservation, known?: PoolForTenant) {
-  const pool = known ?? (await poolForTenant(ctx.deps.db, row.tenant_id, row.pool_id));
+async function budgetCheck(ctx: MethodContext, row: Reservation, pool: PoolForTenant) {
   const policy = pool.policy as { admission?: { budgetCheck?: string } };
   const checks =
     policy.admission?.budgetCheck === 'meter' ||
@@ -126,7 +156,7 @@ async function answerRepeatedKey(
 
 export const create = defineMethod({
   summary:
-    'Reserve devices of a pool for a time window, idempotently by key: a draft, one IAM decision, then quota and placement (placed, or pending with an Unschedulable condition).',
+    'Reserve devices of a pool for a time window, idempotently by key: a draft, one IAM decision, then quota and placement (placed, or pending with an Unschedulable condition; in a pool-lease pool, pending with a Queued condition until the pool placer batch, which `wait` waits for).',
   action,
   input: createReservationInput,
   output: reservationViewSchema,
@@ -152,7 +182,8 @@ export const create = defineMethod({
       ctx.deps.caches,
     );
     const row = draft.row;
-    const answer = (view: ReservationView) => (wait ? waitForOperation(ctx, view, wait.timeoutMs) : view);
+    const answer = async (view: ReservationView) =>
+      wait ? ((await waitForOperation(ctx, view.id, wait.timeoutMs, { view })) ?? view) : view;
     if (draft.kind === 'existing') {
       const decided = await answerRepeatedKey(ctx, row, idempotencyKey);
       if (decided) return answer(decided);
@@ -177,16 +208,28 @@ export const create = defineMethod({
       }
       throw error;
     }
-    await budgetCheck(ctx, row, draft.kind === 'created' ? draft.pool : undefined);
+    const pool =
+      draft.kind === 'created' ? draft.pool : await poolForTenant(ctx.deps.db, row.tenant_id, row.pool_id);
+    await budgetCheck(ctx, row, pool);
 
+    const placer = poolPlacer(readPoolPolicy(pool.policy));
+    // Waiting on a pool-lease batch: watched from before the request is queued, so its batch's
+    // settle notification cannot be missed and no read is needed until it comes.
+    const watch =
+      wait && placer === 'pool-lease' ? watchSettled(ctx.deps.db, row.id, ctx.deps.log) : undefined;
     const outcome = await withPlacementTransaction(ctx.deps.db, (trx) =>
       placeDraft(trx, {
         reservationId: row.id,
         audit: callerAudit(ctx, action),
         ...(ctx.deps.caches ? { caches: ctx.deps.caches } : {}),
+        placer,
       }),
-    ).catch((error: unknown) => rethrowRecordingDemand(ctx.deps.db, row, error));
+    ).catch((error: unknown) => {
+      watch?.close();
+      return rethrowRecordingDemand(ctx.deps.db, row, error);
+    });
     if (outcome) {
+      // A queued one's lifecycle waits: the pool placer's batch places it and wakes it.
       const state = outcome.outcome === 'placed' ? 'placed' : 'pending';
       await afterCommit(ctx, 'start', () =>
         ctx.deps.lifecycle?.start({ id: row.id, tenantId: row.tenant_id, poolId: row.pool_id, state }),
@@ -194,7 +237,12 @@ export const create = defineMethod({
       const preemption = outcome.outcome === 'placed' ? outcome.preemption : undefined;
       if (preemption) await afterCommit(ctx, 'preempt', () => ctx.deps.lifecycle?.preempt?.(preemption));
     }
-    const view = await readReservationView(ctx.deps.db, row.id);
+    // Queued and watched: the first read is the batch's answer (or the wait's end).
+    const queuedWait = outcome?.outcome === 'queued' && watch && wait;
+    if (watch && !queuedWait) watch.close();
+    const view = queuedWait
+      ? await waitForOperation(ctx, row.id, wait.timeoutMs, { watch })
+      : await readReservationView(ctx.deps.db, row.id);
     if (!view) {
       // The draft cleanup removed this refused draft (past its retention) while it was decided.
       throw new ComputeError(
@@ -203,6 +251,6 @@ export const create = defineMethod({
         { reservationId: row.id, retryAfterSeconds: 1 },
       );
     }
-    return answer(view);
+    return queuedWait ? view : answer(view);
   },
 });

@@ -1,8 +1,7 @@
 import { sql, type Transaction } from 'kysely';
-import type pg from 'pg';
 import type { Database, Db } from '../../core/database.ts';
 import type { Logger } from '../../core/logger.ts';
-import { dedicatedClientFor } from '../pool.ts';
+import { type ChannelListener, listenOnChannel } from '../listen.ts';
 
 /** The channel a commit that gives a node work notifies, with the node's id as the payload. */
 export const nodeWorkChannel = 'bc_node_work';
@@ -17,21 +16,13 @@ export async function notifyNodeWork(trx: Transaction<Database>, nodeId: string)
   await sql`SELECT pg_notify(${nodeWorkChannel}, ${nodeId})`.execute(trx);
 }
 
-export interface NodeWorkListener {
-  /** Whether the LISTEN connection is up now. */
-  readonly listening: boolean;
-  /** How many times the LISTEN connection was (re)established. */
-  readonly connections: number;
-  close(): Promise<void>;
-}
+export type NodeWorkListener = ChannelListener;
 
 /**
  * Holds one dedicated connection (outside `db`'s pool) LISTENing on `nodeWorkChannel` and calls
- * `onWork` with the node ids of each notification. When the connection is lost (PostgreSQL
- * restarted, the network dropped) it reconnects with a capped backoff and calls `onListening`
- * after each LISTEN succeeds, first time included: notifications sent while it was away are lost,
- * so the caller looks at everything then. Null when `db` was not made by db/pool.ts (no server to
- * reach): the caller polls instead.
+ * `onWork` with the node ids of each notification, reconnecting when it is lost and calling
+ * `onListening` after each LISTEN succeeds (see listenOnChannel). Null when `db` was not made by
+ * db/pool.ts (no server to reach): the caller polls instead.
  */
 export function listenForNodeWork(
   db: Db,
@@ -44,85 +35,14 @@ export function listenForNodeWork(
     maxRetryMs?: number;
   },
 ): NodeWorkListener | null {
-  if (!dedicatedClientFor(db)) return null;
-  const retryMs = input.retryMs ?? 250;
-  const maxRetryMs = input.maxRetryMs ?? 2_000;
-  let client: pg.Client | null = null;
-  let closed = false;
-  let listening = false;
-  let connections = 0;
-  let delay = retryMs;
-  let warned = false;
-  let timer: NodeJS.Timeout | null = null;
-
-  const lost = (current: pg.Client, err?: unknown) => {
-    if (client !== current) return;
-    client = null;
-    listening = false;
-    void current.end().catch(() => {});
-    if (closed) return;
-    // An info line per loss (the outage itself is the gateway's one warn line); the failed
-    // attempts to listen again are debug lines.
-    input.log[warned ? 'debug' : 'info'](
-      {
-        reason: err instanceof Error ? err.message : err === undefined ? 'connection ended' : String(err),
-        retryMs: delay,
-      },
-      'command notifications lost: the gateway polls until it listens again',
-    );
-    warned = true;
-    schedule();
-  };
-  const schedule = () => {
-    if (closed || timer) return;
-    timer = setTimeout(() => {
-      timer = null;
-      void connect();
-    }, delay);
-    timer.unref();
-    delay = Math.min(maxRetryMs, delay * 2);
-  };
-  const connect = async () => {
-    const current = dedicatedClientFor(db)!;
-    client = current;
-    current.on('error', (err) => lost(current, err));
-    current.on('end', () => lost(current));
-    current.on('notification', (message) => {
-      if (message.channel === nodeWorkChannel && message.payload) input.onWork(message.payload);
-    });
-    try {
-      await current.connect();
-      await current.query(`LISTEN ${nodeWorkChannel}`);
-    } catch (err) {
-      lost(current, err);
-      return;
-    }
-    if (closed || client !== current) {
-      void current.end().catch(() => {});
-      return;
-    }
-    listening = true;
-    connections++;
-    delay = retryMs;
-    warned = false;
-    if (connections > 1) input.log.info({ connections }, 'command notifications: listening again');
-    input.onListening();
-  };
-  void connect();
-  return {
-    get listening() {
-      return listening;
-    },
-    get connections() {
-      return connections;
-    },
-    close: async () => {
-      closed = true;
-      if (timer) clearTimeout(timer);
-      const current = client;
-      client = null;
-      listening = false;
-      await current?.end().catch(() => {});
-    },
-  };
+  return listenOnChannel(db, {
+    channel: nodeWorkChannel,
+    log: input.log,
+    what: 'command notifications',
+    fallback: 'the gateway polls until it listens again',
+    onPayload: input.onWork,
+    onListening: input.onListening,
+    ...(input.retryMs !== undefined ? { retryMs: input.retryMs } : {}),
+    ...(input.maxRetryMs !== undefined ? { maxRetryMs: input.maxRetryMs } : {}),
+  });
 }

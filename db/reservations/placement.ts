@@ -7,6 +7,7 @@ import { newId } from '../../domain/ids.ts';
 import { isUndecided } from '../../domain/reservation-states.ts';
 import { findAndBookRequest } from '../allocations/gang-placement.ts';
 import { recordUnmetDemand, reservationDemand } from '../holds/demand.ts';
+import { notifyPoolQueued } from '../notify-channels.ts';
 import { preparedMarker } from '../pool.ts';
 import { reservationStateEvent } from './lifecycle-events.ts';
 import { type PreemptionSummary, preemptSpotFor } from './preemption.ts';
@@ -95,7 +96,35 @@ export async function placeReservation(
 ): Promise<PlaceOutcome> {
   const row = await lockReservationForPlacement(trx, reservationId);
   if (row?.state !== 'pending') return { outcome: 'unchanged', state: row?.state ?? null };
+  // A pool-lease pool has one placer: the retry queues the request for its lease holder's batch.
+  if (await placedByPoolLease(trx, row.pool_id)) return requeueLockedReservation(trx, row);
   return placeLockedReservation(trx, row, row.now.getTime(), options);
+}
+
+async function placedByPoolLease(trx: Trx, poolId: string): Promise<boolean> {
+  const { rows } = await sql<{ placer: string | null }>`
+    SELECT policy->>'placer' AS placer FROM pools WHERE id = ${poolId}`.execute(trx);
+  return rows[0]?.placer === 'pool-lease';
+}
+
+/**
+ * A pending reservation's retry in a `pool-lease` pool: `Queued` again (its `Unschedulable`
+ * condition kept, with its `since`, so the batch neither loses it nor announces it twice), and
+ * the placer notified at commit. Answers `pending`: the batch decides it.
+ */
+async function requeueLockedReservation(trx: Trx, row: Reservation & { now: Date }): Promise<PlaceOutcome> {
+  const kept = (row.conditions as Array<{ type: string }>).filter((c) => c.type !== 'Queued');
+  const { rows } = await sql<{ version: number }>`
+    UPDATE reservations SET conditions = ${JSON.stringify([{ ...queuedCondition, since: row.now.getTime() }, ...kept])}::jsonb,
+      version = version + 1, updated_at = compute_now()
+    WHERE id = ${row.id} RETURNING version`.execute(trx);
+  await notifyPoolQueued(trx, row.pool_id);
+  return {
+    outcome: 'pending',
+    message: queuedCondition.message,
+    earliestStart: null,
+    version: rows[0]!.version,
+  };
 }
 
 /**
@@ -223,13 +252,59 @@ export async function placeLockedReservation(
   };
 }
 
+/** Admission's outcome in a `pool-lease` pool: queued for the pool placer's next batch. */
+export interface QueuedOutcome {
+  outcome: 'queued';
+  version: number;
+}
+
+/** The condition a reservation waits under for the pool-lease placer's batch. */
+export const queuedCondition = {
+  type: 'Queued',
+  reason: 'PoolPlacer',
+  message: "waiting for the pool-lease placer's next batch",
+} as const;
+
+/**
+ * Admission in a `pool-lease` pool, for a row the caller locked: the reservation becomes `pending`
+ * with a `Queued`/`PoolPlacer` condition (its operation `running`), its event `reservation.queued`
+ * and audit row written in the same statement, and the pool's placer is notified at commit
+ * (notifyPoolQueued). Nothing is booked here: the lease holder's batch places it.
+ */
+async function queueLockedReservation(
+  trx: Trx,
+  row: Reservation,
+  now: number,
+  options: { extra?: Record<string, unknown>; audit?: AuditRow },
+): Promise<QueuedOutcome> {
+  const update = trx
+    .updateTable('reservations')
+    .set({
+      ...options.extra,
+      state: 'pending',
+      conditions: JSON.stringify([{ ...queuedCondition, since: now }]),
+      pending_since: sql<Date>`COALESCE(pending_since, compute_now())`,
+      version: sql<number>`version + 1`,
+      updated_at: sql<Date>`compute_now()`,
+    })
+    .where('id', '=', row.id)
+    .returning('version');
+  const updated = await updateWithRecords(trx, row.id, update, {
+    event: reservationStateEvent(row, 'reservation.queued', 'pending', { reason: 'PoolPlacer' }),
+    audit: options.audit && { ...options.audit, context: { ...options.audit.context, outcome: 'queued' } },
+  });
+  await notifyPoolQueued(trx, row.pool_id);
+  return { outcome: 'queued', version: updated.version };
+}
+
 /**
  * Admission's second transaction, in the caller's transaction (run it through
  * withPlacementTransaction, which retries a lost placement race): the draft locked with
  * compute_now() and the tenant's free quota; a reservation no longer awaiting its decision changes
  * nothing (null). The quota is checked from the free amounts read with the lock before any
  * placement work; then the reservation is placed, or left `pending` with `Unschedulable`
- * (announced), its admission context stored and its audit row written with the outcome; the quota
+ * (announced), or, in a `pool-lease` pool, queued for the placer's batch (queueLockedReservation);
+ * its admission context stored and its audit row written with the outcome; the quota
  * is charged last, so its row locks are held only until commit. Codes: QUOTA_EXCEEDED, INTERNAL.
  */
 export async function placeDraft(
@@ -239,8 +314,10 @@ export async function placeDraft(
     /** The call that admitted it: its admission context is stored and is the audit row's context. */
     audit: CallerAudit;
     caches?: AdmissionCaches;
+    /** The pool's placer: `pool-lease` queues the reservation for its batch instead of placing it. */
+    placer?: 'inline' | 'pool-lease';
   },
-): Promise<PlaceOutcome | null> {
+): Promise<PlaceOutcome | QueuedOutcome | null> {
   const locked = await lockReservationForPlacement(trx, input.reservationId);
   if (!locked || !isUndecided(locked.state)) return null;
   const request = parseStoredRequest(locked.id, locked.request);
@@ -253,16 +330,22 @@ export async function placeDraft(
   const needs = quotaNeeds(request, booked, share);
   // Fails fast, before placement work; chargeQuota below is the guarded truth.
   precheckQuotaFree(needs, locked.quota);
-  const placed = await placeLockedReservation(trx, locked, locked.now.getTime(), {
-    announcePending: true,
-    ...(input.caches ? { caches: input.caches } : {}),
+  const admitted = {
     extra: { admission_context: JSON.stringify(input.audit.context), confirmation_id: null },
     audit: {
       ...input.audit,
       tenantId: locked.tenant_id,
       context: { ...input.audit.context, poolId: locked.pool_id },
     },
-  });
+  };
+  const placed =
+    input.placer === 'pool-lease'
+      ? await queueLockedReservation(trx, locked, locked.now.getTime(), admitted)
+      : await placeLockedReservation(trx, locked, locked.now.getTime(), {
+          announcePending: true,
+          ...(input.caches ? { caches: input.caches } : {}),
+          ...admitted,
+        });
   // Quota last: its row locks are then held only until this commit.
   await chargeQuota(trx, {
     reservationId: locked.id,

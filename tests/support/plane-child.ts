@@ -12,6 +12,7 @@ import { createCompute } from '../../server/compute.ts';
 import { listen } from '../../server/http.ts';
 import { connectTemporal } from '../../temporal/client.ts';
 import { createTemporalLifecycle } from '../../temporal/lifecycle.ts';
+import type { PoolPlacerOptions } from '../../temporal/pool-placer.ts';
 import { startWorker } from '../../temporal/worker.ts';
 import { testLogger } from './logger.ts';
 
@@ -27,6 +28,8 @@ export interface PlaneChildOptions {
   sweeper?: { everyMs: number; graceMs: number; scheduleId: string };
   /** Configuration variables, as the process environment would give them. */
   env?: Record<string, string>;
+  /** The worker's pool-lease placer (short lease TTLs for failover tests); `false` runs none. */
+  poolPlacer?: false | PoolPlacerOptions;
 }
 
 const options = JSON.parse(process.argv[2] ?? '{}') as PlaneChildOptions;
@@ -61,6 +64,7 @@ switch (options.role) {
       timers: options.timers,
       lifecycle: lifecycleOptions,
       sweeper: options.sweeper ?? false,
+      ...(options.poolPlacer !== undefined ? { poolPlacer: options.poolPlacer } : {}),
     });
     ready({});
     break;

@@ -7,6 +7,7 @@ import type { Logger } from '../../core/logger.ts';
 import type { LifecycleTimers } from '../../domain/reservation-lifecycle.ts';
 import { connectTemporal } from '../../temporal/client.ts';
 import { createTemporalLifecycle } from '../../temporal/lifecycle.ts';
+import type { PoolPlacerOptions } from '../../temporal/pool-placer.ts';
 import { type RunningWorker, startWorker } from '../../temporal/worker.ts';
 
 export interface TestTemporal {
@@ -37,6 +38,8 @@ export async function startTestTemporal(input: {
   activityTimeoutMs?: number;
   historyLimit?: number;
   sweeper?: { everyMs: number; graceMs: number };
+  /** The in-process worker's pool-lease placer (default: on, with its default lease). */
+  poolPlacer?: false | PoolPlacerOptions;
 }): Promise<TestTemporal> {
   const address = inject('temporalAddress');
   const taskQueue = `lifecycle-${input.name}-${randomBytes(4).toString('hex')}`;
@@ -58,6 +61,7 @@ export async function startTestTemporal(input: {
       timers: input.timers,
       lifecycle: lifecycleOptions,
       sweeper: input.sweeper ? { ...input.sweeper, scheduleId: sweeperScheduleId } : false,
+      ...(input.poolPlacer !== undefined ? { poolPlacer: input.poolPlacer } : {}),
     });
   const fixture: TestTemporal = {
     address,

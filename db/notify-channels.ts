@@ -1,0 +1,37 @@
+import { sql, type Transaction } from 'kysely';
+import type { Database } from '../core/database.ts';
+
+type Trx = Transaction<Database>;
+
+/** The channel a commit that queues a request for the pool-lease placer notifies (payload: pool id). */
+export const poolQueueChannel = 'bc_pool_queue';
+
+/**
+ * The channel a pool-lease batch notifies at commit with the ids of the reservations it decided
+ * (comma-separated): what wakes a `create` that waits on its operation.
+ */
+export const reservationsSettledChannel = 'bc_reservations_settled';
+
+/**
+ * Tells the pool placers, when the caller's transaction commits, that `poolId` has a queued
+ * request. Nothing is sent if it rolls back, and PostgreSQL folds identical notifications of one
+ * transaction into one. Only a hint: the placer's slow poll covers a lost one. Idempotent.
+ */
+export async function notifyPoolQueued(trx: Trx, poolId: string): Promise<void> {
+  await sql`SELECT pg_notify(${poolQueueChannel}, ${poolId})`.execute(trx);
+}
+
+/**
+ * Tells the waiting `create` calls, when the caller's transaction commits, that these
+ * reservations' operations moved on; one notification per 200 ids (a payload stays under
+ * PostgreSQL's 8,000 bytes). Only a hint: a waiter re-reads the reservation either way.
+ */
+export async function notifyReservationsSettled(trx: Trx, reservationIds: readonly string[]): Promise<void> {
+  if (reservationIds.length === 0) return;
+  const payloads: string[] = [];
+  for (let i = 0; i < reservationIds.length; i += 200)
+    payloads.push(reservationIds.slice(i, i + 200).join(','));
+  await sql`SELECT pg_notify(${reservationsSettledChannel}, p) FROM unnest(${payloads}::text[]) AS p`.execute(
+    trx,
+  );
+}

@@ -1,0 +1,197 @@
+import { sql, type Transaction } from 'kysely';
+import type { AdmissionCaches } from '../../core/admission-caches.ts';
+import type { Database, Db, Reservation } from '../../core/database.ts';
+import { type BatchRequest, planBatch } from '../../domain/batch-placer.ts';
+import { newId } from '../../domain/ids.ts';
+import type { PlacerNode } from '../../domain/placer.ts';
+import { poolLeaseBatchSize, readPoolPolicy } from '../../domain/pool-policy.ts';
+import type { PreemptionSummary } from '../../domain/preemption.ts';
+import type { DeviceClass } from '../../domain/reservation-request.ts';
+import { bookPlannedAllocations, type PlannedAllocation } from '../allocations/batch-bookings.ts';
+import { loadBatchCandidates } from '../allocations/batch-candidates.ts';
+import { placementRequestOf } from '../allocations/placement.ts';
+import { notifyReservationsSettled } from '../notify-channels.ts';
+import { markBatchPlaced } from './batch-placed.ts';
+import { placeLockedReservation } from './placement.ts';
+import { parseStoredRequest } from './stored.ts';
+
+type Trx = Transaction<Database>;
+
+/** The queue's predicate: a pending reservation waiting for the pool-lease placer. */
+const queued = sql`r.state = 'pending' AND r.conditions @> '[{"type":"Queued"}]'`;
+
+/** A pool the pool-lease placers serve, with its batch size. */
+export interface PoolToPlace {
+  poolId: string;
+  batchSize: number;
+}
+
+/**
+ * The pools the pool-lease placers serve: those whose policy says `placer: 'pool-lease'`, and any
+ * other unarchived pool that still has queued requests (one switched back to `inline` drains its
+ * queue). Read-only.
+ */
+export async function poolsToPlace(db: Db): Promise<PoolToPlace[]> {
+  const { rows } = await sql<{ id: string; policy: unknown }>`
+    SELECT p.id, p.policy FROM pools p
+    WHERE p.archived_at IS NULL
+      AND (p.policy->>'placer' = 'pool-lease'
+           OR EXISTS (SELECT 1 FROM reservations r WHERE r.pool_id = p.id AND ${queued}))
+    ORDER BY p.id`.execute(db);
+  return rows.map((row) => ({ poolId: row.id, batchSize: poolLeaseBatchSize(readPoolPolicy(row.policy)) }));
+}
+
+/** How many requests of a pool are queued now. Read-only. */
+export async function countQueued(db: Db | Trx, poolId: string): Promise<number> {
+  const { rows } = await sql<{ n: string }>`
+    SELECT count(*) AS n FROM reservations r WHERE r.pool_id = ${poolId} AND ${queued}`.execute(db);
+  return Number(rows[0]?.n ?? 0);
+}
+
+/** What one batch decided: each reservation placed or left `pending` (Unschedulable). */
+export interface QueuedBatch {
+  /** How many queued requests the batch took (at most the batch size). */
+  taken: number;
+  placed: Array<{ reservationId: string; tenantId: string; preemption?: PreemptionSummary }>;
+  pending: Array<{ reservationId: string; tenantId: string }>;
+}
+
+/** Candidate reads per device class before a request that fits none goes to the inline placer. */
+const candidateRounds = 2;
+
+/**
+ * One pool-lease batch, in the caller's transaction (run it through withPlacementTransaction,
+ * which retries it whole when it lost a placement race), set-based:
+ * 1. up to `batchSize` queued requests of the pool picked fair across tenants (round-robin by
+ *    tenant, each tenant's oldest first) and locked in the same statement (one whose row something
+ *    else holds, e.g. a cancel, is skipped);
+ * 2. the pool's candidate nodes read once for the batch's window (loadBatchCandidates: a sample
+ *    sized to the batch's demand plus the nodes of the newest allocations; read once more, larger,
+ *    when some request fits none), and every request planned in memory in the fair order
+ *    (planBatch: the inline placer's best fit, each plan booked in memory before the next);
+ * 3. the plans booked together (bookPlannedAllocations: host rows and per-device locks each in one
+ *    statement in the global order, re-checked under them, one INSERT per table through the
+ *    EXCLUDE constraint and the scalar guard) and their reservations marked `placed` with their
+ *    events and audit rows in one statement (markBatchPlaced);
+ * 4. what that could not place — gangs, whole machines, a request that fit no candidate, a plan the
+ *    re-check refused — goes through the inline placer's own code one by one
+ *    (placeLockedReservation: the whole pool, spot preemption, and for a request that does not fit
+ *    the `Unschedulable`/`NoFit` condition with its counter-offer and `reservation.pending`, once);
+ * 5. `fence` runs last in the same transaction (the lease's epoch check: it throws when the caller
+ *    lost the lease, and the whole batch rolls back), and the decided ids are notified at commit
+ *    for waiting creates.
+ * Idempotent: a reservation no longer queued is not taken.
+ */
+export async function placeQueuedBatch(
+  trx: Trx,
+  input: {
+    poolId: string;
+    batchSize: number;
+    caches?: AdmissionCaches;
+    fence: (trx: Trx) => Promise<unknown>;
+    /** The lease holder placing (named in the audit rows). */
+    placer?: { holder: string; epoch: number };
+  },
+): Promise<QueuedBatch> {
+  const { rows } = await sql<Reservation & { now: Date }>`
+    SELECT r.*, compute_now() AS now FROM reservations r
+    JOIN (
+      SELECT q.id, q.created_at,
+             row_number() OVER (PARTITION BY q.tenant_id ORDER BY q.created_at, q.id) AS turn
+      FROM reservations q WHERE q.pool_id = ${input.poolId} AND q.state = 'pending'
+        AND q.conditions @> '[{"type":"Queued"}]'
+    ) f ON f.id = r.id
+    WHERE ${queued} AND f.turn <= ${input.batchSize}
+    ORDER BY f.turn, f.created_at, f.id
+    LIMIT ${input.batchSize}
+    FOR UPDATE OF r SKIP LOCKED`.execute(trx);
+  const batch: QueuedBatch = { taken: rows.length, placed: [], pending: [] };
+  if (rows.length > 0) {
+    const placedAt = new Map<string, { nodeId: string; start: number; end: number }>();
+    // The batch's own placements: every request the set-based path can place, by device class.
+    const byClass = new Map<DeviceClass, BatchRequest[]>();
+    for (const row of rows) {
+      const request = parseStoredRequest(row.id, row.request);
+      if (request.gang || request.binding === 'node') continue;
+      const now = row.now.getTime();
+      const start = Math.max(now, row.requested_start?.getTime() ?? now);
+      const placement = placementRequestOf(request);
+      const list = byClass.get(placement.deviceClass) ?? [];
+      list.push({ id: row.id, request: placement, window: { start, end: start + Number(row.duration_ms) } });
+      byClass.set(placement.deviceClass, list);
+    }
+    const plans: PlannedAllocation[] = [];
+    for (const [deviceClass, requests] of byClass) {
+      const horizon = {
+        start: Math.min(...requests.map((r) => r.window.start)),
+        end: Math.max(...requests.map((r) => r.window.end)),
+      };
+      const demand = requests.reduce((n, r) => n + r.request.count, 0);
+      const nodes: PlacerNode[] = [];
+      let left = requests;
+      for (let round = 0; round < candidateRounds && left.length > 0; round++) {
+        nodes.push(
+          ...(await loadBatchCandidates(trx, {
+            poolId: input.poolId,
+            deviceClass,
+            horizon,
+            sampleSize: (8 + Math.ceil(demand / 2)) * 4 ** round,
+            recentAllocations: round === 0 ? Math.min(64, requests.length) : 0,
+            excludeNodeIds: new Set(nodes.map((n) => n.id)),
+            ...(input.caches ? { caches: input.caches } : {}),
+          })),
+        );
+        const plan = planBatch(nodes, left);
+        for (const p of plan.planned) {
+          plans.push({
+            allocationId: newId('alloc'),
+            reservationId: p.id,
+            nodeId: p.fit.nodeId,
+            deviceIds: p.fit.deviceIds,
+            resources: p.fit.resources,
+            start: new Date(p.window.start),
+            end: new Date(p.window.end),
+          });
+          placedAt.set(p.id, { nodeId: p.fit.nodeId, ...p.window });
+        }
+        const unplaced = new Set(plan.unplaced);
+        left = left.filter((r) => unplaced.has(r.id));
+      }
+    }
+    const stale = await bookPlannedAllocations(trx, plans);
+    for (const id of stale) placedAt.delete(id);
+    const byId = new Map(rows.map((row) => [row.id, row]));
+    await markBatchPlaced(
+      trx,
+      [...placedAt].map(([id, at]) => ({ row: byId.get(id)!, ...at })),
+      input.placer ?? null,
+    );
+    for (const row of rows) {
+      if (placedAt.has(row.id)) {
+        batch.placed.push({ reservationId: row.id, tenantId: row.tenant_id });
+        continue;
+      }
+      // The inline placer's own code for the rest, one by one.
+      const outcome = await placeLockedReservation(trx, row, row.now.getTime(), {
+        // A retry (already Unschedulable) is not announced again, as inline retries are not.
+        announcePending: !(row.conditions as Array<{ type: string }>).some((c) => c.type === 'Unschedulable'),
+        ...(input.caches ? { caches: input.caches } : {}),
+      });
+      if (outcome.outcome === 'placed') {
+        batch.placed.push({
+          reservationId: row.id,
+          tenantId: row.tenant_id,
+          ...(outcome.preemption ? { preemption: outcome.preemption } : {}),
+        });
+      } else {
+        batch.pending.push({ reservationId: row.id, tenantId: row.tenant_id });
+      }
+    }
+  }
+  await input.fence(trx);
+  await notifyReservationsSettled(trx, [
+    ...batch.placed.map((p) => p.reservationId),
+    ...batch.pending.map((p) => p.reservationId),
+  ]);
+  return batch;
+}

@@ -1,0 +1,286 @@
+import { randomBytes } from 'node:crypto';
+import { hostname } from 'node:os';
+import type { AdmissionCaches } from '../core/admission-caches.ts';
+import type { Db } from '../core/database.ts';
+import type { ReservationLifecycle } from '../core/deps.ts';
+import type { Logger } from '../core/logger.ts';
+import { withPlacementTransaction } from '../db/allocations/placement.ts';
+import {
+  fenceLease,
+  type HeldLease,
+  LeaseLost,
+  poolLeaseName,
+  releaseLease,
+  takeLease,
+} from '../db/leases.ts';
+import { type ChannelListener, listenOnChannel } from '../db/listen.ts';
+import { poolQueueChannel } from '../db/notify-channels.ts';
+import { placeQueuedBatch, poolsToPlace, type QueuedBatch } from '../db/reservations/pool-queue.ts';
+
+/**
+ * The pool-lease placer: a leased loop in the worker process (not a Temporal workflow). For every
+ * pool whose policy says `placer: 'pool-lease'`, each worker runs one loop that tries to hold the
+ * lease `pool:<id>` (db/leases.ts); only the holder places. Its batches are one transaction each
+ * (placeQueuedBatch), fenced by the lease's epoch in that same transaction, so a holder that
+ * stalled past its lease commits nothing. It is woken by the commit that queues a request
+ * (LISTEN on `bc_pool_queue`), drains the queue batch after batch, and polls slowly besides (a
+ * lost notification, a lease to take over). A killed worker's lease expires after its TTL and
+ * another worker's loop takes it under a higher epoch.
+ */
+export interface PoolPlacerOptions {
+  /** How long a lease lasts without renewal (default 10 s); renewed by every batch and every third of it. */
+  leaseTtlMs?: number;
+  /** The slow fallback: pools re-read and free leases tried this often (default 5 s). */
+  pollMs?: number;
+  /** This process's name as a lease holder (default `<host>:<pid>:<random>`). */
+  holder?: string;
+}
+
+export interface PoolPlacer {
+  readonly holder: string;
+  /** The pools whose lease this process holds now, with their epochs. */
+  holding(): Map<string, number>;
+  /** Batches committed so far (with at least one request). */
+  readonly batches: number;
+  stop(): Promise<void>;
+}
+
+export interface PoolPlacerDeps {
+  db: Db;
+  log: Logger;
+  lifecycle: ReservationLifecycle;
+  caches?: AdmissionCaches;
+}
+
+/** Starts the pool-lease placer of this worker process (see PoolPlacerOptions). */
+export function startPoolPlacer(deps: PoolPlacerDeps, options: PoolPlacerOptions = {}): PoolPlacer {
+  const holder = options.holder ?? `${hostname()}:${process.pid}:${randomBytes(3).toString('hex')}`;
+  const leaseTtlMs = options.leaseTtlMs ?? 10_000;
+  const pollMs = options.pollMs ?? 5_000;
+  const log = deps.log.child({ component: 'pool-placer', holder });
+  const loops = new Map<string, PoolLoop>();
+  const inFlight = new Set<Promise<unknown>>();
+  let stopped = false;
+  let batches = 0;
+  let discovering: Promise<void> | null = null;
+  let pollTimer: NodeJS.Timeout | null = null;
+
+  const track = (work: Promise<unknown>) => {
+    inFlight.add(work);
+    void work.finally(() => inFlight.delete(work));
+  };
+
+  /** After a batch commits: its reservations' lifecycles look again (the normal wake path). */
+  const wakeLifecycles = (batch: QueuedBatch) => {
+    for (const { reservationId } of [...batch.placed, ...batch.pending]) {
+      track(
+        deps.lifecycle
+          .signal(reservationId, { type: 'wake', reason: 'pool-placer' })
+          .catch((err: unknown) => {
+            // Not started yet (its create starts it after its own commit) or Temporal is away: the
+            // lifecycle's first look, or its recheck, finds the reservation decided.
+            log.debug({ err, reservationId }, 'could not wake a lifecycle after its batch');
+          }),
+      );
+    }
+    for (const { preemption } of batch.placed) {
+      if (preemption && deps.lifecycle.preempt) {
+        const preempt = deps.lifecycle.preempt;
+        track(
+          preempt(preemption).catch((err: unknown) =>
+            log.warn({ err, preemptionId: preemption.id }, 'could not start a preemption after its batch'),
+          ),
+        );
+      }
+    }
+  };
+
+  class PoolLoop {
+    lease: HeldLease | null = null;
+    /** Wall time of the last successful renewal (the batch fence or takeLease). */
+    renewedAt = 0;
+    kicked = false;
+    done = false;
+    private wake: (() => void) | null = null;
+    readonly running: Promise<void>;
+
+    constructor(
+      readonly poolId: string,
+      public batchSize: number,
+    ) {
+      this.running = this.run();
+    }
+
+    kick() {
+      this.kicked = true;
+      this.wake?.();
+    }
+
+    private sleep(ms: number, kickable: boolean): Promise<void> {
+      if (kickable && this.kicked) return Promise.resolve();
+      return new Promise((resolve) => {
+        // wall time: the loop's pause until the next look
+        const timer = setTimeout(done, ms);
+        function done() {
+          clearTimeout(timer);
+          resolve();
+        }
+        this.wake = () => {
+          if (kickable || this.done) done();
+        };
+      });
+    }
+
+    private async run() {
+      while (!stopped && !this.done) {
+        let failed = false;
+        try {
+          await this.tick();
+        } catch (err) {
+          failed = true;
+          if (err instanceof LeaseLost) {
+            log.warn(
+              { poolId: this.poolId, epoch: this.lease?.epoch },
+              'lost the pool lease mid-batch; nothing of it was committed',
+            );
+            this.lease = null;
+          } else {
+            log.warn({ err, poolId: this.poolId }, 'a pool-lease batch failed; trying again');
+          }
+        }
+        if (stopped || this.done) break;
+        // A failed batch is tried again soon (its requests wait on it); a holder renews every third
+        // of its TTL while idle; a standby looks at the slow poll's pace.
+        const pause = failed ? 250 : this.lease ? Math.max(50, Math.floor(leaseTtlMs / 3)) : pollMs;
+        await this.sleep(pause, this.lease !== null);
+      }
+    }
+
+    private async ensureLease(): Promise<HeldLease | null> {
+      // wall time: renewing only when a third of the TTL passed since the last renewal
+      if (this.lease && Date.now() - this.renewedAt < leaseTtlMs / 3) return this.lease;
+      const name = poolLeaseName(this.poolId);
+      const lease = await takeLease(deps.db, { name, holder, ttlMs: leaseTtlMs });
+      if (lease && lease.epoch !== this.lease?.epoch)
+        log.info({ poolId: this.poolId, lease: name, epoch: lease.epoch }, 'holding the pool lease');
+      this.lease = lease;
+      // wall time: the same renewal clock
+      if (lease) this.renewedAt = Date.now();
+      return lease;
+    }
+
+    private async tick() {
+      const lease = await this.ensureLease();
+      if (!lease) return;
+      for (;;) {
+        this.kicked = false;
+        const batch = await withPlacementTransaction(deps.db, (trx) =>
+          placeQueuedBatch(trx, {
+            poolId: this.poolId,
+            batchSize: this.batchSize,
+            ...(deps.caches ? { caches: deps.caches } : {}),
+            fence: (t) => fenceLease(t, { ...lease, ttlMs: leaseTtlMs }),
+            placer: { holder, epoch: lease.epoch },
+          }),
+        );
+        // wall time: the fence renewed the lease in the batch's commit
+        this.renewedAt = Date.now();
+        if (batch.taken > 0) {
+          batches++;
+          log.debug(
+            {
+              poolId: this.poolId,
+              epoch: lease.epoch,
+              placed: batch.placed.length,
+              pending: batch.pending.length,
+            },
+            'pool-lease batch committed',
+          );
+          wakeLifecycles(batch);
+        }
+        if (stopped || this.done || (batch.taken < this.batchSize && !this.kicked)) return;
+      }
+    }
+
+    async stop() {
+      this.done = true;
+      this.wake?.();
+      await this.running;
+      if (this.lease) {
+        await releaseLease(deps.db, { ...this.lease }).catch(() => {});
+        this.lease = null;
+      }
+    }
+  }
+
+  const discover = () => {
+    discovering ??= (async () => {
+      try {
+        const pools = await poolsToPlace(deps.db);
+        const wanted = new Set(pools.map((p) => p.poolId));
+        for (const pool of pools) {
+          const loop = loops.get(pool.poolId);
+          if (loop) {
+            loop.batchSize = pool.batchSize;
+            loop.kick();
+          } else if (!stopped) {
+            loops.set(pool.poolId, new PoolLoop(pool.poolId, pool.batchSize));
+          }
+        }
+        for (const [poolId, loop] of loops) {
+          if (wanted.has(poolId)) continue;
+          loops.delete(poolId);
+          track(loop.stop());
+        }
+      } catch (err) {
+        log.warn({ err }, 'could not read the pools to place');
+      } finally {
+        discovering = null;
+      }
+    })();
+    return discovering;
+  };
+
+  const listener: ChannelListener | null = listenOnChannel(deps.db, {
+    channel: poolQueueChannel,
+    log,
+    what: 'pool queue notifications',
+    fallback: `the pool placer polls every ${pollMs} ms until it listens again`,
+    onPayload: (poolId) => {
+      const loop = loops.get(poolId);
+      if (loop) loop.kick();
+      else void discover();
+    },
+    onListening: () => void discover(),
+  });
+  const poll = () => {
+    if (stopped) return;
+    void discover().finally(() => {
+      if (stopped) return;
+      // wall time: the slow fallback poll
+      pollTimer = setTimeout(poll, pollMs);
+    });
+  };
+  poll();
+
+  return {
+    holder,
+    holding() {
+      const held = new Map<string, number>();
+      for (const [poolId, loop] of loops) if (loop.lease) held.set(poolId, loop.lease.epoch);
+      return held;
+    },
+    get batches() {
+      return batches;
+    },
+    async stop() {
+      stopped = true;
+      if (pollTimer) clearTimeout(pollTimer);
+      await discovering;
+      await Promise.all([...loops.values()].map((loop) => loop.stop()));
+      loops.clear();
+      await listener?.close();
+      await Promise.all([...inFlight]);
+    },
+  };
+}
