@@ -166,17 +166,17 @@ const cachedHorizonMs = 86_400_000;
  * (bookings covering the window), the rest read now and cached.
  */
 async function sampledNodes(
-  trx: Trx,
+  db: Db,
   input: { poolId: string; request: PlacementRequest; window: Interval; caches: AdmissionCaches },
 ): Promise<PlacerNode[]> {
   const { poolId, request, window, caches } = input;
   const ids = [
-    ...new Set([...(await sampleNodeIds(trx, poolId, caches)), ...caches.placerNodes.recentNodes(poolId)]),
+    ...new Set([...(await sampleNodeIds(db, poolId, caches)), ...caches.placerNodes.recentNodes(poolId)]),
   ];
   const { cached, missing } = caches.placerNodes.lookup(poolId, request.deviceClass, ids, window);
   if (missing.length === 0) return cached;
   const readHorizon = { start: window.start, end: window.end + cachedHorizonMs };
-  const read = await loadPlacerNodes(trx, {
+  const read = await loadPlacerNodes(db, {
     poolId,
     deviceClass: request.deviceClass,
     horizon: readHorizon,
@@ -319,7 +319,8 @@ export async function withPlacementTransaction<T>(
 }
 
 /**
- * What a create would do now, booking nothing (capacity.preview): a sample of a large pool first,
+ * What a create would do now, booking nothing (capacity.preview): a sample of a large pool first
+ * (the nodes a create's first round would look at, from and into the placer's node cache),
  * the whole pool when the sample has no fit, with the counter-offer when nothing fits.
  */
 export async function previewPlacement(
@@ -328,13 +329,8 @@ export async function previewPlacement(
   caches: AdmissionCaches = createAdmissionCaches(),
 ): Promise<PlanOutcome> {
   if ((await schedulableNodeIds(db, input.poolId, caches)).length > wholePoolLimit) {
-    const nodes = await loadPlacerNodes(db, {
-      poolId: input.poolId,
-      deviceClass: input.request.deviceClass,
-      horizon: input.window,
-      sample: await sampleNodeIds(db, input.poolId, caches),
-      recentAllocations: 12,
-    });
+    // Through the placer's node cache, so a create that follows reads none of these nodes again.
+    const nodes = await sampledNodes(db, { ...input, caches });
     const plan = planPlacement(nodes, input.request, input.window);
     if (plan.fits.length > 0) return { fits: true, fit: plan.fits[0]!, window: input.window };
   }
