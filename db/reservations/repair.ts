@@ -296,31 +296,25 @@ export interface RepairRecord {
   workflowId: string | null;
 }
 
-/** The recorded repairs of reservations, oldest first, by reservation id. Read-only. */
-export async function readReservationRepairs(
-  db: Db,
-  reservationIds: readonly string[],
-): Promise<Map<string, RepairRecord[]>> {
-  const out = new Map<string, RepairRecord[]>();
-  if (reservationIds.length === 0) return out;
-  const rows = await db
-    .selectFrom('reservation_repairs')
-    .where('reservation_id', 'in', reservationIds)
-    .select(['reservation_id', 'created_at', 'moment', 'outcome', 'moves', 'message', 'workflow_id'])
-    .orderBy('id')
-    .execute();
-  for (const r of rows) {
-    const list = out.get(r.reservation_id) ?? [];
-    list.push({
-      at: new Date(r.created_at).getTime(),
-      moment: r.moment,
-      outcome: r.outcome,
-      moves: r.outcome === 'repaired' ? (r.moves as RepairMove[]) : [],
-      bad: r.outcome === 'failed' ? (r.moves as RepairRecord['bad']) : [],
-      message: r.message,
-      workflowId: r.workflow_id,
-    });
-    out.set(r.reservation_id, list);
-  }
-  return out;
+/** A stored repair row as the views read it (`created_at` in epoch ms). */
+export interface StoredRepair {
+  created_at: number | string | Date;
+  moment: RepairMoment;
+  outcome: 'repaired' | 'failed';
+  moves: unknown;
+  message: string | null;
+  workflow_id: string | null;
+}
+
+/** One stored repair row as `reservations.get` shows it. */
+export function repairRecordOf(r: StoredRepair): RepairRecord {
+  return {
+    at: r.created_at instanceof Date ? r.created_at.getTime() : Number(r.created_at),
+    moment: r.moment,
+    outcome: r.outcome,
+    moves: r.outcome === 'repaired' ? (r.moves as RepairMove[]) : [],
+    bad: r.outcome === 'failed' ? (r.moves as RepairRecord['bad']) : [],
+    message: r.message,
+    workflowId: r.workflow_id,
+  };
 }

@@ -4,7 +4,7 @@ import type { Condition } from '../../domain/reservation-lifecycle.ts';
 import { endedStates, type ReservationState } from '../../domain/reservation-states.ts';
 import { operationOf, type ReservationView } from '../../domain/reservation-view.ts';
 import { preparedMarker } from '../pool.ts';
-import { readReservationRepairs } from './repair.ts';
+import { repairRecordOf, type StoredRepair } from './repair.ts';
 
 interface Row {
   id: string;
@@ -36,6 +36,7 @@ interface Row {
     deviceIds: string[];
     binding: Record<string, unknown> | null;
   }>;
+  repairs: StoredRepair[];
 }
 
 /** Reads reservations as the API shows them (allocations of the current placement included), in the order of `ids`. */
@@ -52,10 +53,13 @@ export async function readReservationViews(db: Db, ids: readonly string[]): Prom
                                       WHERE b.allocation_id = a.id), '[]'::jsonb)) ORDER BY a.gang_index, a.id)
              FROM allocations a WHERE a.reservation_id = r.id
                AND (a.superseded_at IS NULL OR r.state IN (${sql.join(endedStates.map((s) => sql.lit(s)))}))
-               AND a.state <> 'failed'), '[]'::jsonb) AS allocations
+               AND a.state <> 'failed'), '[]'::jsonb) AS allocations,
+           COALESCE((SELECT jsonb_agg(jsonb_build_object(
+               'created_at', floor(extract(epoch FROM p.created_at) * 1000), 'moment', p.moment, 'outcome', p.outcome,
+               'moves', p.moves, 'message', p.message, 'workflow_id', p.workflow_id) ORDER BY p.id)
+             FROM reservation_repairs p WHERE p.reservation_id = r.id), '[]'::jsonb) AS repairs
     FROM reservations r WHERE r.id = ANY(${ids as string[]}::text[])`.execute(db);
   const byId = new Map(rows.map((r) => [r.id, r]));
-  const repairs = await readReservationRepairs(db, ids);
   return ids.flatMap((id) => {
     const r = byId.get(id);
     if (!r) return [];
@@ -93,7 +97,7 @@ export async function readReservationViews(db: Db, ids: readonly string[]): Prom
         version: r.version,
         createdAt: r.created_at.getTime(),
         updatedAt: r.updated_at.getTime(),
-        repairs: repairs.get(r.id) ?? [],
+        repairs: r.repairs.map(repairRecordOf),
       },
     ];
   });
