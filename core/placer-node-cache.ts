@@ -2,8 +2,8 @@ import type { Interval, PlacerNode } from '../domain/placer.ts';
 
 /** How long a node read for placement is reused before it is read again. */
 const defaultTtlMs = 10_000;
-/** How many of its own newest placements per pool this process remembers (partly used nodes). */
-const recentPerPool = 12;
+/** How many nodes per pool this process keeps warm: those it booked or read last. */
+const warmPerPool = 32;
 
 interface Entry {
   node: PlacerNode;
@@ -23,7 +23,7 @@ interface Entry {
  */
 export class PlacerNodeCache {
   readonly #entries = new Map<string, Map<string, Entry>>();
-  readonly #recent = new Map<string, string[]>();
+  readonly #warm = new Map<string, string[]>();
   readonly ttlMs: number;
 
   constructor(ttlMs = defaultTtlMs) {
@@ -66,6 +66,17 @@ export class PlacerNodeCache {
     // wall time: when the entries were read, for their TTL
     const at = Date.now();
     for (const node of nodes) entries.set(node.id, { node, horizon, at });
+    this.#touch(
+      poolId,
+      nodes.map((n) => n.id),
+    );
+  }
+
+  /** Puts `nodeIds` first among the pool's warm nodes. */
+  #touch(poolId: string, nodeIds: readonly string[]): void {
+    const touched = new Set(nodeIds);
+    const rest = (this.#warm.get(poolId) ?? []).filter((id) => !touched.has(id));
+    this.#warm.set(poolId, [...touched, ...rest].slice(0, warmPerPool));
   }
 
   /** Adds this process's booking to the cached node (whether or not its transaction commits). */
@@ -79,11 +90,7 @@ export class PlacerNodeCache {
       resources: Record<string, number>;
     },
   ): void {
-    const recent = this.#recent.get(poolId) ?? [];
-    this.#recent.set(
-      poolId,
-      [booking.nodeId, ...recent.filter((id) => id !== booking.nodeId)].slice(0, recentPerPool),
-    );
+    this.#touch(poolId, [booking.nodeId]);
     const node = this.#entries.get(`${poolId}/${deviceClass}`)?.get(booking.nodeId)?.node;
     if (!node) return;
     const booked = new Set(booking.deviceIds);
@@ -99,8 +106,11 @@ export class PlacerNodeCache {
     this.#entries.get(`${poolId}/${deviceClass}`)?.delete(nodeId);
   }
 
-  /** The nodes of this process's newest placements in the pool (likely partly used: tight fits). */
-  recentNodes(poolId: string): readonly string[] {
-    return this.#recent.get(poolId) ?? [];
+  /**
+   * The nodes this process booked or read last in the pool, newest first: partly used ones (the
+   * tight fits best fit wants) and a recent sample's free ones, looked at before a new sample.
+   */
+  warmNodes(poolId: string): readonly string[] {
+    return this.#warm.get(poolId) ?? [];
   }
 }

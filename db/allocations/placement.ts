@@ -161,18 +161,20 @@ export async function tryBook(
 const cachedHorizonMs = 86_400_000;
 
 /**
- * A large pool's candidates for one round: a random sample of its schedulable nodes and the
- * nodes of this process's newest placements, from the placer's node cache where it has them
- * (bookings covering the window), the rest read now and cached.
+ * A large pool's candidates for one round. `warm`: the nodes this process booked or read last,
+ * from the placer's node cache only (no read; none when they expired). `sample`: a random sample
+ * of the pool's schedulable nodes and the warm ones, from the cache where it has them (bookings
+ * covering the window), the rest read now and cached.
  */
 async function sampledNodes(
   db: Db,
   input: { poolId: string; request: PlacementRequest; window: Interval; caches: AdmissionCaches },
+  round: 'warm' | 'sample' = 'sample',
 ): Promise<PlacerNode[]> {
   const { poolId, request, window, caches } = input;
-  const ids = [
-    ...new Set([...(await sampleNodeIds(db, poolId, caches)), ...caches.placerNodes.recentNodes(poolId)]),
-  ];
+  const warm = caches.placerNodes.warmNodes(poolId);
+  if (round === 'warm') return caches.placerNodes.lookup(poolId, request.deviceClass, warm, window).cached;
+  const ids = [...new Set([...(await sampleNodeIds(db, poolId, caches)), ...warm])];
   const { cached, missing } = caches.placerNodes.lookup(poolId, request.deviceClass, ids, window);
   if (missing.length === 0) return cached;
   const readHorizon = { start: window.start, end: window.end + cachedHorizonMs };
@@ -232,11 +234,13 @@ export async function findAndBook(
   };
   const excluded = new Set(input.excludeNodeIds ?? []);
   let contended = false;
-  for (let round = 0; round < 3; round++) {
-    const whole = !large || round === 2;
+  // A large pool: the warm nodes from the cache, two samples, then the whole pool (read fresh).
+  const rounds = large ? (['warm', 'sample', 'sample', 'whole'] as const) : (['whole'] as const);
+  for (const round of rounds) {
+    const whole = round === 'whole';
     const loaded = whole
       ? await loadPlacerNodes(trx, { poolId: input.poolId, deviceClass: input.request.deviceClass, horizon })
-      : await sampledNodes(trx, { ...input, caches });
+      : await sampledNodes(trx, { ...input, caches }, round);
     const nodes = excluded.size > 0 ? loaded.filter((n) => !excluded.has(n.id)) : loaded;
     const plan = planPlacement(nodes, input.request, input.window, input.reservationId);
     if (plan.fits.length === 0) {
