@@ -21,6 +21,7 @@ import * as releasesRollouts from './2026-11-30T50-releases-rollouts.ts';
 import * as nodeEnforcement from './2026-11-30T60-node-enforcement.ts';
 import * as bareMetal from './2026-11-30T70-bare-metal.ts';
 import * as taintsDrains from './2026-11-30T81-taints-drains.ts';
+import * as deviceBookingGuard from './2026-12-01T00-device-booking-guard.ts';
 
 /** Every migration in order; names are frozen once released. */
 export const migrations: Record<string, Migration> = {
@@ -46,6 +47,7 @@ export const migrations: Record<string, Migration> = {
   '2026-11-30T60-node-enforcement': nodeEnforcement,
   '2026-11-30T70-bare-metal': bareMetal,
   '2026-11-30T81-taints-drains': taintsDrains,
+  '2026-12-01T00-device-booking-guard': deviceBookingGuard,
 };
 
 export const migrationProvider: MigrationProvider = {
