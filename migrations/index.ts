@@ -22,6 +22,7 @@ import * as nodeEnforcement from './2026-11-30T60-node-enforcement.ts';
 import * as bareMetal from './2026-11-30T70-bare-metal.ts';
 import * as taintsDrains from './2026-11-30T81-taints-drains.ts';
 import * as poolLease from './2026-11-30T82-pool-lease.ts';
+import * as deviceBookingGuard from './2026-12-01T00-device-booking-guard.ts';
 
 /** Every migration in order; names are frozen once released. */
 export const migrations: Record<string, Migration> = {
@@ -48,6 +49,7 @@ export const migrations: Record<string, Migration> = {
   '2026-11-30T70-bare-metal': bareMetal,
   '2026-11-30T81-taints-drains': taintsDrains,
   '2026-11-30T82-pool-lease': poolLease,
+  '2026-12-01T00-device-booking-guard': deviceBookingGuard,
 };
 
 export const migrationProvider: MigrationProvider = {

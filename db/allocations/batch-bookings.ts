@@ -3,7 +3,13 @@ import type { Database } from '../../core/database.ts';
 import type { HostResource } from '../../domain/fleet.ts';
 import type { HostResourceAmounts } from '../../domain/reservation-request.ts';
 import { preparedMarker } from '../pool.ts';
-import { BookingConflict, insertDeviceBookings, insertScalarBookings, lockDevices } from './bookings.ts';
+import {
+  BookingConflict,
+  bookingOfDevice,
+  insertDeviceBookings,
+  insertScalarBookings,
+  lockDevices,
+} from './bookings.ts';
 import { PlacementContention } from './placement.ts';
 
 type Trx = Transaction<Database>;
@@ -82,7 +88,9 @@ export async function bookPlannedAllocations(
     FROM unnest(${atoms.map((a) => a.deviceId)}::text[], ${atoms.map((a) => a.plan.reservationId)}::text[],
                 ${atoms.map((a) => a.plan.start.toISOString())}::timestamptz[],
                 ${atoms.map((a) => a.plan.end.toISOString())}::timestamptz[]) AS t(d, rid, s, e)
-    JOIN device_bookings b ON b.device_id = t.d AND b.during && ${range('t.s', 't.e')}`.execute(trx);
+    JOIN device_bookings b ON ${bookingOfDevice('b', sql.ref('t.d'))} AND b.during && ${range('t.s', 't.e')}`.execute(
+    trx,
+  );
   for (const r of booked) stale.add(r.rid);
 
   const kept = plans.filter((p) => !stale.has(p.reservationId));

@@ -6,6 +6,7 @@ import type { Interval, PlacerNode } from '../../domain/placer.ts';
 import type { DeviceClass, HostResourceAmounts } from '../../domain/reservation-request.ts';
 import { preparedMarker } from '../pool.ts';
 import { literalList } from '../sql-literals.ts';
+import { bookingOfDevice } from './bookings.ts';
 import { sampleNodeIds } from './placement-load.ts';
 
 type Trx = Transaction<Database>;
@@ -114,7 +115,9 @@ export async function loadBatchCandidates(
   const { rows: bookings } = await sql<{ d: string; s: Date; e: Date }>`${sql.raw(preparedMarker)}
     SELECT b.device_id AS d, lower(b.during) AS s, upper(b.during) AS e
     FROM unnest(${[...devices.keys()]}::text[]) AS t(id)
-    JOIN device_bookings b ON b.device_id = t.id AND b.during && ${horizon}`.execute(trx);
+    JOIN device_bookings b ON ${bookingOfDevice('b', sql.ref('t.id'))} AND b.during && ${horizon}`.execute(
+    trx,
+  );
   for (const b of bookings) devices.get(b.d)?.bookings.push({ start: b.s.getTime(), end: b.e.getTime() });
   const { rows: extras } = await sql<{
     k: 'label' | 'host' | 'scalar';

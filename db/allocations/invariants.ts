@@ -1,5 +1,6 @@
 import { sql } from 'kysely';
 import type { Db } from '../../core/database.ts';
+import { bookingOfDevice } from './bookings.ts';
 
 export interface BookingInvariantReport {
   /** Pairs of live bookings of one atom whose windows overlap (must be 0). */
@@ -17,7 +18,7 @@ export async function checkBookingInvariants(db: Db): Promise<BookingInvariantRe
   const { rows } = await sql<{ device_overlaps: string; scalar_overbookings: string }>`
     SELECT
       (SELECT count(*) FROM device_bookings a
-         JOIN device_bookings b ON a.device_id = b.device_id AND a.allocation_id < b.allocation_id
+         JOIN device_bookings b ON ${bookingOfDevice('b', sql.ref('a.device_id'))} AND a.allocation_id < b.allocation_id
                                 AND a.during && b.during) AS device_overlaps,
       (SELECT count(*) FROM scalar_bookings s
          JOIN host_resources h ON h.node_id = s.node_id AND h.resource = s.resource

@@ -1,6 +1,6 @@
 import { sql, type Transaction } from 'kysely';
 import type { Database } from '../../core/database.ts';
-import { BookingConflict, lockDevices } from './bookings.ts';
+import { BookingConflict, bookingOfDevice, lockDevices } from './bookings.ts';
 
 type Trx = Transaction<Database>;
 
@@ -39,9 +39,10 @@ export async function moveAllocationEnds(
   const current = new Date(input.currentEnd + tailMs).toISOString();
   const target = new Date(input.newEnd + tailMs).toISOString();
   const { rows } = await sql<{ next: Date | null }>`
-    SELECT min(lower(during)) AS next FROM device_bookings
-    WHERE device_id = ANY(${deviceIds}::text[]) AND NOT (allocation_id = ANY(${allocationIds}::text[]))
-      AND during && tstzrange(${current}::timestamptz, ${target}::timestamptz, '[)')`.execute(trx);
+    SELECT min(lower(b.during)) AS next FROM unnest(${deviceIds}::text[]) AS id
+    JOIN device_bookings b ON ${bookingOfDevice('b', sql.ref('id'))}
+    WHERE NOT (b.allocation_id = ANY(${allocationIds}::text[]))
+      AND b.during && tstzrange(${current}::timestamptz, ${target}::timestamptz, '[)')`.execute(trx);
   const next = rows[0]?.next?.getTime();
   if (next !== undefined) return { moved: false, availableUntil: Math.max(next - tailMs, input.currentEnd) };
   await sql`SAVEPOINT extend_bookings`.execute(trx);

@@ -2,6 +2,7 @@ import { sql } from 'kysely';
 import type { Db } from '../../core/database.ts';
 import { endedAllocationStates } from '../../domain/fleet.ts';
 import { literalList } from '../sql-literals.ts';
+import { bookingOfDevice } from './bookings.ts';
 
 /** A node as `capacity.nodes` reads it, with compute_now(). */
 export interface NodeCapacityRow {
@@ -69,10 +70,10 @@ export async function readNodeCapacity(
       SELECT d.node_id, d.class, count(*) AS total,
              count(*) FILTER (WHERE d.health = 'healthy' AND NOT EXISTS (
                SELECT 1 FROM device_bookings b JOIN allocations a ON a.id = b.allocation_id
-               WHERE b.device_id = d.id AND a.state NOT IN (${literalList(endedAllocationStates)}) AND b.during @> compute_now())) AS free,
+               WHERE ${bookingOfDevice('b', sql.ref('d.id'))} AND a.state NOT IN (${literalList(endedAllocationStates)}) AND b.during @> compute_now())) AS free,
              count(*) FILTER (WHERE EXISTS (
                SELECT 1 FROM device_bookings b JOIN allocations a ON a.id = b.allocation_id
-               WHERE b.device_id = d.id AND a.state NOT IN (${literalList(endedAllocationStates)}) AND lower(b.during) > compute_now())) AS reserved
+               WHERE ${bookingOfDevice('b', sql.ref('d.id'))} AND a.state NOT IN (${literalList(endedAllocationStates)}) AND lower(b.during) > compute_now())) AS reserved
       FROM devices d
       WHERE d.node_id = ANY(${ids}::text[]) AND d.bookable AND d.removed_at IS NULL
       GROUP BY d.node_id, d.class`.execute(db),

@@ -4,6 +4,7 @@ import { preparedMarker } from '../pool.ts';
 import {
   type AllocationWithBookings,
   bookingConflictOf,
+  bookingOfDevice,
   deviceLockKeys,
   deviceLockSpace,
 } from './bookings.ts';
@@ -106,12 +107,12 @@ export async function tryInsertAllocationWithBookings(
               SELECT 1 FROM node_labels l WHERE l.node_id = ${input.nodeId} AND l.key = want.key
                 AND (want.value IS NULL OR l.value = want.value)
                 AND (l.key NOT LIKE 'bc.dev/%' OR l.source = 'system'))) THEN 'stale'
-          -- Device by device: the EXCLUDE index answers (device_id, during) for one device, but
-          -- with an array it scans every booking overlapping the window, whichever the device.
+          -- Device by device (bookingOfDevice): with an array the EXCLUDE index would scan every
+          -- booking overlapping the window, whichever the device.
           WHEN EXISTS (
             SELECT 1 FROM unnest(${deviceIds}::text[]) AS want(id)
             CROSS JOIN LATERAL (SELECT 1 FROM device_bookings b
-                                WHERE b.device_id = want.id AND b.during && ${booked} LIMIT 1) AS hit) THEN 'stale'
+                                WHERE ${bookingOfDevice('b', sql.ref('want.id'))} AND b.during && ${booked} LIMIT 1) AS hit) THEN 'stale'
           WHEN EXISTS (
             SELECT 1 FROM unnest(${names}::text[], ${amounts}::numeric[]) AS w(r, m)
             JOIN host_resources h ON h.node_id = ${input.nodeId} AND h.resource = w.r

@@ -2,6 +2,7 @@ import { sql } from 'kysely';
 import type { Db } from '../../core/database.ts';
 import { endedAllocationStates } from '../../domain/fleet.ts';
 import type { HostPublicationRow } from '../../domain/holds-publication.ts';
+import { bookingOfDevice } from '../allocations/bookings.ts';
 import { literalList } from '../sql-literals.ts';
 
 /** Live holds, in SQL: not released, heartbeat + TTL ahead of compute_now(). */
@@ -37,7 +38,7 @@ export async function readHostPublicationRows(db: Db, ids: readonly string[]): P
            (SELECT COALESCE(sum((d.attributes->>'memoryMiB')::numeric) / 1024, 0) FROM devices d
              WHERE d.node_id = n.id AND d.class = 'gpu' AND d.removed_at IS NULL AND d.health = 'healthy'
                AND NOT EXISTS (SELECT 1 FROM device_bookings b JOIN allocations a ON a.id = b.allocation_id
-                               WHERE b.device_id = d.id AND a.state NOT IN (${ended}) AND b.during @> compute_now())) AS vram_free,
+                               WHERE ${bookingOfDevice('b', sql.ref('d.id'))} AND a.state NOT IN (${ended}) AND b.during @> compute_now())) AS vram_free,
            (SELECT count(*) FROM host_holds hh WHERE hh.node_id = n.id AND ${liveHold('hh')}) AS holds,
            (SELECT COALESCE(sum(hh.cpu_cores), 0) FROM host_holds hh WHERE hh.node_id = n.id AND ${liveHold('hh')}) AS held_cpu,
            (SELECT COALESCE(sum(hh.ram_gib), 0) FROM host_holds hh WHERE hh.node_id = n.id AND ${liveHold('hh')}) AS held_ram,

@@ -3,6 +3,7 @@ import type { Database } from '../../core/database.ts';
 import { ComputeError } from '../../domain/errors.ts';
 import { endedAllocationStates } from '../../domain/fleet.ts';
 import { canonicalJson, type MigLayoutSettings, migLayoutSettingsSchema } from '../../domain/node-spec.ts';
+import { bookingOfDevice } from '../allocations/bookings.ts';
 import { literalList } from '../sql-literals.ts';
 
 type Trx = Transaction<Database>;
@@ -68,7 +69,7 @@ export async function setNodeMigLayout(
   if (parentIds.length > 0) {
     const { rows } = await sql<{ reservation_id: string }>`
       SELECT DISTINCT a.reservation_id FROM device_bookings b
-      JOIN devices d ON d.id = b.device_id
+      JOIN devices d ON ${bookingOfDevice('b', sql.ref('d.id'))}
       JOIN allocations a ON a.id = b.allocation_id
       WHERE (d.id = ANY(${parentIds}::text[]) OR d.parent_id = ANY(${parentIds}::text[]))
         AND a.state NOT IN (${literalList(endedAllocationStates)}) AND upper(b.during) > compute_now()
