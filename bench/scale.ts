@@ -10,11 +10,27 @@
  *       `placer: 'pool-lease'`, the placing loop of temporal/pool-placer.ts in this process, each
  *       `create` with `wait` answering once its batch committed), with its CPU per placement;
  *   overlaps after the run (two bookings of one device overlapping; must be 0);
+ *   sequential latency (`--sequential N`, on by default: 200): one client creating inline, one
+ *       create after the other, p50/p99 through HTTP;
+ *   open-loop latency (`--open-loop-seconds S`, on by default: 10): creates arriving at a fixed
+ *       rate, half of P1 (inline `create`) and then half of P2 (pool-lease `create` with `wait`),
+ *       each issued on schedule whether or not earlier ones answered, p50/p99 from the scheduled
+ *       time;
+ *   live reservations (`--live N`, off by default: the bulk write of 50,000 took 220 s at load
+ *       average 11): the inline rate measured again (fresh API, `--live-seconds`, default
+ *       `--seconds`) just before and just after N live 1-GPU reservations are written in bulk
+ *       (bench/support.ts's insertLiveReservations), and their ratio;
+ *   the lifecycle start backlog (`--lifecycle-seconds S`, off by default: it starts a Temporal dev
+ *       server, unless TEMPORAL_ADDRESS is set, and a worker in a child process): a P1-like load
+ *       whose creates start real lifecycles, sampling every 500 ms how many placed reservations
+ *       have no started workflow yet;
  *   with `--commands N`, command p50/p99 at the node count: bench/gateway.ts run as a child
  *       (`--provision direct`: N simulated agents in one process, `diag.nvml` at `--command-rate`).
  * Progress lines while it runs; the last line is one JSON object.
  * Usage: node --import tsx bench/scale.ts [--nodes 10000] [--clients 50] [--seconds 15]
  *        [--booking-seconds 10] [--gpus 4] [--connections 20] [--commands 0] [--command-rate 50]
+ *        [--sequential 200] [--open-loop-seconds 10] [--live 0] [--live-seconds 15]
+ *        [--lifecycle-seconds 0]   (0 turns a part off)
  */
 import { spawn } from 'node:child_process';
 import { loadavg } from 'node:os';
@@ -26,14 +42,19 @@ import { createLogger } from '../core/logger.ts';
 import { checkBookingInvariants } from '../db/allocations/invariants.ts';
 import { registerReadyNodes } from '../db/nodes/fleet.ts';
 import { startPoolPlacer } from '../temporal/pool-placer.ts';
+import { type LifecycleBacklog, measureLifecycleBacklog } from './lifecycle-backlog.ts';
 import {
   benchDatabase,
   insertBenchPool,
+  insertLiveReservations,
+  type LoadResult,
   nodeCpuSeconds,
+  type OpenLoopResult,
   postgresCpuSeconds,
   postmasterPidOf,
   prepareBookingLoad,
   runLoad,
+  runOpenLoop,
   startPlacementApi,
 } from './support.ts';
 
@@ -47,6 +68,11 @@ const { values } = parseArgs({
     connections: { type: 'string', default: '20' },
     commands: { type: 'string', default: '0' },
     'command-rate': { type: 'string', default: '50' },
+    sequential: { type: 'string', default: '200' },
+    'open-loop-seconds': { type: 'string', default: '10' },
+    live: { type: 'string', default: '0' },
+    'live-seconds': { type: 'string' },
+    'lifecycle-seconds': { type: 'string', default: '0' },
   },
 });
 const nodeCount = Number(values.nodes);
@@ -55,6 +81,11 @@ const seconds = Number(values.seconds);
 const bookingSeconds = Number(values['booking-seconds']);
 const gpus = Number(values.gpus);
 const commandCount = Number(values.commands);
+const sequentialCount = Number(values.sequential);
+const openLoopSeconds = Number(values['open-loop-seconds']);
+const liveCount = Number(values.live);
+const liveSeconds = Number(values['live-seconds'] ?? values.seconds);
+const lifecycleSeconds = Number(values['lifecycle-seconds']);
 
 const started = performance.now();
 const load = () =>
@@ -63,6 +94,18 @@ const load = () =>
     .join(' ');
 const progress = (line: string) =>
   console.log(`[${((performance.now() - started) / 1000).toFixed(0)} s] ${line} (load average ${load()})`);
+const describeOpenLoop = (r: OpenLoopResult) =>
+  `${r.issued} issued at ${r.ratePerSecond}/s, ${r.committed} placed, ${r.refused} not placed, ` +
+  `errors ${JSON.stringify(r.errors)}, ${r.unanswered} unanswered; p50 ${r.p50Ms} ms, p99 ${r.p99Ms} ms`;
+const pickOpenLoop = (r: OpenLoopResult) => ({
+  ratePerSecond: r.ratePerSecond,
+  p50Ms: r.p50Ms,
+  p99Ms: r.p99Ms,
+  issued: r.issued,
+  placed: r.committed,
+  errors: r.errors,
+  unanswered: r.unanswered,
+});
 const ratio = (a: number | null, b: number) => (a === null || b === 0 ? null : Number((a / b).toFixed(3)));
 
 /** bench/gateway.ts as a child at this node count: its last line's command latency. */
@@ -113,6 +156,11 @@ const benchLifecycle: ReservationLifecycle = {
 
 const bench = await benchDatabase('scale', { max: Math.max(8, Number(values.connections)) });
 const log = createLogger({ level: 'warn', name: 'bench-scale' });
+const placedCount = async () => {
+  const { rows } = await sql<{ n: number }>`
+    SELECT count(*)::int AS n FROM reservations WHERE state = 'placed'`.execute(bench.db);
+  return rows[0]!.n;
+};
 try {
   progress(`loading ${nodeCount} nodes (${nodeCount * 8} GPUs)`);
   const { siteId, poolId } = await insertBenchPool(bench.db);
@@ -161,6 +209,30 @@ try {
       `PostgreSQL ${postmasterPid ? `${cpu.postgresSeconds.toFixed(1)} s` : 'not readable'})`,
   );
 
+  // Sequential latency: one client, one inline create after the other.
+  let sequential: LoadResult | null = null;
+  if (sequentialCount > 0) {
+    progress(`sequential: ${sequentialCount} inline creates by one client`);
+    sequential = await runLoad(
+      1,
+      600,
+      (client) => api.place(client, { gpus, duration: '8h' }),
+      sequentialCount,
+    );
+    progress(
+      `sequential: p50 ${sequential.p50Ms} ms, p99 ${sequential.p99Ms} ms (${sequential.committed} placed, ` +
+        `errors ${JSON.stringify(sequential.errors)})`,
+    );
+  }
+  // Open loop at half of P1: arrivals on schedule, whatever the answers do.
+  let openLoopInline: OpenLoopResult | null = null;
+  if (openLoopSeconds > 0 && inline.perSecond > 0) {
+    const rate = inline.perSecond / 2;
+    progress(`open loop: inline creates at ${rate}/s for ${openLoopSeconds} s`);
+    openLoopInline = await runOpenLoop(rate, openLoopSeconds, (i) => api.place(i, { gpus, duration: '8h' }));
+    progress(`open loop, inline: ${describeOpenLoop(openLoopInline)}`);
+  }
+
   // P2: the same API and fleet, the pool switched to the pool-lease placer (admission's pool
   // cache holds the old policy for up to 5 s), its loop in this process as in a worker.
   await sql`UPDATE pools SET policy = policy || '{"placer":"pool-lease","poolLease":{"batchSize":64}}'::jsonb
@@ -182,6 +254,16 @@ try {
     postgresSeconds: postgresCpuSeconds(postmasterPid) - cpu1.postgres,
   };
   const batches = placer.batches;
+  // Open loop at half of P2: create with wait, arrivals on schedule.
+  let openLoopPoolLease: OpenLoopResult | null = null;
+  if (openLoopSeconds > 0 && poolLease.perSecond > 0) {
+    const rate = poolLease.perSecond / 2;
+    progress(`open loop: pool-lease creates with wait at ${rate}/s for ${openLoopSeconds} s`);
+    openLoopPoolLease = await runOpenLoop(rate, openLoopSeconds, (i) =>
+      api.place(i, { gpus, duration: '8h', waitMs: 30_000 }),
+    );
+    progress(`open loop, pool-lease: ${describeOpenLoop(openLoopPoolLease)}`);
+  }
   await placer.stop();
   await api.stop();
   const poolLeaseCpuMs =
@@ -194,10 +276,100 @@ try {
       `${poolLease.p50Ms} ms, p99 ${poolLease.p99Ms} ms, CPU ${poolLeaseCpuMs} ms per placement`,
   );
 
+  // The parts below place inline again: the pool back to its own placer. Each starts an API of its
+  // own (fresh admission caches, so nothing waits out the old pool cache).
+  await sql`UPDATE pools SET policy = policy - 'placer' - 'poolLease' WHERE id = ${poolId}`.execute(bench.db);
+
+  // Live reservations: the inline rate just before and just after writing them in bulk.
+  let liveReservations: {
+    count: number;
+    nodes: number;
+    inlinePerSecondEmpty: number;
+    inlinePerSecondLive: number;
+    ratio: number | null;
+    p50MsEmpty: number;
+    p99MsEmpty: number;
+    p50MsLive: number;
+    p99MsLive: number;
+    placedBefore: number;
+  } | null = null;
+  if (liveCount > 0) {
+    const placedBefore = await placedCount();
+    const before = await startPlacementApi(bench.db, {
+      poolId,
+      quotaGpus: nodeCount * 8,
+      log,
+      tenantPrefix: 'empty',
+    });
+    progress(
+      `live: inline placements for ${liveSeconds} s before the bulk write (${placedBefore} placed so far)`,
+    );
+    const empty = await runLoad(clients, liveSeconds, (client) =>
+      before.place(client, { gpus, duration: '8h' }),
+    );
+    await before.stop();
+    progress(
+      `live: before, ${empty.perSecond} inline placements/s (p50 ${empty.p50Ms} ms, p99 ${empty.p99Ms} ms, ${empty.refused} not placed)`,
+    );
+    // wall time: how long the bulk write takes (a progress figure only)
+    const w0 = Date.now();
+    const written = await insertLiveReservations(bench.db, {
+      poolId,
+      templateIds: before.warmUpIds,
+      count: liveCount,
+    });
+    await bench.pool.query('ANALYZE');
+    // wall time: how long the bulk write takes (a progress figure only)
+    progress(
+      `live: ${written.written} live reservations written on ${written.nodes} nodes in ${Date.now() - w0} ms`,
+    );
+    const after = await startPlacementApi(bench.db, {
+      poolId,
+      quotaGpus: nodeCount * 8,
+      log,
+      tenantPrefix: 'live',
+    });
+    const live = await runLoad(clients, liveSeconds, (client) =>
+      after.place(client, { gpus, duration: '8h' }),
+    );
+    await after.stop();
+    liveReservations = {
+      count: written.written,
+      nodes: written.nodes,
+      inlinePerSecondEmpty: empty.perSecond,
+      inlinePerSecondLive: live.perSecond,
+      ratio: ratio(live.perSecond, empty.perSecond),
+      p50MsEmpty: empty.p50Ms,
+      p99MsEmpty: empty.p99Ms,
+      p50MsLive: live.p50Ms,
+      p99MsLive: live.p99Ms,
+      placedBefore,
+    };
+    progress(
+      `live: after, ${live.perSecond} inline placements/s with ${written.written} live reservations ` +
+        `(p50 ${live.p50Ms} ms, p99 ${live.p99Ms} ms, ${live.refused} not placed, errors ${JSON.stringify(live.errors)}); ratio ${liveReservations.ratio}`,
+    );
+  }
+
+  let lifecycleBacklog: LifecycleBacklog | null = null;
+  if (lifecycleSeconds > 0) {
+    lifecycleBacklog = await measureLifecycleBacklog({
+      db: bench.db,
+      databaseUrl: bench.url,
+      poolId,
+      quotaGpus: nodeCount * 8,
+      clients,
+      seconds: lifecycleSeconds,
+      gpus,
+      log,
+      progress,
+    });
+  }
+
   const invariants = await checkBookingInvariants(bench.db);
-  const { rows } = await sql<{ n: number }>`
-    SELECT count(*)::int AS n FROM reservations WHERE state = 'placed'`.execute(bench.db);
-  progress(`overlaps after the run: ${invariants.deviceOverlaps}; placed reservations: ${rows[0]!.n}`);
+  progress(
+    `overlaps after the run: ${invariants.deviceOverlaps}; placed reservations: ${await placedCount()}`,
+  );
 
   let commands: Awaited<ReturnType<typeof commandLatency>> = null;
   if (commandCount > 0) {
@@ -242,6 +414,14 @@ try {
       },
       goals: { inlineToBookings: 0.1, poolLeaseToBookings: 0.2, cpuMsPerPlacement: 5, overlaps: 0 },
       commands,
+      sequentialP50Ms: sequential?.p50Ms ?? null,
+      sequentialP99Ms: sequential?.p99Ms ?? null,
+      openLoop: {
+        inline: openLoopInline && pickOpenLoop(openLoopInline),
+        poolLease: openLoopPoolLease && pickOpenLoop(openLoopPoolLease),
+      },
+      liveReservations,
+      lifecycleBacklog,
       loadAverage: load(),
     }),
   );

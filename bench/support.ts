@@ -4,6 +4,7 @@ import { sql } from 'kysely';
 import pg from 'pg';
 import { parseConfig } from '../core/config.ts';
 import type { Db } from '../core/database.ts';
+import type { ReservationLifecycle } from '../core/deps.ts';
 import { createLogger, type Logger } from '../core/logger.ts';
 import { BookingConflict, insertDeviceBookings } from '../db/allocations/bookings.ts';
 import { startLocalPostgres } from '../db/local-postgres.ts';
@@ -266,13 +267,22 @@ export async function prepareBookingLoad(
  */
 export async function startPlacementApi(
   db: Db,
-  input: { poolId: string; quotaGpus: number; log: Logger; tenants?: number },
+  input: {
+    poolId: string;
+    quotaGpus: number;
+    log: Logger;
+    tenants?: number;
+    /** Tenant ids are `<prefix>-<i>` (default `tenant`): a second API in one database needs its own. */
+    tenantPrefix?: string;
+    /** Lifecycle starts after each commit (default none: admission does not wait on Temporal). */
+    lifecycle?: ReservationLifecycle;
+  },
 ) {
   const iam = createEmbeddedIam({ db, log: input.log });
   const { rootAdminToken } = await bootstrapPlatform(iam);
   const tokens: Array<{ tenantId: string; token: string }> = [];
   for (let i = 0; i < (input.tenants ?? 10); i++) {
-    const tenantId = `tenant-${i}`;
+    const tenantId = `${input.tenantPrefix ?? 'tenant'}-${i}`;
     await iam.admin.createTenant({ id: tenantId, name: tenantId });
     const identity = await iam.admin.createIdentity({ tenantId, kind: 'service', name: 'loader' });
     await iam.admin.bindRole({ identityId: identity.id, role: 'member' });
@@ -283,7 +293,13 @@ export async function startPlacementApi(
     BETTER_COMPUTE_RATE_LIMIT_PER_TOKEN: '0',
     BETTER_COMPUTE_RATE_LIMIT_PER_TENANT: '0',
   });
-  const compute = createCompute({ config, db, log: input.log, iam });
+  const compute = createCompute({
+    config,
+    db,
+    log: input.log,
+    iam,
+    ...(input.lifecycle ? { lifecycle: input.lifecycle } : {}),
+  });
   const server = await listen(compute.app, '127.0.0.1', 0);
   const post = async (token: string, body: unknown) => {
     const response = await fetch(`${server.url}/api/compute/reservations/create`, {
@@ -296,25 +312,29 @@ export async function startPlacementApi(
       body: JSON.stringify(body),
     });
     const json = (await response.json()) as {
-      data?: { state: string };
+      data?: { id: string; state: string };
       error?: { code: string; message: string };
     };
     if (json.error) throw Object.assign(new Error(json.error.message), { code: json.error.code });
     return json.data!;
   };
   // Warm-up: authentication caches and the per-GPU share.
+  const warmUpIds: string[] = [];
   for (const t of tokens) {
-    await post(t.token, {
+    const warm = await post(t.token, {
       tenantId: t.tenantId,
       poolId: input.poolId,
       devices: [{ class: 'gpu', count: 1 }],
       duration: '1h',
       idempotencyKey: `warm-${t.tenantId}`,
     });
+    warmUpIds.push(warm.id);
   }
   let key = 0;
   return {
     rootAdminToken,
+    /** The tenants' warm-up reservations (1 GPU for an hour, placed by admission), one per tenant. */
+    warmUpIds,
     /**
      * One create by client `client`'s tenant: true when placed, false when left pending. With
      * `waitMs` the create waits for its operation (a pool-lease pool's batch).
@@ -333,4 +353,167 @@ export async function startPlacementApi(
     },
     stop: () => server.stop(),
   };
+}
+
+export interface OpenLoopResult {
+  ratePerSecond: number;
+  issued: number;
+  committed: number;
+  refused: number;
+  errors: Record<string, number>;
+  /** Calls still unanswered when the wait after the run gave up. */
+  unanswered: number;
+  p50Ms: number;
+  p99Ms: number;
+}
+
+/**
+ * Open-loop load: `op` issued at `ratePerSecond` for `seconds`, each call on its schedule whether
+ * or not earlier ones answered (not a closed loop, so a slow answer does not slow the arrivals).
+ * Each latency runs from the call's scheduled time (a late timer counts against the system, no
+ * coordinated omission). Waits for the answers at most `drainSeconds` after the last arrival.
+ */
+export async function runOpenLoop(
+  ratePerSecond: number,
+  seconds: number,
+  op: (i: number) => Promise<boolean>,
+  drainSeconds = 60,
+): Promise<OpenLoopResult> {
+  const latencies: number[] = [];
+  const errors: Record<string, number> = {};
+  let committed = 0;
+  let refused = 0;
+  const total = Math.max(1, Math.round(ratePerSecond * seconds));
+  const interval = 1000 / ratePerSecond;
+  const calls: Array<Promise<void>> = [];
+  const t0 = performance.now();
+  let issued = 0;
+  while (issued < total) {
+    // Every arrival whose time has come, then sleep until the next one.
+    const now = performance.now();
+    while (issued < total && t0 + issued * interval <= now) {
+      const scheduled = t0 + issued * interval;
+      const i = issued++;
+      calls.push(
+        op(i).then(
+          (placed) => {
+            if (placed) committed++;
+            else refused++;
+            latencies.push(performance.now() - scheduled);
+          },
+          (error: unknown) => {
+            const code = (error as { code?: string }).code ?? (error as Error).name;
+            errors[code] = (errors[code] ?? 0) + 1;
+            latencies.push(performance.now() - scheduled);
+          },
+        ),
+      );
+    }
+    if (issued < total) {
+      const wait = Math.max(0, t0 + issued * interval - performance.now());
+      await new Promise((resolve) => setTimeout(resolve, wait));
+    }
+  }
+  let timer: NodeJS.Timeout | undefined;
+  await Promise.race([
+    Promise.all(calls),
+    new Promise((resolve) => {
+      timer = setTimeout(resolve, drainSeconds * 1000);
+    }),
+  ]);
+  clearTimeout(timer);
+  const sorted = [...latencies].sort((a, b) => a - b);
+  return {
+    ratePerSecond: Number(ratePerSecond.toFixed(1)),
+    issued,
+    committed,
+    refused,
+    errors,
+    unanswered: issued - latencies.length,
+    p50Ms: Number(percentile(sorted, 50).toFixed(2)),
+    p99Ms: Number(percentile(sorted, 99).toFixed(2)),
+  };
+}
+
+/**
+ * `count` live 1-GPU reservations written in bulk (generate_series), each a copy of a template
+ * reservation that admission itself placed (a tenant's warm-up create), so every row is what the
+ * system writes: the reservation (placed), its current allocation, its device booking, its scalar
+ * bookings (the per-GPU host share), its quota charges, and the tenants' `quotas.used` raised by
+ * what was charged. Reservation `g` (0-based) takes node `g % nodes`, and GPU `floor(g / nodes)`
+ * of it (the nodes with nothing booked in the next two days, at most 8 per node: fewer are written
+ * when those run out): the first `nodes` of them hold GPU 0 from now for a day; the rest hold GPUs 1, 2, … for
+ * two hours at staggered starts between 9 and 22 hours ahead (inside the placer's read horizon,
+ * the request window plus a day, and after the 8-hour windows the benchmark asks for, so every
+ * node keeps 7 GPUs of one NVLink domain free for them). Answers how many were written, on how many nodes.
+ */
+export async function insertLiveReservations(
+  db: Db,
+  input: { poolId: string; templateIds: readonly string[]; count: number },
+): Promise<{ written: number; nodes: number }> {
+  return db.transaction().execute(async (trx) => {
+    // The plan, on the transaction's connection: one row per live reservation with its template,
+    // node, GPU and window, on the nodes with nothing booked in the next two days.
+    await sql`
+      CREATE TEMP TABLE bench_live ON COMMIT DROP AS
+      WITH t AS (
+        SELECT r.id, r.tenant_id, x.k - 1 AS k
+        FROM unnest(${input.templateIds as string[]}::text[]) WITH ORDINALITY AS x(id, k) JOIN reservations r USING (id)),
+      n AS (
+        SELECT n.id AS node_id, row_number() OVER (ORDER BY n.name) - 1 AS i FROM nodes n
+        WHERE n.pool_id = ${input.poolId} AND NOT EXISTS (
+          SELECT 1 FROM devices d JOIN device_bookings b ON b.device_id = d.id
+          WHERE d.node_id = n.id AND b.during && tstzrange(compute_now() - interval '1 hour', compute_now() + interval '2 days'))),
+      c AS (SELECT count(*) AS nodes FROM n),
+      d AS (SELECT node_id, id AS device_id, row_number() OVER (PARTITION BY node_id ORDER BY id) - 1 AS j
+            FROM devices WHERE class = 'gpu' AND removed_at IS NULL AND node_id IN (SELECT node_id FROM n))
+      SELECT g, 'rsv_live' || g AS id, 'alloc_live' || g AS allocation_id, t.id AS template_id, t.tenant_id,
+             n.node_id, d.device_id,
+             CASE WHEN g / c.nodes = 0
+               THEN tstzrange(compute_now(), compute_now() + interval '1 day', '[)')
+               ELSE tstzrange(compute_now() + interval '9 hours' + ((g % 12) * interval '1 hour'),
+                              compute_now() + interval '11 hours' + ((g % 12) * interval '1 hour'), '[)') END AS during
+      FROM generate_series(0, ${input.count - 1}) AS g CROSS JOIN c
+      JOIN t ON t.k = g % ${input.templateIds.length}
+      JOIN n ON n.i = g % c.nodes
+      JOIN d ON d.node_id = n.node_id AND d.j = g / c.nodes`.execute(trx);
+    await sql`
+      INSERT INTO reservations
+      SELECT (jsonb_populate_record(NULL::reservations, to_jsonb(r) || jsonb_build_object(
+               'id', b.id, 'idempotency_key', 'live-' || b.g, 'during', b.during,
+               'requested_start', lower(b.during), 'lifecycle_started_at', compute_now()))).*
+      FROM bench_live b JOIN reservations r ON r.id = b.template_id`.execute(trx);
+    await sql`
+      INSERT INTO allocations
+      SELECT (jsonb_populate_record(NULL::allocations, to_jsonb(a) || jsonb_build_object(
+               'id', b.allocation_id, 'reservation_id', b.id, 'node_id', b.node_id, 'during', b.during))).*
+      FROM bench_live b JOIN allocations a ON a.reservation_id = b.template_id AND a.superseded_at IS NULL`.execute(
+      trx,
+    );
+    await sql`
+      INSERT INTO device_bookings (device_id, allocation_id, during)
+      SELECT device_id, allocation_id, during FROM bench_live`.execute(trx);
+    await sql`
+      INSERT INTO scalar_bookings
+      SELECT (jsonb_populate_record(NULL::scalar_bookings, to_jsonb(s) || jsonb_build_object(
+               'allocation_id', b.allocation_id, 'node_id', b.node_id, 'during', b.during))).*
+      FROM bench_live b JOIN allocations a ON a.reservation_id = b.template_id AND a.superseded_at IS NULL
+      JOIN scalar_bookings s ON s.allocation_id = a.id`.execute(trx);
+    await sql`
+      INSERT INTO quota_charges
+      SELECT (jsonb_populate_record(NULL::quota_charges, to_jsonb(q) || jsonb_build_object('reservation_id', b.id))).*
+      FROM bench_live b JOIN quota_charges q ON q.reservation_id = b.template_id AND q.refunded_at IS NULL`.execute(
+      trx,
+    );
+    await sql`
+      UPDATE quotas SET used = used + c.amount
+      FROM (SELECT q.tenant_id, q.pool_id, q.resource, sum(q.amount) AS amount
+            FROM bench_live b JOIN quota_charges q ON q.reservation_id = b.id GROUP BY 1, 2, 3) c
+      WHERE quotas.tenant_id = c.tenant_id AND quotas.pool_id = c.pool_id AND quotas.resource = c.resource`.execute(
+      trx,
+    );
+    const { rows } = await sql<{ written: number; nodes: number }>`
+      SELECT count(*)::int AS written, count(DISTINCT node_id)::int AS nodes FROM bench_live`.execute(trx);
+    return rows[0]!;
+  });
 }
