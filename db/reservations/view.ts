@@ -58,7 +58,10 @@ export async function readReservationViews(db: Db, ids: readonly string[]): Prom
                'created_at', floor(extract(epoch FROM p.created_at) * 1000), 'moment', p.moment, 'outcome', p.outcome,
                'moves', p.moves, 'message', p.message, 'workflow_id', p.workflow_id) ORDER BY p.id)
              FROM reservation_repairs p WHERE p.reservation_id = r.id), '[]'::jsonb) AS repairs
-    FROM reservations r WHERE r.id = ANY(${ids as string[]}::text[])`.execute(db);
+    FROM reservations r WHERE ${
+      // One id as a scalar: a prepared statement over an array is re-planned at every call.
+      ids.length === 1 ? sql`r.id = ${ids[0]}` : sql`r.id = ANY(${ids as string[]}::text[])`
+    }`.execute(db);
   const byId = new Map(rows.map((r) => [r.id, r]));
   return ids.flatMap((id) => {
     const r = byId.get(id);
