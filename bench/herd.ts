@@ -199,8 +199,24 @@ try {
       `${last.joinsThrottled} joins throttled; gateway RSS ${last.rssMiB.toFixed(0)} MiB; load ${load()}`,
   );
 
-  // Every agent runs; the fleet settles (each first inventory, NodeSpec) before the commands.
+  // Every agent runs (each fleet process answers samples from then on): the fleet side's CPU.
   await Promise.all(agentsStarted);
+  const fleetCpu = (
+    await Promise.all(
+      fleets.map(
+        (child) =>
+          new Promise<number>((resolve) => {
+            child.once('message', (m: { cpuSeconds: number }) => resolve(m.cpuSeconds));
+            child.send({ type: 'sample' });
+          }),
+      ),
+    )
+  ).reduce((a, b) => a + b, 0);
+  console.error(
+    `  the fleet processes used ${fleetCpu.toFixed(1)} CPU-s in all (${((fleetCpu * 1000) / nodes).toFixed(1)} ms per node: ` +
+      `key, CSR, Join, TLS, session, journal, inventory)`,
+  );
+  // The fleet settles (each first inventory, NodeSpec) before the commands.
   await sleep(5_000);
   const nodeIds = (await bench.db.selectFrom('nodes').select('id').where('connectivity', '=', 'connected').execute()).map(
     (n) => n.id,
@@ -235,7 +251,11 @@ try {
       joinsPerSecond: Math.round(joins / connectSeconds),
       joinsThrottled: last.joinsThrottled,
       cpuMsPerJoin: Number(cpuMsPerJoin.toFixed(2)),
-      cpuSeconds: { gateway: Number(gatewayCpu.toFixed(1)), postgres: Number(postgresCpu.toFixed(1)) },
+      cpuSeconds: {
+        gateway: Number(gatewayCpu.toFixed(1)),
+        postgres: Number(postgresCpu.toFixed(1)),
+        fleet: Number(fleetCpu.toFixed(1)),
+      },
       gatewayRssMiB: Math.round(afterCommands.rssMiB),
       commands,
       loadBefore,
