@@ -104,7 +104,13 @@ let gatewaySampled: ((sample: GatewaySample) => void) | null = null;
 const gatewayListening = new Promise<{ address: string; caCertificatePem: string }>((resolve) => {
   gateway.on(
     'message',
-    (m: { completed?: string; atMs?: number; sample?: GatewaySample; address?: string; caCertificatePem?: string }) => {
+    (m: {
+      completed?: string;
+      atMs?: number;
+      sample?: GatewaySample;
+      address?: string;
+      caCertificatePem?: string;
+    }) => {
       if (m.completed) completedAt.set(m.completed, m.atMs!);
       else if (m.sample) gatewaySampled?.(m.sample);
       else if (m.address) resolve({ address: m.address, caCertificatePem: m.caCertificatePem! });
@@ -124,7 +130,12 @@ try {
   const caFile = path.join(dir, 'ca.pem');
   writeFileSync(caFile, caCertificatePem);
   const siteId = await insertSite(bench.db, { name: 'bench', region: 'eu-central-1' });
-  const poolId = await insertPool(bench.db, { siteId, ownerTenantId: 'platform', name: 'h100', gpuModel: 'h100' });
+  const poolId = await insertPool(bench.db, {
+    siteId,
+    ownerTenantId: 'platform',
+    name: 'h100',
+    gpuModel: 'h100',
+  });
   const { token } = await createJoinToken(bench.db, { poolId, ttlSeconds: 3600, maxUses: nodes });
 
   const gw0 = await gatewaySample();
@@ -151,7 +162,10 @@ try {
         }),
       ],
       // A process holds 1,250 agents' TLS connections, journals and timers at 10,000 nodes.
-      { execArgv: ['--import', 'tsx', '--max-old-space-size=2048'], stdio: ['ignore', 'inherit', 'inherit', 'ipc'] },
+      {
+        execArgv: ['--import', 'tsx', '--max-old-space-size=2048'],
+        stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
+      },
     );
     agentsStarted.push(
       new Promise((resolve) =>
@@ -218,9 +232,9 @@ try {
   );
   // The fleet settles (each first inventory, NodeSpec) before the commands.
   await sleep(5_000);
-  const nodeIds = (await bench.db.selectFrom('nodes').select('id').where('connectivity', '=', 'connected').execute()).map(
-    (n) => n.id,
-  );
+  const nodeIds = (
+    await bench.db.selectFrom('nodes').select('id').where('connectivity', '=', 'connected').execute()
+  ).map((n) => n.id);
   await gatewaySample();
   const probes = await probeCommands(bench.db, { nodeIds, rate, count: commandCount, completedAt });
   const latencies = probes.flatMap((p) => (p.ms === null ? [] : [p.ms])).sort((a, b) => a - b);

@@ -372,7 +372,12 @@ export async function probeCommands(
     if (wait > 0) await new Promise((r) => setTimeout(r, wait));
     const nodeId = input.nodeIds[Math.floor(Math.random() * input.nodeIds.length)]!;
     const { id } = await db.transaction().execute((trx) =>
-      enqueueNodeCommand(trx, { nodeId, kind: 'diag.nvml', payload: { level: 'quick' }, notAfterSeconds: 300 }),
+      enqueueNodeCommand(trx, {
+        nodeId,
+        kind: 'diag.nvml',
+        payload: { level: 'quick' },
+        notAfterSeconds: 300,
+      }),
     );
     // wall time: compared with the gateway process's completion stamps
     sent.push({ id, nodeId, atMs: Date.now() });

@@ -109,7 +109,11 @@ interface DeviceRow {
  * new atom is bookable only from `fromGeneration` (the node's NodeSpec generation now: the node
  * must converge it first). Stable ids are unique within one call (they are within a node).
  */
-async function upsertDevices(trx: Trx, nodeId: string, devices: readonly DeviceRow[]): Promise<Map<string, string>> {
+async function upsertDevices(
+  trx: Trx,
+  nodeId: string,
+  devices: readonly DeviceRow[],
+): Promise<Map<string, string>> {
   if (devices.length === 0) return new Map();
   const rows = devices.map(
     (d) => sql`(${newId('dev')}, ${nodeId}, ${d.class}, ${d.stableId}, ${d.health},
