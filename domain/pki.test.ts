@@ -1,10 +1,13 @@
-import { X509Certificate } from 'node:crypto';
+import 'reflect-metadata';
+import { webcrypto, X509Certificate } from 'node:crypto';
+import * as x509 from '@peculiar/x509';
 import { describe, expect, it } from 'vitest';
 import {
   createCertificateAuthority,
   createCsr,
   generateKeyPairPem,
   issueNodeCertificate,
+  keyIdOfPublicKey,
   readCsr,
 } from './pki.ts';
 
@@ -41,5 +44,43 @@ describe('node certificates', () => {
       expect(new Date(cert.validTo).getTime()).toBe(now.getTime() + 24 * 3600_000);
       expect(issued.notAfter.getTime()).toBe(now.getTime() + 24 * 3600_000);
     }
+  });
+});
+
+describe('readCsr', () => {
+  it('answers the key of a good request and its key id', async () => {
+    const keys = await generateKeyPairPem();
+    const csr = await readCsr(await createCsr(keys, 'node-1'));
+    expect(csr.publicKeyPem).toBe(keys.publicKeyPem);
+    expect(csr.keyId).toBe(keyIdOfPublicKey(keys.publicKeyPem));
+  });
+
+  it('refuses a request whose signature does not verify, one with another curve, and garbage: INVALID_INPUT', async () => {
+    const keys = await generateKeyPairPem();
+    const good = await createCsr(keys, 'node-1');
+    const der = Buffer.from(good.replace(/-----[A-Z ]+-----|\s/g, ''), 'base64');
+    // The last byte is the signature's: flipping it breaks the signature, not the encoding.
+    der[der.length - 1] = der[der.length - 1]! ^ 0x01;
+    const tampered = `-----BEGIN CERTIFICATE REQUEST-----\n${der.toString('base64')}\n-----END CERTIFICATE REQUEST-----\n`;
+    await expect(readCsr(tampered)).rejects.toMatchObject({
+      code: 'INVALID_INPUT',
+      message: /does not verify/,
+    });
+    const csr384 = await x509.Pkcs10CertificateRequestGenerator.create({
+      name: 'CN=node-1',
+      keys: await webcrypto.subtle.generateKey({ name: 'ECDSA', namedCurve: 'P-384' }, true, [
+        'sign',
+        'verify',
+      ]),
+      signingAlgorithm: { name: 'ECDSA', hash: 'SHA-384' },
+    });
+    await expect(readCsr(csr384.toString('pem'))).rejects.toMatchObject({
+      code: 'INVALID_INPUT',
+      message: /ECDSA P-256/,
+    });
+    await expect(readCsr('not a request')).rejects.toMatchObject({
+      code: 'INVALID_INPUT',
+      message: /not a PEM/,
+    });
   });
 });
