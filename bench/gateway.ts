@@ -32,7 +32,6 @@ import { saveIdentity } from '../daemon/identity.ts';
 import { simulatedNodeLayout } from '../daemon/sim.ts';
 import { loadSigningCertificateAuthority } from '../db/nodes/certificate-authority.ts';
 import { issueStoredNodeCertificate } from '../db/nodes/certificates.ts';
-import { enqueueNodeCommand } from '../db/nodes/commands.ts';
 import { insertPool, insertSite } from '../db/nodes/fleet.ts';
 import { createJoinToken } from '../db/nodes/join-tokens.ts';
 import { insertJoinedNode } from '../db/nodes/nodes.ts';
@@ -41,7 +40,7 @@ import { generateKeyPairPem, keyIdOfPublicKey, nodeSpiffeId } from '../domain/pk
 import { createSealer } from '../domain/sealing.ts';
 import { defaultGatewayOptions } from '../gateway/options.ts';
 import { startGateway } from '../gateway/server.ts';
-import { benchDatabase, percentile } from './support.ts';
+import { benchDatabase, percentile, probeCommands } from './support.ts';
 
 const { values } = parseArgs({
   options: {
@@ -70,8 +69,9 @@ const gc = (globalThis as { gc?: () => void }).gc;
 const mib = (bytes: number) => (bytes / 1024 / 1024).toFixed(1);
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 async function until(check: () => boolean, timeoutMs: number, what = 'condition'): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
+  const deadline = Date.now() + timeoutMs; // wall time: a bound on the wait
   while (!check()) {
+    // wall time: the same bound
     if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
     await sleep(50);
   }
@@ -115,7 +115,8 @@ const gateway = await startGateway({
   host: '127.0.0.1',
   port: 0,
   options: { heartbeatIntervalMs: heartbeatMs, maxSessions: nodes + 100 },
-  onCommandCompleted: (id) => completedAt.set(id, performance.now()),
+  // wall time: compared with probeCommands' enqueue stamps
+  onCommandCompleted: (id) => completedAt.set(id, Date.now()),
 });
 const caFile = path.join(dir, 'ca.pem');
 writeFileSync(caFile, gateway.caCertificatePem);
@@ -339,26 +340,16 @@ try {
   const { rows } = await import('kysely').then(({ sql }) =>
     sql<{ id: string }>`SELECT id FROM nodes WHERE connectivity = 'connected'`.execute(bench.db),
   );
-  const enqueuedAt = new Map<string, number>();
   loopP99();
-  const interval = 1000 / rate;
   const start = performance.now();
-  for (let i = 0; i < commandCount; i++) {
-    const due = start + i * interval;
-    const wait = due - performance.now();
-    if (wait > 0) await sleep(wait);
-    const nodeId = rows[Math.floor(Math.random() * rows.length)]!.id;
-    const command = await bench.db
-      .transaction()
-      .execute((trx) => enqueueNodeCommand(trx, { nodeId, kind: 'diag.nvml', payload: { level: 'quick' } }));
-    enqueuedAt.set(command.id, performance.now());
-  }
-  await until(() => [...enqueuedAt.keys()].every((id) => completedAt.has(id)), 60_000).catch(() => {});
+  const probes = await probeCommands(bench.db, {
+    nodeIds: rows.map((r) => r.id),
+    rate,
+    count: commandCount,
+    completedAt,
+  });
   const commandSeconds = (performance.now() - start) / 1000;
-  const latencies = [...enqueuedAt.entries()]
-    .filter(([id]) => completedAt.has(id))
-    .map(([id, t]) => completedAt.get(id)! - t)
-    .sort((a, b) => a - b);
+  const latencies = probes.flatMap((p) => (p.ms === null ? [] : [p.ms])).sort((a, b) => a - b);
   console.log(
     `commands: ${latencies.length}/${commandCount} completed at ${rate}/s; enqueue → result stored: ` +
       `p50 ${percentile(latencies, 50).toFixed(0)} ms, p99 ${percentile(latencies, 99).toFixed(0)} ms, ` +

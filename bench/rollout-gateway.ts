@@ -1,8 +1,8 @@
-// The gateway of bench/rollout.ts in a Node.js process of its own (as `serve --mode gateway` runs
+// The gateway of bench/rollout.ts and bench/herd.ts in a Node.js process of its own (as `serve --mode gateway` runs
 // it), so 1,000 sessions' heartbeats, joins and command deliveries never queue behind the API,
 // the benchmark's own load or the rollout's watcher. IPC: sends { address, caCertificatePem } once
 // listening and { completed, atMs } for every command result stored; answers each
-// { type: 'sample' } with its sessions, CPU seconds and event-loop delay p99 since the last sample;
+// { type: 'sample' } with its sessions, CPU seconds, RSS and event-loop delay p99 since the last sample;
 // stops (and so writes a --cpu-prof profile) on { type: 'stop' }.
 
 import { monitorEventLoopDelay } from 'node:perf_hooks';
@@ -43,6 +43,7 @@ process.on('message', async (message: { type: string }) => {
       ...gateway.stats(),
       cpuSeconds: (cpu.user + cpu.system) / 1e6,
       loopDelayP99Ms: loopDelay.percentile(99) / 1e6,
+      rssMiB: process.memoryUsage().rss / 1024 / 1024,
     },
   });
   loopDelay.reset();

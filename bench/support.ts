@@ -9,6 +9,7 @@ import { createLogger, type Logger } from '../core/logger.ts';
 import { BookingConflict, insertDeviceBookings } from '../db/allocations/bookings.ts';
 import { startLocalPostgres } from '../db/local-postgres.ts';
 import { migrateToLatest } from '../db/migrate.ts';
+import { enqueueNodeCommand } from '../db/nodes/commands.ts';
 import { insertPool, insertSite, offerPool } from '../db/nodes/fleet.ts';
 import { createDb, type DbHandle } from '../db/pool.ts';
 import { bootstrapPlatform } from '../iam/bootstrap.ts';
@@ -515,5 +516,65 @@ export async function insertLiveReservations(
     const { rows } = await sql<{ written: number; nodes: number }>`
       SELECT count(*)::int AS written, count(DISTINCT node_id)::int AS nodes FROM bench_live`.execute(trx);
     return rows[0]!;
+  });
+}
+
+/** One command of `probeCommands`: its node, when it was enqueued (wall time) and its latency. */
+export interface CommandProbe {
+  id: string;
+  nodeId: string;
+  atMs: number;
+  /** Enqueue commit → result stored; null when it did not complete in time. */
+  ms: number | null;
+}
+
+/**
+ * `diag.nvml` (a quick check whose result is small, so the probe does not measure an inventory
+ * write) enqueued to random nodes of `nodeIds` at `rate` a second, `count` of them or while
+ * `go()` holds for `seconds`. Each is stamped (wall time, to compare with a gateway process's
+ * stamps) after its enqueue transaction commits; `completedAt` is filled by the caller from the
+ * gateway's completion callback. Waits up to `stragglerMs` for the last ones.
+ */
+export async function probeCommands(
+  db: Db,
+  input: {
+    nodeIds: readonly string[];
+    rate: number;
+    count?: number;
+    seconds?: number;
+    go?: () => boolean;
+    completedAt: ReadonlyMap<string, number>;
+    stragglerMs?: number;
+  },
+): Promise<CommandProbe[]> {
+  const sent: Array<{ id: string; nodeId: string; atMs: number }> = [];
+  const interval = 1000 / input.rate;
+  const start = performance.now();
+  const more = (i: number) =>
+    (input.count === undefined || i < input.count) &&
+    (input.seconds === undefined || performance.now() - start < input.seconds * 1000) &&
+    (input.go?.() ?? true);
+  for (let i = 0; more(i); i++) {
+    const wait = start + i * interval - performance.now();
+    if (wait > 0) await new Promise((r) => setTimeout(r, wait));
+    const nodeId = input.nodeIds[Math.floor(Math.random() * input.nodeIds.length)]!;
+    const { id } = await db.transaction().execute((trx) =>
+      enqueueNodeCommand(trx, {
+        nodeId,
+        kind: 'diag.nvml',
+        payload: { level: 'quick' },
+        notAfterSeconds: 300,
+      }),
+    );
+    // wall time: compared with the gateway process's completion stamps
+    sent.push({ id, nodeId, atMs: Date.now() });
+  }
+  const deadline = performance.now() + (input.stragglerMs ?? 60_000);
+  while (sent.some(({ id }) => !input.completedAt.has(id)) && performance.now() < deadline) {
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  return sent.map(({ id, nodeId, atMs }) => {
+    const done = input.completedAt.get(id);
+    return { id, nodeId, atMs, ms: done === undefined ? null : done - atMs };
   });
 }

@@ -3,17 +3,25 @@ import {
   createHash,
   createPrivateKey,
   createPublicKey,
+  type KeyObject,
   X509Certificate as NodeX509Certificate,
   randomBytes,
+  sign as signDigest,
+  verify as verifySignature,
   webcrypto,
 } from 'node:crypto';
+import { CertificationRequest } from '@peculiar/asn1-csr';
+import { AsnConvert } from '@peculiar/asn1-schema';
+import * as asn1X509 from '@peculiar/asn1-x509';
 import * as x509 from '@peculiar/x509';
 import { ComputeError } from './errors.ts';
 
 /**
  * The control plane's machine PKI: its own ECDSA P-256 CA, node certificates named by SPIFFE ID
  * (at most 24 hours), the gateway's server certificate and node CSRs. X.509 and PKCS#10 come from
- * @peculiar/x509 over Node's webcrypto; nothing here hand-rolls ASN.1.
+ * @peculiar/x509 over Node's webcrypto; node certificates, signed on every Join, are built with
+ * the ASN.1 schema classes beneath it (@peculiar/asn1-x509) and signed with Node's native ECDSA.
+ * Nothing here hand-rolls ASN.1.
  */
 
 type CryptoKey = webcrypto.CryptoKey;
@@ -57,8 +65,64 @@ function importPrivateKey(pem: string): Promise<CryptoKey> {
 }
 
 async function importPublicKey(pem: string): Promise<CryptoKey> {
-  const der = createPublicKey(pem).export({ format: 'der', type: 'spki' });
-  return crypto.subtle.importKey('spki', der, ecdsa, true, ['verify']);
+  return crypto.subtle.importKey('spki', spkiDer(pem), ecdsa, true, ['verify']);
+}
+
+/** The SPKI DER of a public key PEM (a `PUBLIC KEY` PEM is that DER in base64, read as is). */
+function spkiDer(pem: string): Buffer {
+  const body = /^-----BEGIN PUBLIC KEY-----\r?\n([A-Za-z0-9+/=\r\n]+)-----END PUBLIC KEY-----\s*$/.exec(
+    pem,
+  )?.[1];
+  return body ? Buffer.from(body, 'base64') : createPublicKey(pem).export({ format: 'der', type: 'spki' });
+}
+
+/**
+ * What signing node certificates with a CA needs, prepared once per CA (not once per Join): its
+ * private key as a native KeyObject and its subject as the issuer name.
+ */
+interface NodeCertificateSigner {
+  key: KeyObject;
+  issuer: asn1X509.Name;
+}
+const nodeSigners = new Map<string, NodeCertificateSigner>();
+
+function nodeSigner(ca: CaMaterial): NodeCertificateSigner {
+  const cacheKey = `${ca.certificatePem}\n${ca.privateKeyPem}`;
+  let signer = nodeSigners.get(cacheKey);
+  if (!signer) {
+    const caCert = AsnConvert.parse(new NodeX509Certificate(ca.certificatePem).raw, asn1X509.Certificate);
+    signer = { key: createPrivateKey(ca.privateKeyPem), issuer: caCert.tbsCertificate.subject };
+    if (nodeSigners.size > 100) nodeSigners.clear();
+    nodeSigners.set(cacheKey, signer);
+  }
+  return signer;
+}
+
+/**
+ * A serial (positive hex) as DER INTEGER contents: minimal (a random serial starting with 0x00
+ * would be refused by OpenSSL as illegal padding) and positive (a leading 0x00 where the first
+ * byte left has its high bit set).
+ */
+function serialOctets(serial: string): ArrayBuffer {
+  const bytes = Buffer.from(serial, 'hex');
+  let first = 0;
+  while (first < bytes.length - 1 && bytes[first] === 0) first++;
+  const minimal = bytes.subarray(first);
+  return new Uint8Array(minimal[0]! > 0x7f ? Buffer.concat([Buffer.from([0]), minimal]) : minimal).buffer;
+}
+
+/** ecdsa-with-SHA256 (RFC 5758): the CA's signature on every certificate. */
+const ecdsaWithSha256 = '1.2.840.10045.4.3.2';
+
+/** The extensions every node certificate carries but its name (built once: they never change). */
+let nodeCertificateExtensions: asn1X509.Extension[] | undefined;
+function nodeExtensions(): asn1X509.Extension[] {
+  nodeCertificateExtensions ??= [
+    new x509.BasicConstraintsExtension(false, undefined, true),
+    new x509.KeyUsagesExtension(x509.KeyUsageFlags.digitalSignature, true),
+    new x509.ExtendedKeyUsageExtension([x509.ExtendedKeyUsage.clientAuth]),
+  ].map((e) => AsnConvert.parse(e.rawData, asn1X509.Extension));
+  return nodeCertificateExtensions;
 }
 
 /** A fresh ECDSA P-256 key pair as PEM (PKCS#8 and SPKI). */
@@ -120,21 +184,41 @@ export interface CsrContents {
  * Whatever names it asks for are ignored (names come only from JoinService). INVALID_INPUT otherwise.
  */
 export async function readCsr(csrPem: string): Promise<CsrContents> {
-  let csr: x509.Pkcs10CertificateRequest;
+  // Parsed with the ASN.1 schema and verified with Node's native ECDSA: Join runs this for every
+  // machine, and @peculiar/x509's request object costs twice as much (it imports the key into
+  // webcrypto to verify).
+  let request: CertificationRequest;
+  let key: KeyObject;
   try {
-    csr = new x509.Pkcs10CertificateRequest(csrPem);
+    const body =
+      /-----BEGIN CERTIFICATE REQUEST-----([A-Za-z0-9+/=\s]+)-----END CERTIFICATE REQUEST-----/.exec(
+        csrPem,
+      )?.[1];
+    if (!body) throw new Error('not PEM');
+    request = AsnConvert.parse(Buffer.from(body, 'base64'), CertificationRequest);
+    key = createPublicKey({
+      key: Buffer.from(AsnConvert.serialize(request.certificationRequestInfo.subjectPKInfo)),
+      format: 'der',
+      type: 'spki',
+    });
   } catch {
     throw new ComputeError('INVALID_INPUT', 'the certificate request is not a PEM PKCS#10 request');
   }
-  const algorithm = csr.publicKey.algorithm as webcrypto.EcKeyAlgorithm;
-  if (algorithm.name !== 'ECDSA' || algorithm.namedCurve !== 'P-256') {
+  if (key.asymmetricKeyType !== 'ec' || key.asymmetricKeyDetails?.namedCurve !== 'prime256v1') {
     throw new ComputeError('INVALID_INPUT', 'the certificate request must carry an ECDSA P-256 key');
   }
-  if (!(await csr.verify())) {
+  const signed = Buffer.from(AsnConvert.serialize(request.certificationRequestInfo));
+  const verifies =
+    request.signatureAlgorithm.algorithm === ecdsaWithSha256 &&
+    verifySignature('sha256', signed, { key, dsaEncoding: 'der' }, Buffer.from(request.signature));
+  if (!verifies) {
     throw new ComputeError('INVALID_INPUT', 'the certificate request signature does not verify');
   }
-  const publicKeyPem = toPem(csr.publicKey.rawData, 'PUBLIC KEY');
-  return { publicKeyPem, keyId: keyIdOfPublicKey(publicKeyPem) };
+  const der = key.export({ format: 'der', type: 'spki' });
+  return {
+    publicKeyPem: toPem(new Uint8Array(der).buffer, 'PUBLIC KEY'),
+    keyId: createHash('sha256').update(der).digest('hex'),
+  };
 }
 
 /** A PKCS#10 request for the key pair (the daemon's side of joining and renewal). */
@@ -159,7 +243,8 @@ export interface IssuedCertificate {
 
 /**
  * Signs a node's client certificate: SPIFFE ID as the only URI name, role in the subject's OU,
- * client-auth only, valid from `now` for at most 24 hours.
+ * client-auth only, valid from `now` for at most 24 hours. The key is embedded as the CSR gave it
+ * (readCsr checked it is an ECDSA P-256 key whose CSR signature verifies).
  */
 export async function issueNodeCertificate(input: {
   ca: CaMaterial;
@@ -171,29 +256,38 @@ export async function issueNodeCertificate(input: {
   validForMs: number;
 }): Promise<IssuedCertificate> {
   const validFor = Math.min(input.validForMs, maxNodeCertificateMs);
-  const caCert = new x509.X509Certificate(input.ca.certificatePem);
+  const signer = nodeSigner(input.ca);
   const serial = randomSerial();
   const notBefore = new Date(input.now.getTime() - 60_000);
   const notAfter = new Date(input.now.getTime() + validFor);
-  const cert = await x509.X509CertificateGenerator.create({
-    serialNumber: serial,
-    subject: `CN=${input.nodeName.replace(/[,=+<>#;"\\]/g, '_')}, OU=${input.role}`,
-    issuer: caCert.subject,
-    notBefore,
-    notAfter,
-    publicKey: await importPublicKey(input.publicKeyPem),
-    signingKey: await importPrivateKey(input.ca.privateKeyPem),
-    signingAlgorithm: signing,
-    extensions: [
-      new x509.BasicConstraintsExtension(false, undefined, true),
-      new x509.KeyUsagesExtension(x509.KeyUsageFlags.digitalSignature, true),
-      new x509.ExtendedKeyUsageExtension([x509.ExtendedKeyUsage.clientAuth]),
-      new x509.SubjectAlternativeNameExtension([{ type: 'url', value: input.spiffeId }]),
-    ],
+  const algorithm = new asn1X509.AlgorithmIdentifier({ algorithm: ecdsaWithSha256 });
+  const subject = new x509.Name(`CN=${input.nodeName.replace(/[,=+<>#;"\\]/g, '_')}, OU=${input.role}`);
+  const tbsCertificate = new asn1X509.TBSCertificate({
+    version: asn1X509.Version.v3,
+    serialNumber: serialOctets(serial),
+    signature: algorithm,
+    issuer: signer.issuer,
+    validity: new asn1X509.Validity({ notBefore, notAfter }),
+    subject: AsnConvert.parse(subject.toArrayBuffer(), asn1X509.Name),
+    subjectPublicKeyInfo: AsnConvert.parse(spkiDer(input.publicKeyPem), asn1X509.SubjectPublicKeyInfo),
+    extensions: new asn1X509.Extensions([
+      ...nodeExtensions(),
+      AsnConvert.parse(
+        new x509.SubjectAlternativeNameExtension([{ type: 'url', value: input.spiffeId }]).rawData,
+        asn1X509.Extension,
+      ),
+    ]),
+  });
+  const tbs = Buffer.from(AsnConvert.serialize(tbsCertificate));
+  const signature = signDigest('sha256', tbs, { key: signer.key, dsaEncoding: 'der' });
+  const certificate = new asn1X509.Certificate({
+    tbsCertificate,
+    signatureAlgorithm: algorithm,
+    signatureValue: new Uint8Array(signature).buffer,
   });
   return {
-    serial: normalizeSerial(cert.serialNumber),
-    certificatePem: cert.toString('pem'),
+    serial: normalizeSerial(serial),
+    certificatePem: toPem(AsnConvert.serialize(certificate), 'CERTIFICATE'),
     notBefore,
     notAfter,
   };

@@ -1,6 +1,5 @@
 import { latestSectionHashes } from '../db/nodes/inventory.ts';
 import { type OpenedNodeSession, openNodeSession } from '../db/nodes/sessions.ts';
-import { setNodeProtocolVersion } from '../db/rollouts/bcd-status.ts';
 import { ComputeError } from '../domain/errors.ts';
 import type { CommandLane } from '../domain/fleet.ts';
 import { inventorySections } from '../domain/inventory-sections.ts';
@@ -31,17 +30,16 @@ export async function openSession(ctx: GatewayContext, nodeId: string, hello: He
   const capabilities = [...new Set(hello.capabilities)].filter((c) => capabilityPattern.test(c)).sort();
   // N-2: a bcd newer than this control plane, or older than two protocols back, never opens.
   const protocolVersion = acceptProtocolVersion(hello.protocolVersion);
-  const opened = await ctx.db.transaction().execute(async (trx) => {
-    const session = await openNodeSession(trx, {
+  const opened = await ctx.db.transaction().execute((trx) =>
+    openNodeSession(trx, {
       nodeId,
       gatewayId: ctx.options.gatewayId,
       agentVersion: hello.agentVersion || null,
+      protocolVersion,
       capabilities,
       journalId: hello.journalId,
-    });
-    await setNodeProtocolVersion(trx, nodeId, protocolVersion);
-    return session;
-  });
+    }),
+  );
   const held = await latestSectionHashes(ctx.db, nodeId);
   const offered = new Map(hello.inventory.map((s) => [s.name, s.hash]));
   const wantSections = Object.keys(inventorySections).filter(

@@ -32,22 +32,46 @@ export async function latestSectionHashes(db: Db, nodeId: string): Promise<Map<s
  * removed, never deleted), host resource rows, inventory labels and the `GpuCountMismatch`
  * condition, in the caller's transaction (which holds the node's row lock at the session's
  * epoch). Idempotent: the same inventory again leaves the same rows (plus one more snapshot).
+ * Every kind of row is written in one statement (a node's first inventory is about a dozen round
+ * trips, not one per device, label and resource: a fleet of 10,000 arrives at once).
  */
 export async function applyNodeInventory(
   trx: Trx,
   nodeId: string,
   sections: NodeInventorySections,
 ): Promise<void> {
-  for (const [name, data] of Object.entries(sections)) {
-    await trx
-      .insertInto('inventory_snapshots')
-      .values({ node_id: nodeId, section: name, hash: sectionHash(data), data: JSON.stringify(data) })
-      .execute();
-  }
-  if (sections.gpus) await applyGpus(trx, nodeId, sections.gpus);
-  if (sections.host) await applyHost(trx, nodeId, sections.host);
+  const snapshots = Object.entries(sections).map(([name, data]) => ({
+    node_id: nodeId,
+    section: name,
+    hash: sectionHash(data),
+    data: JSON.stringify(data),
+  }));
+  if (snapshots.length > 0) await trx.insertInto('inventory_snapshots').values(snapshots).execute();
+  const pool =
+    sections.gpus || sections.host
+      ? await trx
+          .selectFrom('nodes as n')
+          .leftJoin('pools as p', 'p.id', 'n.pool_id')
+          .where('n.id', '=', nodeId)
+          .select(['p.sharing_mode', 'p.policy', 'n.spec_generation'])
+          .executeTakeFirst()
+      : undefined;
+  const nodePool: NodePool = {
+    mode: pool?.sharing_mode ?? 'exclusive',
+    policy: (pool?.policy ?? {}) as Record<string, unknown>,
+    generation: Number(pool?.spec_generation ?? 0),
+  };
+  if (sections.gpus) await applyGpus(trx, nodeId, sections.gpus, nodePool);
+  if (sections.host) await applyHost(trx, nodeId, sections.host, nodePool);
   if (sections.host) await checkForeignGpuExposure(trx, nodeId, sections.host);
-  await checkGpuCount(trx, nodeId);
+  await checkGpuCount(trx, nodeId, sections.host);
+}
+
+/** What the inventory reads of a node's pool: its sharing mode, policy, and the node's NodeSpec generation. */
+interface NodePool {
+  mode: string;
+  policy: Record<string, unknown>;
+  generation: number;
 }
 
 /**
@@ -69,79 +93,88 @@ async function checkForeignGpuExposure(trx: Trx, nodeId: string, host: HostSecti
   }
 }
 
+/** One device row as `upsertDevices` writes it. */
+interface DeviceRow {
+  class: 'gpu' | 'gpu.mig' | 'gpu.slot';
+  stableId: string;
+  health: string;
+  bookable: boolean;
+  parentId: string | null;
+  attributes: Record<string, unknown>;
+  fromGeneration: number;
+}
+
 /**
- * One device row, inserted or brought up to date; answers its id. A new atom is bookable only from
- * `fromGeneration` (the node's NodeSpec generation now: the node must converge it first).
+ * Device rows inserted or brought up to date, in one statement; answers their ids by stable id. A
+ * new atom is bookable only from `fromGeneration` (the node's NodeSpec generation now: the node
+ * must converge it first). Stable ids are unique within one call (they are within a node).
  */
-async function upsertDevice(
+async function upsertDevices(
   trx: Trx,
   nodeId: string,
-  device: {
-    class: 'gpu' | 'gpu.mig' | 'gpu.slot';
-    stableId: string;
-    health: string;
-    bookable: boolean;
-    parentId: string | null;
-    attributes: Record<string, unknown>;
-    fromGeneration: number;
-  },
-): Promise<string> {
-  const { rows } = await sql<{ id: string }>`
+  devices: readonly DeviceRow[],
+): Promise<Map<string, string>> {
+  if (devices.length === 0) return new Map();
+  const rows = devices.map(
+    (d) => sql`(${newId('dev')}, ${nodeId}, ${d.class}, ${d.stableId}, ${d.health},
+      ${JSON.stringify(d.attributes)}::jsonb, ${d.bookable}::boolean, ${d.parentId}::text, ${d.fromGeneration}::bigint)`,
+  );
+  const { rows: stored } = await sql<{ id: string; stable_id: string }>`
     INSERT INTO devices (id, node_id, class, stable_id, health, attributes, bookable, parent_id, bookable_from_generation)
-    VALUES (${newId('dev')}, ${nodeId}, ${device.class}, ${device.stableId}, ${device.health},
-            ${JSON.stringify(device.attributes)}::jsonb, ${device.bookable}, ${device.parentId}, ${device.fromGeneration})
+    VALUES ${sql.join(rows)}
     ON CONFLICT (node_id, stable_id) DO UPDATE SET
       health = EXCLUDED.health, attributes = EXCLUDED.attributes, bookable = EXCLUDED.bookable,
       parent_id = EXCLUDED.parent_id, class = EXCLUDED.class,
       bookable_from_generation = CASE WHEN devices.removed_at IS NULL AND devices.bookable = EXCLUDED.bookable
         THEN devices.bookable_from_generation ELSE EXCLUDED.bookable_from_generation END,
       removed_at = NULL
-    RETURNING id`.execute(trx);
-  return rows[0]!.id;
+    RETURNING id, stable_id`.execute(trx);
+  return new Map(stored.map((r) => [r.stable_id, r.id]));
 }
 
 /**
  * The atoms of the node's GPUs for its pool's sharing mode (domain/sharing.ts): a whole GPU in an
  * exclusive pool; in MIG mode an unbookable parent plus one `gpu.mig` atom per instance, with its
  * profile; in a time-slice or MPS pool an unbookable parent plus `policy.sharing.replicas`
- * `gpu.slot` atoms (`<uuid>-slot-<n>`). Atoms gone from the inventory are marked removed.
+ * `gpu.slot` atoms (`<uuid>-slot-<n>`). Atoms gone from the inventory are marked removed. The
+ * GPUs are written in one statement, then their atoms in another.
  */
-async function applyGpus(trx: Trx, nodeId: string, section: GpusSection): Promise<void> {
+async function applyGpus(trx: Trx, nodeId: string, section: GpusSection, pool: NodePool): Promise<void> {
   const gpus = section.gpus;
-  const pool = await trx
-    .selectFrom('nodes as n')
-    .leftJoin('pools as p', 'p.id', 'n.pool_id')
-    .where('n.id', '=', nodeId)
-    .select(['p.sharing_mode', 'p.policy', 'n.spec_generation'])
-    .executeTakeFirst();
-  const mode = pool?.sharing_mode ?? 'exclusive';
-  const policy = (pool?.policy ?? {}) as Record<string, unknown>;
-  const fromGeneration = Number(pool?.spec_generation ?? 0);
-  const present: string[] = [];
+  const { mode, policy } = pool;
+  const fromGeneration = pool.generation;
+  const slotted = mode === 'time-slice' || mode === 'mps';
+  const parentIds = await upsertDevices(
+    trx,
+    nodeId,
+    gpus.map((gpu) => {
+      const migOn = gpu.mig?.mode === 'enabled';
+      return {
+        class: 'gpu',
+        stableId: gpu.uuid,
+        health: gpu.health,
+        bookable: !migOn && !slotted,
+        parentId: null,
+        attributes: {
+          model: gpu.model,
+          memoryMiB: gpu.memoryMiB,
+          nvlinkDomain: gpu.nvlinkDomain,
+          numaNode: gpu.numaNode,
+          index: gpu.index,
+          ...(gpu.pciBusId ? { pciBusId: gpu.pciBusId } : {}),
+          ...(migOn ? { migMode: 'enabled' } : {}),
+        },
+        fromGeneration: 0,
+      };
+    }),
+  );
+  const present: string[] = gpus.map((gpu) => gpu.uuid);
+  const atoms: DeviceRow[] = [];
   for (const gpu of gpus) {
-    const base = {
-      model: gpu.model,
-      memoryMiB: gpu.memoryMiB,
-      nvlinkDomain: gpu.nvlinkDomain,
-      numaNode: gpu.numaNode,
-      index: gpu.index,
-      ...(gpu.pciBusId ? { pciBusId: gpu.pciBusId } : {}),
-    };
-    const migOn = gpu.mig?.mode === 'enabled';
-    const slotted = mode === 'time-slice' || mode === 'mps';
-    const parentId = await upsertDevice(trx, nodeId, {
-      class: 'gpu',
-      stableId: gpu.uuid,
-      health: gpu.health,
-      bookable: !migOn && !slotted,
-      parentId: null,
-      attributes: { ...base, ...(migOn ? { migMode: 'enabled' } : {}) },
-      fromGeneration: 0,
-    });
-    present.push(gpu.uuid);
-    if (migOn) {
-      for (const instance of gpu.mig!.instances) {
-        await upsertDevice(trx, nodeId, {
+    const parentId = parentIds.get(gpu.uuid)!;
+    if (gpu.mig?.mode === 'enabled') {
+      for (const instance of gpu.mig.instances) {
+        atoms.push({
           class: 'gpu.mig',
           stableId: instance.uuid,
           health: gpu.health,
@@ -160,15 +193,13 @@ async function applyGpus(trx: Trx, nodeId: string, section: GpusSection): Promis
           },
           fromGeneration,
         });
-        present.push(instance.uuid);
       }
     } else if (slotted) {
       const replicas = poolReplicas(mode, policy);
       for (let slot = 0; slot < replicas; slot++) {
-        const stableId = `${gpu.uuid}-slot-${slot}`;
-        await upsertDevice(trx, nodeId, {
+        atoms.push({
           class: 'gpu.slot',
-          stableId,
+          stableId: `${gpu.uuid}-slot-${slot}`,
           health: gpu.health,
           bookable: true,
           parentId,
@@ -184,10 +215,11 @@ async function applyGpus(trx: Trx, nodeId: string, section: GpusSection): Promis
           },
           fromGeneration: 0,
         });
-        present.push(stableId);
       }
     }
   }
+  await upsertDevices(trx, nodeId, atoms);
+  present.push(...atoms.map((a) => a.stableId));
   await sql`
     UPDATE devices SET removed_at = compute_now()
     WHERE node_id = ${nodeId} AND class IN ('gpu', 'gpu.mig', 'gpu.slot') AND removed_at IS NULL
@@ -200,61 +232,46 @@ async function applyGpus(trx: Trx, nodeId: string, section: GpusSection): Promis
   const labels: Array<[string, string]> = [['bc.dev/gpu.count', String(gpus.length)]];
   const model = gpus[0]?.model;
   if (model) labels.push(['bc.dev/gpu.model', model.toLowerCase().replace(/[^a-z0-9.-]+/g, '-')]);
-  for (const [key, value] of labels) {
-    await trx
-      .insertInto('node_labels')
-      .values({ node_id: nodeId, key, value, source: 'inventory' })
-      .execute();
-  }
+  await trx
+    .insertInto('node_labels')
+    .values(labels.map(([key, value]) => ({ node_id: nodeId, key, value, source: 'inventory' as const })))
+    .execute();
 }
 
 /**
  * The host's resource rows: capacity as reported, allocatable vCPU without the host's reserved
- * CPUs (the pool's `policy.hostReserve.vcpu`, default 2), which never go into a cpuset.
+ * CPUs (the pool's `policy.hostReserve.vcpu`, default 2), which never go into a cpuset. One statement.
  */
-async function applyHost(trx: Trx, nodeId: string, host: HostSection): Promise<void> {
-  const pool = await trx
-    .selectFrom('nodes as n')
-    .leftJoin('pools as p', 'p.id', 'n.pool_id')
-    .where('n.id', '=', nodeId)
-    .select(['p.policy'])
-    .executeTakeFirst();
-  const reserve = host.vcpu > 0 ? hostReserveVcpu((pool?.policy ?? {}) as Record<string, unknown>) : 0;
+async function applyHost(trx: Trx, nodeId: string, host: HostSection, pool: NodePool): Promise<void> {
+  const reserve = host.vcpu > 0 ? hostReserveVcpu(pool.policy) : 0;
   const resources: Array<['vcpu' | 'memoryGiB' | 'hugepages1Gi', number, number]> = [
     ['vcpu', host.vcpu, Math.max(0, host.vcpu - reserve)],
     ['memoryGiB', host.memoryGiB, host.memoryGiB],
     ['hugepages1Gi', host.hugepages1Gi, host.hugepages1Gi],
   ];
-  for (const [resource, amount, allocatable] of resources) {
-    await sql`
-      INSERT INTO host_resources (node_id, resource, capacity, allocatable)
-      VALUES (${nodeId}, ${resource}, ${amount}, ${allocatable})
-      ON CONFLICT (node_id, resource) DO UPDATE SET capacity = EXCLUDED.capacity, allocatable = EXCLUDED.allocatable`.execute(
-      trx,
-    );
-  }
+  await sql`
+    INSERT INTO host_resources (node_id, resource, capacity, allocatable)
+    VALUES ${sql.join(resources.map(([resource, amount, allocatable]) => sql`(${nodeId}, ${resource}, ${amount}::numeric, ${allocatable}::numeric)`))}
+    ON CONFLICT (node_id, resource) DO UPDATE SET capacity = EXCLUDED.capacity, allocatable = EXCLUDED.allocatable`.execute(
+    trx,
+  );
 }
 
-/** GpuCountMismatch: the driver sees fewer (or more) GPUs than the PCI bus has. */
-async function checkGpuCount(trx: Trx, nodeId: string): Promise<void> {
-  const latestHost = await trx
-    .selectFrom('inventory_snapshots')
-    .where('node_id', '=', nodeId)
-    .where('section', '=', 'host')
-    .orderBy('id', 'desc')
-    .select(['data'])
-    .limit(1)
-    .executeTakeFirst();
-  const host = latestHost ? hostSectionSchema.safeParse(latestHost.data) : null;
-  const pciCount = host?.success ? host.data.pciGpuCount : undefined;
-  const gpuCount = await trx
-    .selectFrom('devices')
-    .where('node_id', '=', nodeId)
-    .where('class', '=', 'gpu')
-    .where('removed_at', 'is', null)
-    .select((eb) => eb.fn.countAll<string>().as('n'))
-    .executeTakeFirstOrThrow();
-  const visible = Number(gpuCount.n);
+/**
+ * GpuCountMismatch: the driver sees fewer (or more) GPUs than the PCI bus has. `host` is the host
+ * section of this inventory when it carries one (else the latest stored one is read, in the same
+ * statement as the count of visible GPUs).
+ */
+async function checkGpuCount(trx: Trx, nodeId: string, host: HostSection | undefined): Promise<void> {
+  const { rows } = await sql<{ host: unknown; visible: string }>`
+    SELECT (SELECT data FROM inventory_snapshots WHERE node_id = ${nodeId} AND section = 'host'
+            AND ${host === undefined} ORDER BY id DESC LIMIT 1) AS host,
+           (SELECT count(*) FROM devices WHERE node_id = ${nodeId} AND class = 'gpu' AND removed_at IS NULL) AS visible`.execute(
+    trx,
+  );
+  const stored = host ? null : rows[0]?.host ? hostSectionSchema.safeParse(rows[0].host) : null;
+  const pciCount = host ? host.pciGpuCount : stored?.success ? stored.data.pciGpuCount : undefined;
+  const visible = Number(rows[0]?.visible ?? 0);
   if (pciCount !== undefined && pciCount !== visible) {
     await setNodeCondition(trx, nodeId, {
       type: 'GpuCountMismatch',

@@ -33,9 +33,10 @@ export interface OpenedNodeSession {
 /**
  * Opens a session in the caller's transaction, under the node's row lock: increments the node's
  * epoch (fencing any older session), marks it connected on `gatewayId`, records its agent,
- * capabilities (as system labels `bc.dev/cap.<capability>`) and journal, and clears
- * `NodeUnreachable`. A journal id other than the stored one means the old journal is lost: its
- * in-flight commands fail instead of being replayed. NOT_FOUND when the node no longer exists.
+ * protocol version, capabilities (as system labels `bc.dev/cap.<capability>`) and
+ * journal, and clears `NodeUnreachable`. A journal id other than the stored one means the old
+ * journal is lost: its in-flight commands fail instead of being replayed. NOT_FOUND when the node
+ * no longer exists. Four statements whatever the node reports (a herd of nodes opens at once).
  */
 export async function openNodeSession(
   trx: Trx,
@@ -43,50 +44,55 @@ export async function openNodeSession(
     nodeId: string;
     gatewayId: string;
     agentVersion: string | null;
+    /** The session protocol bcd declared (rollout health gates read it). */
+    protocolVersion: number;
     capabilities: readonly string[];
     journalId: string;
   },
 ): Promise<OpenedNodeSession> {
   const { nodeId } = input;
-  const before = await trx
-    .selectFrom('nodes')
-    .where('id', '=', nodeId)
-    .select(['journal_id', 'connectivity'])
-    .forUpdate()
-    .executeTakeFirst();
-  if (!before) throw new ComputeError('NOT_FOUND', 'the node no longer exists');
-  const row = await trx
-    .updateTable('nodes')
-    .set({
-      epoch: sql<string>`epoch + 1`,
-      connectivity: 'connected',
-      session_gateway: input.gatewayId,
-      last_heartbeat_at: sql<Date>`compute_now()`,
-      agent_version: input.agentVersion,
-      capabilities: [...input.capabilities],
-      journal_id: input.journalId,
-      power_state: 'on',
-      updated_at: sql<Date>`compute_now()`,
-    })
-    .where('id', '=', nodeId)
-    .returning(['epoch', 'spec', 'spec_generation'])
-    .executeTakeFirstOrThrow();
+  // The row is locked and read as it was (the sub-select) and updated in one statement.
+  const { rows } = await sql<{
+    epoch: string;
+    spec: Record<string, unknown>;
+    spec_generation: string;
+    before_journal_id: string | null;
+    before_connectivity: string;
+  }>`
+    UPDATE nodes SET
+      epoch = nodes.epoch + 1,
+      connectivity = 'connected',
+      session_gateway = ${input.gatewayId},
+      last_heartbeat_at = compute_now(),
+      agent_version = ${input.agentVersion},
+      capabilities = ${[...input.capabilities]}::text[],
+      journal_id = ${input.journalId},
+      power_state = 'on',
+      protocol_version = ${input.protocolVersion}::int,
+      updated_at = compute_now()
+    FROM (SELECT id, journal_id, connectivity FROM nodes WHERE id = ${nodeId} FOR UPDATE) AS before
+    WHERE nodes.id = before.id
+    RETURNING nodes.epoch, nodes.spec, nodes.spec_generation,
+              before.journal_id AS before_journal_id, before.connectivity AS before_connectivity`.execute(
+    trx,
+  );
+  const row = rows[0];
+  if (!row) throw new ComputeError('NOT_FOUND', 'the node no longer exists');
   let failedInFlight = 0;
-  if (before.journal_id && before.journal_id !== input.journalId) {
+  if (row.before_journal_id && row.before_journal_id !== input.journalId) {
     failedInFlight = await failInFlightCommands(trx, nodeId, 'the node lost its journal');
   }
-  await trx
-    .deleteFrom('node_labels')
-    .where('node_id', '=', nodeId)
-    .where('source', '=', 'system')
-    .where('key', 'like', 'bc.dev/cap.%')
-    .execute();
-  for (const capability of input.capabilities) {
-    await trx
-      .insertInto('node_labels')
-      .values({ node_id: nodeId, key: `bc.dev/cap.${capability}`, value: 'true', source: 'system' })
-      .execute();
-  }
+  // The capability labels replaced in one statement: the old ones not reported any more go, the
+  // reported ones are (re)written.
+  const keys = input.capabilities.map((c) => `bc.dev/cap.${c}`);
+  await sql`
+    WITH gone AS (
+      DELETE FROM node_labels
+      WHERE node_id = ${nodeId} AND source = 'system' AND key LIKE 'bc.dev/cap.%' AND NOT (key = ANY(${keys}::text[]))
+    )
+    INSERT INTO node_labels (node_id, key, value, source)
+    SELECT ${nodeId}, key, 'true', 'system' FROM unnest(${keys}::text[]) AS key
+    ON CONFLICT (node_id, source, key) DO UPDATE SET value = EXCLUDED.value`.execute(trx);
   await setNodeCondition(trx, nodeId, null, 'NodeUnreachable');
   const redeliver = await findCommandsToRedeliver(trx, nodeId, input.journalId);
   return {
@@ -94,7 +100,7 @@ export async function openNodeSession(
     generation: Number(row.spec_generation),
     spec: row.spec,
     failedInFlight,
-    wasUnreachable: before.connectivity === 'unreachable',
+    wasUnreachable: row.before_connectivity === 'unreachable',
     redeliver,
   };
 }

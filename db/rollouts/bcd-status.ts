@@ -5,21 +5,9 @@ import type { BcdUpdateState } from '../../domain/release-commands.ts';
 /**
  * What bcd says about itself, as the health gate of a rollout reads it: the session protocol it
  * declared, its health after restarting into a new slot, and its last update report, each stamped
- * with the session epoch it came in (a report of an older session never passes a newer gate).
+ * with the session epoch it came in (a report of an older session never passes a newer gate). The
+ * protocol version is written where the session opens (`openNodeSession` in db/nodes/sessions.ts).
  */
-
-/** Records the protocol version a session declared, in the transaction that opened it. */
-export async function setNodeProtocolVersion(
-  trx: Transaction<Database>,
-  nodeId: string,
-  protocolVersion: number,
-): Promise<void> {
-  await trx
-    .updateTable('nodes')
-    .set({ protocol_version: protocolVersion })
-    .where('id', '=', nodeId)
-    .execute();
-}
 
 /**
  * Stores one UpdateStatus of the session holding `epoch`: `healthy`/`unhealthy` set the node's bcd
