@@ -48,16 +48,16 @@ export async function waitForOperation(
   try {
     // A watch begun here began after the caller's read: a batch that committed since is not missed.
     if (!known.watch) current = (await readReservationView(ctx.deps.db, reservationId)) ?? current;
-    // wall time: the same bounded wait
-    while (
+    const running = () =>
       (current?.operation.state ?? 'running') === 'running' &&
+      // wall time: the same bounded wait
       Date.now() < deadline &&
-      !ctx.signal.aborted
-    ) {
-      // wall time: the pause before the next read, within the same bounded wait
+      !ctx.signal.aborted;
+    while (running()) {
       // While notifications are heard, a re-read without one is only a safety net (each re-read is
       // a view read the batch's commit would have announced anyway).
       const pause = settled.listening ? Math.max(delay, 1_000) : delay;
+      // wall time: the pause before the next read, within the same bounded wait
       await settled.next(Math.min(pause, Math.max(0, deadline - Date.now())), ctx.signal);
       delay = Math.min(delay * 2, settled.listening ? 5_000 : 1_000);
       current = (await readReservationView(ctx.deps.db, reservationId)) ?? current;
