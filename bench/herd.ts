@@ -32,6 +32,7 @@ import { parseConfig } from '../core/config.ts';
 import { insertPool, insertSite } from '../db/nodes/fleet.ts';
 import { createJoinToken } from '../db/nodes/join-tokens.ts';
 import { defaultGatewayOptions } from '../gateway/options.ts';
+import { forkGateway } from './gateway-child.ts';
 import { benchDatabase, percentile, postgresCpuSeconds, postmasterPidOf, probeCommands } from './support.ts';
 
 const { values } = parseArgs({
@@ -69,61 +70,23 @@ const postmaster = await postmasterPidOf(bench.pool);
 const config = parseConfig({ BETTER_COMPUTE_SECRET: secret });
 const joinsPerSecond = Number(values['joins-per-second'] ?? config.BETTER_COMPUTE_GATEWAY_JOINS_PER_SECOND);
 const children: ChildProcess[] = [];
-interface GatewaySample {
-  sessions: number;
-  joinsThrottled: number;
-  refused: number;
-  cpuSeconds: number;
-  loopDelayP99Ms: number;
-  rssMiB: number;
-}
 const completedAt = new Map<string, number>();
-const gateway = fork(
-  here('./rollout-gateway.ts'),
-  [
-    JSON.stringify({
-      databaseUrl: bench.url,
-      env: {
-        BETTER_COMPUTE_SECRET: secret,
-        BETTER_COMPUTE_GATEWAY_JOINS_PER_SECOND: String(joinsPerSecond),
-        // One address for the whole simulated fleet: its limit is the gateway-wide one.
-        BETTER_COMPUTE_GATEWAY_JOINS_PER_SECOND_PER_PEER: String(joinsPerSecond),
-      },
-      options: { maxSessions: Math.max(defaultGatewayOptions.maxSessions, nodes + 100) },
-    }),
-  ],
-  {
-    execArgv: [
-      '--import',
-      'tsx',
-      ...(values['profile-gateway'] ? ['--cpu-prof', `--cpu-prof-dir=${values['profile-gateway']}`] : []),
-    ],
-    stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
+const gatewayChild = forkGateway({
+  databaseUrl: bench.url,
+  env: {
+    BETTER_COMPUTE_SECRET: secret,
+    BETTER_COMPUTE_GATEWAY_JOINS_PER_SECOND: String(joinsPerSecond),
+    // One address for the whole simulated fleet: its limit is the gateway-wide one.
+    BETTER_COMPUTE_GATEWAY_JOINS_PER_SECOND_PER_PEER: String(joinsPerSecond),
   },
-);
-children.push(gateway);
-let gatewaySampled: ((sample: GatewaySample) => void) | null = null;
-const gatewayListening = new Promise<{ address: string; caCertificatePem: string }>((resolve) => {
-  gateway.on(
-    'message',
-    (m: {
-      completed?: string;
-      atMs?: number;
-      sample?: GatewaySample;
-      address?: string;
-      caCertificatePem?: string;
-    }) => {
-      if (m.completed) completedAt.set(m.completed, m.atMs!);
-      else if (m.sample) gatewaySampled?.(m.sample);
-      else if (m.address) resolve({ address: m.address, caCertificatePem: m.caCertificatePem! });
-    },
-  );
+  options: { maxSessions: Math.max(defaultGatewayOptions.maxSessions, nodes + 100) },
+  profileDir: values['profile-gateway'],
+  onCompleted: (id, atMs) => completedAt.set(id, atMs),
 });
-const gatewaySample = () =>
-  new Promise<GatewaySample>((resolve) => {
-    gatewaySampled = resolve;
-    gateway.send({ type: 'sample' });
-  });
+const gateway = gatewayChild.child;
+children.push(gateway);
+const gatewayListening = gatewayChild.listening;
+const gatewaySample = gatewayChild.sample;
 const fleets: ChildProcess[] = [];
 const dir = mkdtempSync(path.join(tmpdir(), 'bc-bench-herd-'));
 

@@ -36,6 +36,7 @@ import { bootstrapPlatform } from '../iam/bootstrap.ts';
 import { createEmbeddedIam } from '../iam/embedded/index.ts';
 import { createCompute } from '../server/compute.ts';
 import { connectTemporal } from '../temporal/client.ts';
+import { forkGateway } from './gateway-child.ts';
 import { benchDatabase, benchTemporal, percentile } from './support.ts';
 
 const { values } = parseArgs({
@@ -96,64 +97,31 @@ const compute = createCompute({ config, db: bench.db, log, iam, temporal: tempor
 const root = { token: platform.rootAdminToken };
 const enqueuedAt = new Map<string, number>();
 const completedAt = new Map<string, number>();
-interface GatewaySample {
-  sessions: number;
-  cpuSeconds: number;
-  loopDelayP99Ms: number;
-}
-const gateway = fork(
-  here('./rollout-gateway.ts'),
-  [
-    JSON.stringify({
-      databaseUrl: bench.url,
-      env: {
-        BETTER_COMPUTE_SECRET: secret,
-        BETTER_COMPUTE_RELEASE_PINS: signer.pin,
-        BETTER_COMPUTE_TASK_QUEUE: taskQueue,
-      },
-      options: {
-        heartbeatIntervalMs: 5_000,
-        leaseMs: 30_000,
-        // Every simulated machine joins from 127.0.0.1: the per-address Join limit (10/s) would be
-        // the whole fleet's; the gateway-wide limit (100/s) still applies.
-        joinsPerSecondPerPeer: 100,
-        joinBurstPerPeer: 200,
-      },
-    }),
-  ],
-  {
-    execArgv: [
-      '--import',
-      'tsx',
-      ...(values['profile-gateway'] ? ['--cpu-prof', `--cpu-prof-dir=${values['profile-gateway']}`] : []),
-    ],
-    stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
+const gatewayChild = forkGateway({
+  databaseUrl: bench.url,
+  env: {
+    BETTER_COMPUTE_SECRET: secret,
+    BETTER_COMPUTE_RELEASE_PINS: signer.pin,
+    BETTER_COMPUTE_TASK_QUEUE: taskQueue,
   },
-);
-children.push(gateway);
-let gatewaySampled: ((sample: GatewaySample) => void) | null = null;
-const gatewayListening = new Promise<{ address: string; caCertificatePem: string }>((resolve) => {
-  gateway.on(
-    'message',
-    (m: {
-      completed?: string;
-      atMs?: number;
-      sample?: GatewaySample;
-      address?: string;
-      caCertificatePem?: string;
-    }) => {
-      if (m.completed && enqueuedAt.has(m.completed)) completedAt.set(m.completed, m.atMs!);
-      else if (m.sample) gatewaySampled?.(m.sample);
-      else if (m.address) resolve({ address: m.address, caCertificatePem: m.caCertificatePem! });
-    },
-  );
+  options: {
+    heartbeatIntervalMs: 5_000,
+    leaseMs: 30_000,
+    // Every simulated machine joins from 127.0.0.1: the per-address Join limit (10/s) would be
+    // the whole fleet's; the gateway-wide limit (100/s) still applies.
+    joinsPerSecondPerPeer: 100,
+    joinBurstPerPeer: 200,
+  },
+  profileDir: values['profile-gateway'],
+  onCompleted: (id, atMs) => {
+    if (enqueuedAt.has(id)) completedAt.set(id, atMs);
+  },
 });
+const gateway = gatewayChild.child;
+children.push(gateway);
+const gatewayListening = gatewayChild.listening;
 /** The gateway's sessions, CPU seconds and event-loop delay p99 since the last sample. */
-const gatewaySample = () =>
-  new Promise<GatewaySample>((resolve) => {
-    gatewaySampled = resolve;
-    gateway.send({ type: 'sample' });
-  });
+const gatewaySample = gatewayChild.sample;
 const { address: gatewayAddress, caCertificatePem } = await gatewayListening;
 const dir = mkdtempSync(path.join(tmpdir(), 'bc-bench-rollout-'));
 const caFile = path.join(dir, 'ca.pem');
