@@ -3,7 +3,12 @@ import type { Interval, PlacerNode } from '../domain/placer.ts';
 /** How long a node read for placement is reused before it is read again. */
 const defaultTtlMs = 10_000;
 /** How many nodes per pool this process keeps warm: those it booked or read last. */
-const warmPerPool = 32;
+const warmPerPool = 128;
+/**
+ * The longest a claim outlives its release (a caller that never released it): far longer than a
+ * placement transaction, short enough that a leaked claim only hides a node for a moment.
+ */
+const claimLimitMs = 5_000;
 
 interface Entry {
   node: PlacerNode;
@@ -24,6 +29,8 @@ interface Entry {
 export class PlacerNodeCache {
   readonly #entries = new Map<string, Map<string, Entry>>();
   readonly #warm = new Map<string, string[]>();
+  /** Nodes this process is booking in a transaction still open: claims and their expiry. */
+  readonly #claims = new Map<string, { count: number; until: number }>();
   readonly ttlMs: number;
 
   constructor(ttlMs = defaultTtlMs) {
@@ -104,6 +111,40 @@ export class PlacerNodeCache {
   /** Forgets a node whose booking found it changed. */
   forget(poolId: string, deviceClass: string, nodeId: string): void {
     this.#entries.get(`${poolId}/${deviceClass}`)?.delete(nodeId);
+  }
+
+  /**
+   * Marks a node as being booked by one of this process's open transactions, so this process's
+   * other placements plan around it instead of all choosing the same best fit and losing the race
+   * for its locks. Answers the release (idempotent); a claim never released lapses after 5 s. A
+   * hint only: the locks and the EXCLUDE constraint decide.
+   */
+  claim(poolId: string, nodeId: string): () => void {
+    const key = `${poolId}/${nodeId}`;
+    // wall time: the bound on a leaked claim, a hint that decides no booking
+    const until = Date.now() + claimLimitMs;
+    const claim = this.#claims.get(key);
+    if (claim) {
+      claim.count++;
+      claim.until = until;
+    } else this.#claims.set(key, { count: 1, until });
+    let released = false;
+    return () => {
+      if (released) return;
+      released = true;
+      const current = this.#claims.get(key);
+      if (current && --current.count <= 0) this.#claims.delete(key);
+    };
+  }
+
+  /** Whether one of this process's open transactions is booking the node (see `claim`). */
+  claimed(poolId: string, nodeId: string): boolean {
+    const claim = this.#claims.get(`${poolId}/${nodeId}`);
+    if (!claim) return false;
+    // wall time: the same bound on a leaked claim
+    if (claim.until > Date.now()) return true;
+    this.#claims.delete(`${poolId}/${nodeId}`);
+    return false;
   }
 
   /**

@@ -26,6 +26,13 @@ export const counterOfferHorizonMs = 14 * 86_400_000;
 /** Pools up to this many nodes are planned whole; larger ones from a sample first. */
 const wholePoolLimit = 256;
 
+/**
+ * The releases of the node claims (PlacerNodeCache.claim) each open placement transaction holds,
+ * called once the transaction has ended (withPlacementTransaction), so this process's other
+ * placements plan around nodes it is booking until its locks are gone.
+ */
+const openClaims = new WeakMap<object, Array<() => void>>();
+
 /** Seconds a caller waits before retrying a placement that lost every race (PlacementContention). */
 const contentionRetryAfterSeconds = 1;
 
@@ -241,7 +248,12 @@ export async function findAndBook(
     const loaded = whole
       ? await loadPlacerNodes(trx, { poolId: input.poolId, deviceClass: input.request.deviceClass, horizon })
       : await sampledNodes(trx, { ...input, caches }, round);
-    const nodes = excluded.size > 0 ? loaded.filter((n) => !excluded.has(n.id)) : loaded;
+    // Outside the whole-pool round, nodes this process is booking in other open transactions are
+    // left to them: choosing the same best fit would only lose the race for its locks.
+    const claims = openClaims.get(trx);
+    const claimedElsewhere = (nodeId: string) =>
+      !whole && claims !== undefined && caches.placerNodes.claimed(input.poolId, nodeId);
+    const nodes = loaded.filter((n) => !excluded.has(n.id) && !claimedElsewhere(n.id));
     const plan = planPlacement(nodes, input.request, input.window, input.reservationId);
     if (plan.fits.length === 0) {
       if (!whole) continue;
@@ -252,7 +264,10 @@ export async function findAndBook(
     const byId = new Map(nodes.map((n) => [n.id, n]));
     const locked: NodeFit[] = [];
     for (const fit of plan.fits.slice(0, 16)) {
+      // Claimed since the plan, by a placement that ran while this one waited on a statement.
+      if (claimedElsewhere(fit.nodeId)) continue;
       const node = byId.get(fit.nodeId)!;
+      const release = claims ? caches.placerNodes.claim(input.poolId, fit.nodeId) : undefined;
       const outcome = await tryBook(trx, {
         fit,
         window: input.window,
@@ -262,6 +277,7 @@ export async function findAndBook(
         ...(whole ? {} : { verify: verification(node, fit, input.request) }),
       });
       if (outcome === 'booked') {
+        if (release) claims?.push(release);
         caches.placerNodes.recordBooking(input.poolId, input.request.deviceClass, {
           nodeId: fit.nodeId,
           deviceIds: fit.deviceIds,
@@ -270,6 +286,8 @@ export async function findAndBook(
         });
         return { placed: true, fit };
       }
+      // Not booked: any host rows it took stay locked to the transaction's end, so keep the claim.
+      if (release) (outcome === 'locked' ? claims?.push(release) : release());
       if (outcome === 'stale') caches.placerNodes.forget(input.poolId, input.request.deviceClass, fit.nodeId);
       if (outcome === 'locked') locked.push(fit);
     }
@@ -305,9 +323,20 @@ export async function withPlacementTransaction<T>(
   attempts = 8,
 ): Promise<T> {
   for (let attempt = 1; ; attempt++) {
+    const claims: Array<() => void> = [];
+    const releaseClaims = () => {
+      for (const release of claims) release();
+    };
     try {
-      return await db.transaction().execute(fn);
+      const result = await db.transaction().execute((trx) => {
+        openClaims.set(trx, claims);
+        return fn(trx);
+      });
+      // The transaction has ended, and its locks with it.
+      releaseClaims();
+      return result;
     } catch (error) {
+      releaseClaims();
       const retryable = error instanceof PlacementContention || isTransientConflict(error);
       if (!retryable) throw error;
       if (attempt >= attempts) {
