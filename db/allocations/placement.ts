@@ -287,7 +287,8 @@ export async function findAndBook(
         return { placed: true, fit };
       }
       // Not booked: any host rows it took stay locked to the transaction's end, so keep the claim.
-      if (release) (outcome === 'locked' ? claims?.push(release) : release());
+      if (release && outcome === 'locked') claims?.push(release);
+      else release?.();
       if (outcome === 'stale') caches.placerNodes.forget(input.poolId, input.request.deviceClass, fit.nodeId);
       if (outcome === 'locked') locked.push(fit);
     }
