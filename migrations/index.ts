@@ -23,6 +23,7 @@ import * as bareMetal from './2026-11-30T70-bare-metal.ts';
 import * as taintsDrains from './2026-11-30T81-taints-drains.ts';
 import * as poolLease from './2026-11-30T82-pool-lease.ts';
 import * as deviceBookingGuard from './2026-12-01T00-device-booking-guard.ts';
+import * as statementAbort from './2026-12-01T01-statement-abort.ts';
 
 /** Every migration in order; names are frozen once released. */
 export const migrations: Record<string, Migration> = {
@@ -50,6 +51,7 @@ export const migrations: Record<string, Migration> = {
   '2026-11-30T81-taints-drains': taintsDrains,
   '2026-11-30T82-pool-lease': poolLease,
   '2026-12-01T00-device-booking-guard': deviceBookingGuard,
+  '2026-12-01T01-statement-abort': statementAbort,
 };
 
 export const migrationProvider: MigrationProvider = {

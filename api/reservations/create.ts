@@ -4,6 +4,7 @@ import { rethrowRecordingDemand } from '../../db/holds/demand.ts';
 import { readAuthzResource } from '../../db/iam/authz.ts';
 import { awaitConfirmation, denyDraft, expireLateConfirmation } from '../../db/reservations/admission.ts';
 import { type PoolForTenant, poolForTenant, writeDraft } from '../../db/reservations/draft.ts';
+import { placeDraftAtOnce } from '../../db/reservations/place-draft-at-once.ts';
 import { placeDraft } from '../../db/reservations/placement.ts';
 import { type SettledWatch, watchSettled } from '../../db/reservations/settled-watch.ts';
 import { readReservationView } from '../../db/reservations/view.ts';
@@ -217,13 +218,22 @@ export const create = defineMethod({
     // settle notification cannot be missed and no read is needed until it comes.
     const watch =
       wait && placer === 'pool-lease' ? watchSettled(ctx.deps.db, row.id, ctx.deps.log) : undefined;
-    const outcome = await withPlacementTransaction(ctx.deps.db, (trx) =>
-      placeDraft(trx, {
-        reservationId: row.id,
-        audit: callerAudit(ctx, action),
-        ...(ctx.deps.caches ? { caches: ctx.deps.caches } : {}),
-        placer,
-      }),
+    const audit = callerAudit(ctx, action);
+    // The common case first, in single statements; whatever it does not place, placeDraft does.
+    const atOnce =
+      draft.kind === 'created' && placer === 'inline' && ctx.deps.caches
+        ? await placeDraftAtOnce(ctx.deps.db, { row, now: draft.now, audit, caches: ctx.deps.caches })
+        : null;
+    const outcome = await (atOnce
+      ? Promise.resolve(atOnce)
+      : withPlacementTransaction(ctx.deps.db, (trx) =>
+          placeDraft(trx, {
+            reservationId: row.id,
+            audit,
+            ...(ctx.deps.caches ? { caches: ctx.deps.caches } : {}),
+            placer,
+          }),
+        )
     ).catch((error: unknown) => {
       watch?.close();
       return rethrowRecordingDemand(ctx.deps.db, row, error);

@@ -17,7 +17,7 @@ import type { NormalizedRequest } from '../../domain/reservation-request.ts';
 import { isTransientConflict } from '../conflict-retry.ts';
 import { BookingConflict } from './bookings.ts';
 import { loadPlacerNodes, sampleNodeIds, schedulableNodeIds } from './placement-load.ts';
-import { tryInsertAllocationWithBookings } from './try-book.ts';
+import { tryInsertAllocationWithBookings, type WritesWhenBooked } from './try-book.ts';
 
 type Trx = Transaction<Database>;
 
@@ -130,7 +130,7 @@ export function withCounterOffer(summary: string, earliest: number | null, start
  * PlacementContention: the statement failed, so the transaction is retried whole.
  */
 export async function tryBook(
-  trx: Trx,
+  trx: Trx | Db,
   input: {
     fit: NodeFit;
     window: Interval;
@@ -142,13 +142,16 @@ export async function tryBook(
     waitForHostRows?: boolean;
     /** Re-check the node as the plan saw it (a cached read; see tryInsertAllocationWithBookings). */
     verify?: Parameters<typeof tryInsertAllocationWithBookings>[1]['verify'];
+    /** Writes made with the booking, outside a transaction (see tryInsertAllocationWithBookings). */
+    alsoWhenBooked?: WritesWhenBooked;
   },
-): Promise<'booked' | 'locked' | 'stale'> {
+): Promise<'booked' | 'locked' | 'stale' | 'refused'> {
   const { fit, window } = input;
   try {
     return await tryInsertAllocationWithBookings(trx, {
       waitForHostRows: input.waitForHostRows === true,
       ...(input.verify ? { verify: input.verify } : {}),
+      ...(input.alsoWhenBooked ? { alsoWhenBooked: input.alsoWhenBooked } : {}),
       allocationId: input.allocationId ?? newId('alloc'),
       reservationId: input.reservationId,
       nodeId: fit.nodeId,
@@ -213,9 +216,17 @@ function verification(node: PlacerNode, fit: NodeFit, request: PlacementRequest)
  * re-checked against the bookings under the lock, then inserted through the EXCLUDE constraint
  * and the scalar guard. A lost race moves on to the next candidate and never double-books.
  * Throws PlacementContention when only lock contention stood in the way.
+ *
+ * With `atOnce`, `trx` is the database itself and each try is a statement of its own (its own
+ * transaction) that also makes the writes `atOnce(fit)` gives: only the rounds that hold no lock
+ * across statements run (a large pool's warm and sampled nodes, a small pool's whole read, never
+ * waiting for a lock), and where the transactional path would go on (read the whole large pool,
+ * wait behind concurrent bookers, explain a NoFit, retry a lost race) it answers not placed with
+ * an empty message instead, as it does when the writes were refused: nothing was written, and the
+ * caller places the request the transactional way.
  */
 export async function findAndBook(
-  trx: Trx,
+  trx: Trx | Db,
   input: {
     poolId: string;
     request: PlacementRequest;
@@ -228,11 +239,15 @@ export async function findAndBook(
     excludeNodeIds?: readonly string[];
     /** The new allocation's id (default a fresh one), so the caller can refer to it. */
     allocationId?: string;
+    /** One statement per try, with these writes, outside any transaction (see above). */
+    atOnce?: (fit: NodeFit) => WritesWhenBooked;
   },
 ): Promise<
   { placed: true; fit: NodeFit } | { placed: false; message: string; earliestStart: number | null }
 > {
   const caches = input.caches ?? createAdmissionCaches();
+  const atOnce = input.atOnce;
+  const notPlacedAtOnce = { placed: false as const, message: '', earliestStart: null };
   const large = (await schedulableNodeIds(trx, input.poolId, caches)).length > wholePoolLimit;
   // The whole pool is read over the counter-offer's horizon, so a NoFit needs no second read.
   const horizon = {
@@ -242,22 +257,29 @@ export async function findAndBook(
   const excluded = new Set(input.excludeNodeIds ?? []);
   let contended = false;
   // A large pool: the warm nodes from the cache, two samples, then the whole pool (read fresh).
-  const rounds = large ? (['warm', 'sample', 'sample', 'whole'] as const) : (['whole'] as const);
+  const rounds = !large
+    ? (['whole'] as const)
+    : atOnce
+      ? (['warm', 'sample'] as const)
+      : (['warm', 'sample', 'sample', 'whole'] as const);
+  // A statement of its own holds its locks only while it runs: its claims end with it.
+  const claims = atOnce ? [] : openClaims.get(trx);
   for (const round of rounds) {
     const whole = round === 'whole';
     const loaded = whole
       ? await loadPlacerNodes(trx, { poolId: input.poolId, deviceClass: input.request.deviceClass, horizon })
       : await sampledNodes(trx, { ...input, caches }, round);
-    // Outside the whole-pool round, nodes this process is booking in other open transactions are
-    // left to them: choosing the same best fit would only lose the race for its locks.
-    const claims = openClaims.get(trx);
+    // Nodes this process is booking in other open transactions are left to them (choosing the
+    // same best fit would only lose the race for its locks), except where a NoFit is answered.
     const claimedElsewhere = (nodeId: string) =>
-      !whole && claims !== undefined && caches.placerNodes.claimed(input.poolId, nodeId);
+      (!whole || atOnce !== undefined) &&
+      claims !== undefined &&
+      caches.placerNodes.claimed(input.poolId, nodeId);
     const nodes = loaded.filter((n) => !excluded.has(n.id) && !claimedElsewhere(n.id));
     const plan = planPlacement(nodes, input.request, input.window, input.reservationId);
     if (plan.fits.length === 0) {
       if (!whole) continue;
-      if (contended) break;
+      if (contended || atOnce) break;
       const outcome = noFitOutcome(nodes, plan, input);
       return { placed: false, message: outcome.message, earliestStart: outcome.earliestStart };
     }
@@ -275,9 +297,20 @@ export async function findAndBook(
         allocationId: input.allocationId,
         // A sampled node may come from the cache: the booking re-checks what the plan relied on.
         ...(whole ? {} : { verify: verification(node, fit, input.request) }),
+        ...(atOnce ? { alsoWhenBooked: atOnce(fit) } : {}),
+      }).catch((error: unknown) => {
+        if (!atOnce) throw error;
+        // On its own, a statement refused by the EXCLUDE constraint failed alone: the node was
+        // booked since. Any other constraint it broke (the reservation was placed meanwhile) is
+        // the transactional path's to answer.
+        if (error instanceof PlacementContention) return 'stale' as const;
+        if (String((error as { code?: unknown })?.code ?? '').startsWith('23')) return 'refused' as const;
+        throw error;
       });
+      // Not booked in a transaction: any host rows it took stay locked to its end, so keep the claim.
+      if (release && !atOnce && outcome !== 'stale') claims?.push(release);
+      else release?.();
       if (outcome === 'booked') {
-        if (release) claims?.push(release);
         caches.placerNodes.recordBooking(input.poolId, input.request.deviceClass, {
           nodeId: fit.nodeId,
           deviceIds: fit.deviceIds,
@@ -286,9 +319,7 @@ export async function findAndBook(
         });
         return { placed: true, fit };
       }
-      // Not booked: any host rows it took stay locked to the transaction's end, so keep the claim.
-      if (release && outcome === 'locked') claims?.push(release);
-      else release?.();
+      if (outcome === 'refused') return notPlacedAtOnce;
       if (outcome === 'stale') caches.placerNodes.forget(input.poolId, input.request.deviceClass, fit.nodeId);
       if (outcome === 'locked') locked.push(fit);
     }
@@ -296,7 +327,7 @@ export async function findAndBook(
     // In a large pool the next round samples other nodes; in the whole pool, only concurrent
     // bookers stood in the way: queue behind them (so a small pool fills exactly instead of
     // answering contention).
-    if (!whole) continue;
+    if (!whole || atOnce) continue;
     for (const fit of locked) {
       const outcome = await tryBook(trx, {
         fit,
@@ -308,6 +339,7 @@ export async function findAndBook(
       if (outcome === 'booked') return { placed: true, fit };
     }
   }
+  if (atOnce) return notPlacedAtOnce;
   // Every fit was taken or locked by concurrent placements: roll back and try again.
   throw new PlacementContention();
 }

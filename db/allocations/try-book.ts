@@ -1,5 +1,5 @@
-import { sql, type Transaction } from 'kysely';
-import type { Database } from '../../core/database.ts';
+import { type RawBuilder, sql, type Transaction } from 'kysely';
+import type { Database, Db } from '../../core/database.ts';
 import { preparedMarker } from '../pool.ts';
 import {
   type AllocationWithBookings,
@@ -11,6 +11,22 @@ import {
 import { schedulable } from './placement-load.ts';
 
 type Trx = Transaction<Database>;
+
+/** True inside the booking statement when its verdict is to book (for `alsoWhenBooked`'s writes). */
+export const bookingGoes = sql<boolean>`((SELECT v FROM verdict) = 'go')`;
+
+/** The SQLSTATE compute_abort() raises: a statement's guarded write found nothing to change. */
+const abortedState = 'BC001';
+
+/** More writes in the booking's statement, made only when it books (see `alsoWhenBooked`). */
+export interface WritesWhenBooked {
+  /** CTEs (`name AS (...)`, comma-separated), each writing only `WHERE ${bookingGoes}`. */
+  ctes: RawBuilder<unknown>;
+  /** What must hold over those CTEs when the statement books; else it fails as 'refused'. */
+  holds: RawBuilder<boolean>;
+  /** Why it was refused, for the log and the error's message. */
+  reason: string;
+}
 
 /** The highest node id each transaction has locked host rows of (see `waitForHostRows`). */
 const highestLockedNode = new WeakMap<object, string>();
@@ -33,7 +49,7 @@ const highestLockedNode = new WeakMap<object, string>();
  * missing; 'booked': inserted, with every lock held to the end of the transaction.
  */
 export async function tryInsertAllocationWithBookings(
-  trx: Trx,
+  trx: Trx | Db,
   input: AllocationWithBookings & {
     /**
      * Wait for the node's host rows first (a statement of its own, so the checks that follow see
@@ -52,8 +68,14 @@ export async function tryInsertAllocationWithBookings(
       attributes: Record<string, Record<string, unknown>>;
       labels: Record<string, string | null>;
     };
+    /**
+     * Writes that go with the booking in the same statement (admission's reservation update,
+     * events and quota charge): the statement fails whole, answering 'refused', when `holds` is
+     * false. Outside a transaction only (the statement is then its own transaction).
+     */
+    alsoWhenBooked?: WritesWhenBooked;
   },
-): Promise<'booked' | 'locked' | 'stale'> {
+): Promise<'booked' | 'locked' | 'stale' | 'refused'> {
   const highest = highestLockedNode.get(trx);
   if (input.waitForHostRows && highest !== undefined && input.nodeId <= highest) return 'locked';
   const scalars = Object.entries(input.resources)
@@ -68,6 +90,7 @@ export async function tryInsertAllocationWithBookings(
     : during;
   const deviceIds = input.deviceIds as string[];
   const verify = input.verify;
+  const also = input.alsoWhenBooked;
   if (input.waitForHostRows && names.length > 0) {
     await sql`${sql.raw(preparedMarker)}
       SELECT 1 FROM host_resources WHERE node_id = ${input.nodeId} AND resource = ANY(${names}::text[])
@@ -141,16 +164,22 @@ export async function tryInsertAllocationWithBookings(
         WHERE (SELECT v FROM verdict) = 'go' AND (SELECT count(*) FROM devices) >= 0
         ORDER BY i
         RETURNING 1
-      )
+      )${also ? sql`, ${also.ctes}` : sql``}
       SELECT (SELECT v FROM verdict) AS verdict, (SELECT n FROM host_got)::int AS host_rows,
-             (SELECT count(*) FROM scalar) AS inserted`.execute(trx);
+             (SELECT count(*) FROM scalar) AS inserted${
+               also
+                 ? sql`, CASE WHEN ${bookingGoes} AND NOT (${also.holds}) THEN compute_abort(${also.reason}) END AS aborted`
+                 : sql``
+             }`.execute(trx);
     const verdict = rows[0]?.verdict;
     // Rows of this node are now held (some or all) to the end of the transaction.
-    if ((rows[0]?.host_rows ?? 0) > 0 && (highest === undefined || input.nodeId > highest)) {
+    const held = trx.isTransaction && (rows[0]?.host_rows ?? 0) > 0;
+    if (held && (highest === undefined || input.nodeId > highest)) {
       highestLockedNode.set(trx, input.nodeId);
     }
     return verdict === 'go' ? 'booked' : verdict === 'locked' ? 'locked' : 'stale';
   } catch (error) {
+    if ((error as { code?: string })?.code === abortedState) return 'refused';
     throw bookingConflictOf(error, { deviceIds: input.deviceIds, nodeId: input.nodeId });
   }
 }

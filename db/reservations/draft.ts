@@ -159,7 +159,14 @@ export async function resolveRequestForPool(
 
 export type DraftResult =
   | { kind: 'existing'; row: Reservation }
-  | { kind: 'created'; row: Reservation; attributes: Record<string, unknown>; pool: PoolForTenant };
+  | {
+      kind: 'created';
+      row: Reservation;
+      attributes: Record<string, unknown>;
+      pool: PoolForTenant;
+      /** compute_now() as the insert read it, in epoch ms. */
+      now: number;
+    };
 
 /**
  * Transaction 1, as one statement (atomic on its own, so no BEGIN/COMMIT round trips): the pool's
@@ -271,8 +278,8 @@ export async function writeDraft(
     FROM (SELECT 1) AS one LEFT JOIN r ON true`.execute(db);
   const result = rows[0]!;
   if (result.id) {
-    const { offered: _offered, in_horizon: _inHorizon, checked_at: _checkedAt, ...row } = result;
-    return { kind: 'created', row, attributes, pool };
+    const { offered: _offered, in_horizon: _inHorizon, checked_at: checkedAt, ...row } = result;
+    return { kind: 'created', row, attributes, pool, now: Number(checkedAt) };
   }
   const found = await repeated();
   if (found) return found;

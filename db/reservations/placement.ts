@@ -1,9 +1,10 @@
-import { type Compilable, sql, type Transaction } from 'kysely';
+import { type Compilable, type RawBuilder, sql, type Transaction } from 'kysely';
 import type { AdmissionCaches } from '../../core/admission-caches.ts';
-import type { Database, Reservation } from '../../core/database.ts';
+import type { Database, Db, Reservation } from '../../core/database.ts';
 import { ComputeError } from '../../domain/errors.ts';
 import type { EventType } from '../../domain/event-types.ts';
 import { newId } from '../../domain/ids.ts';
+import type { Interval } from '../../domain/placer.ts';
 import { isUndecided } from '../../domain/reservation-states.ts';
 import { findAndBookRequest } from '../allocations/gang-placement.ts';
 import { recordUnmetDemand, reservationDemand } from '../holds/demand.ts';
@@ -30,23 +31,23 @@ export interface AuditRow {
   context: Record<string, unknown>;
 }
 
+/** What a reservation's state update writes with it: its outbox event and its audit row. */
+export interface UpdateRecords {
+  event?: { type: EventType; subject: string; tenantId: string; data: Record<string, unknown> };
+  audit?: AuditRow;
+}
+
 /**
- * Runs a reservation's state update together with its outbox event and audit row in one
- * statement (data-modifying CTEs), answering the new version: one round trip instead of three.
+ * A reservation's state update with its outbox event and audit row as the CTEs `u` (the update,
+ * RETURNING its version), `o` and `a` (written only when `u` changed a row), for one statement.
  */
-async function updateWithRecords(
-  trx: Trx,
+export function updateWithRecordsCtes(
   reservationId: string,
   update: Compilable & { returning: unknown },
-  records: {
-    event?: { type: EventType; subject: string; tenantId: string; data: Record<string, unknown> };
-    audit?: AuditRow;
-  },
-): Promise<{ version: number }> {
-  const event = records.event;
-  const audit = records.audit;
-  const { rows } = await sql<{ version: number; id: string }>`${sql.raw(preparedMarker)}
-    WITH u AS (${update}),
+  records: UpdateRecords,
+): RawBuilder<unknown> {
+  const { event, audit } = records;
+  return sql`u AS (${update}),
     o AS (
       INSERT INTO outbox_events (id, type, subject, tenant_id, data)
       SELECT ${newId('evt')}, ${event?.type ?? ''}, ${event?.subject ?? ''}, ${event?.tenantId ?? null},
@@ -59,10 +60,49 @@ async function updateWithRecords(
              ${reservationId}, 'allowed', ${audit?.requestId ?? null},
              ${JSON.stringify(audit?.context ?? {})}::jsonb
       WHERE ${audit !== undefined} AND EXISTS (SELECT 1 FROM u)
-    )
+    )`;
+}
+
+/**
+ * Runs a reservation's state update together with its outbox event and audit row in one
+ * statement (data-modifying CTEs), answering the new version: one round trip instead of three.
+ */
+async function updateWithRecords(
+  trx: Trx,
+  reservationId: string,
+  update: Compilable & { returning: unknown },
+  records: UpdateRecords,
+): Promise<{ version: number }> {
+  const { rows } = await sql<{ version: number; id: string }>`${sql.raw(preparedMarker)}
+    WITH ${updateWithRecordsCtes(reservationId, update, records)}
     SELECT version FROM u`.execute(trx);
   if (!rows[0]) throw new ComputeError('INTERNAL', 'the reservation to update is gone');
   return { version: rows[0].version };
+}
+
+/** The update that makes a reservation `placed` over `window` (its lease deadline set), no RETURNING yet. */
+export function placedUpdate(
+  db: Trx | Db,
+  row: Pick<Reservation, 'id' | 'lease_seconds'>,
+  window: Interval,
+  options: { extra?: Record<string, unknown>; topologyValue: string | null },
+) {
+  return db
+    .updateTable('reservations')
+    .set({
+      ...options.extra,
+      state: 'placed',
+      during: `[${new Date(window.start).toISOString()},${new Date(window.end).toISOString()})`,
+      conditions: '[]',
+      gang_topology_value: options.topologyValue,
+      pending_since: null,
+      lease_expires_at: row.lease_seconds
+        ? sql<Date>`compute_now() + make_interval(secs => lease_seconds)`
+        : null,
+      version: sql<number>`version + 1`,
+      updated_at: sql<Date>`compute_now()`,
+    })
+    .where('id', '=', row.id);
 }
 
 export type PlaceOutcome =
@@ -166,23 +206,10 @@ export async function placeLockedReservation(
   const window = preempted?.window ?? asked;
   const start = window.start;
   if (result.placed) {
-    const update = trx
-      .updateTable('reservations')
-      .set({
-        ...options.extra,
-        state: 'placed',
-        during: `[${new Date(start).toISOString()},${new Date(window.end).toISOString()})`,
-        conditions: '[]',
-        gang_topology_value: result.topologyValue,
-        pending_since: null,
-        lease_expires_at: row.lease_seconds
-          ? sql<Date>`compute_now() + make_interval(secs => lease_seconds)`
-          : null,
-        version: sql<number>`version + 1`,
-        updated_at: sql<Date>`compute_now()`,
-      })
-      .where('id', '=', reservationId)
-      .returning('version');
+    const update = placedUpdate(trx, row, window, {
+      ...(options.extra ? { extra: options.extra } : {}),
+      topologyValue: result.topologyValue,
+    }).returning('version');
     const updated = await updateWithRecords(trx, reservationId, update, {
       event: reservationStateEvent(row, 'reservation.placed', 'placed', {
         nodeIds: result.fits.map((f) => f.nodeId),

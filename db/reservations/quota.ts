@@ -1,4 +1,4 @@
-import { sql, type Transaction } from 'kysely';
+import { type RawBuilder, sql, type Transaction } from 'kysely';
 import type { Database, Db } from '../../core/database.ts';
 import { ComputeError } from '../../domain/errors.ts';
 import type { HostResourceAmounts, NormalizedRequest } from '../../domain/reservation-request.ts';
@@ -80,6 +80,52 @@ export async function precheckQuota(
 }
 
 /**
+ * One resource's charge as CTEs (`already`, `up`, `charge`) of a larger statement: the guarded
+ * UPDATE (`used + amount <= limit`, only `when` holds) and its quota_charges row; a reservation
+ * already charged for the resource (an unrefunded row) is not charged again. `charged` is true
+ * over them when the charge was made or had been.
+ */
+export function quotaChargeCtes(
+  input: { reservationId: string; tenantId: string; poolId: string; resource: string; amount: number },
+  when: RawBuilder<boolean> = sql<boolean>`true`,
+): { ctes: RawBuilder<unknown>; charged: RawBuilder<boolean> } {
+  const { reservationId, tenantId, poolId, resource, amount } = input;
+  return {
+    ctes: sql`already AS (
+        SELECT 1 FROM quota_charges WHERE reservation_id = ${reservationId} AND resource = ${resource}
+          AND refunded_at IS NULL
+      ), up AS (
+        UPDATE quotas SET used = used + ${amount}::numeric
+        WHERE tenant_id = ${tenantId} AND pool_id = ${poolId} AND resource = ${resource}
+          AND used + ${amount}::numeric <= limit_amount AND NOT EXISTS (SELECT 1 FROM already) AND ${when}
+        RETURNING 1
+      ), charge AS (
+        INSERT INTO quota_charges (reservation_id, tenant_id, pool_id, resource, amount)
+        SELECT ${reservationId}, ${tenantId}, ${poolId}, ${resource}, ${amount} FROM up
+        ON CONFLICT (reservation_id, resource) DO UPDATE
+          SET amount = EXCLUDED.amount, refunded_at = NULL, charged_at = compute_now()
+        RETURNING 1
+      )`,
+    charged: sql<boolean>`(EXISTS (SELECT 1 FROM charge) OR EXISTS (SELECT 1 FROM already))`,
+  };
+}
+
+/** QUOTA_EXCEEDED for a charge that was refused, with the quota row as it is now. */
+export async function quotaRefusal(
+  db: Trx | Db,
+  input: { tenantId: string; poolId: string; resource: string; amount: number },
+): Promise<ComputeError> {
+  const row = await db
+    .selectFrom('quotas')
+    .select(['limit_amount', 'used'])
+    .where('tenant_id', '=', input.tenantId)
+    .where('pool_id', '=', input.poolId)
+    .where('resource', '=', input.resource)
+    .executeTakeFirst();
+  return exceeded(input.resource, input.amount, Number(row?.limit_amount ?? 0), Number(row?.used ?? 0));
+}
+
+/**
  * Charges a reservation's quota all or nothing, once: each resource is one guarded UPDATE
  * (`used + amount <= limit`) in resource order, recorded in quota_charges; a reservation already
  * charged is not charged again. QUOTA_EXCEEDED (a missing row grants zero) leaves the caller's
@@ -93,34 +139,11 @@ export async function chargeQuota(
   for (const resource of Object.keys(input.needs).sort()) {
     const amount = input.needs[resource]!;
     if (amount <= 0) continue;
-    // One round trip: the guarded update and its charge row; a reservation already charged for
-    // this resource (an unrefunded row) is not charged again.
+    // One round trip: the guarded update and its charge row.
+    const charge = quotaChargeCtes({ ...input, resource, amount });
     const { rows } = await sql<{ charged: boolean }>`${sql.raw(preparedMarker)}
-      WITH already AS (
-        SELECT 1 FROM quota_charges WHERE reservation_id = ${input.reservationId} AND resource = ${resource}
-          AND refunded_at IS NULL
-      ), up AS (
-        UPDATE quotas SET used = used + ${amount}::numeric
-        WHERE tenant_id = ${input.tenantId} AND pool_id = ${input.poolId} AND resource = ${resource}
-          AND used + ${amount}::numeric <= limit_amount AND NOT EXISTS (SELECT 1 FROM already)
-        RETURNING 1
-      ), charge AS (
-        INSERT INTO quota_charges (reservation_id, tenant_id, pool_id, resource, amount)
-        SELECT ${input.reservationId}, ${input.tenantId}, ${input.poolId}, ${resource}, ${amount} FROM up
-        ON CONFLICT (reservation_id, resource) DO UPDATE
-          SET amount = EXCLUDED.amount, refunded_at = NULL, charged_at = compute_now()
-        RETURNING 1
-      )
-      SELECT EXISTS (SELECT 1 FROM charge) OR EXISTS (SELECT 1 FROM already) AS charged`.execute(trx);
-    if (!rows[0]?.charged) {
-      const row = await trx
-        .selectFrom('quotas')
-        .select(['limit_amount', 'used'])
-        .where('tenant_id', '=', input.tenantId)
-        .where('pool_id', '=', input.poolId)
-        .where('resource', '=', resource)
-        .executeTakeFirst();
-      throw exceeded(resource, amount, Number(row?.limit_amount ?? 0), Number(row?.used ?? 0));
-    }
+      WITH ${charge.ctes}
+      SELECT ${charge.charged} AS charged`.execute(trx);
+    if (!rows[0]?.charged) throw await quotaRefusal(trx, { ...input, resource, amount });
   }
 }
