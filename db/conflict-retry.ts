@@ -11,6 +11,14 @@ export function isTransientConflict(error: unknown): boolean {
 }
 
 /**
+ * A statement's guarded write found nothing to change and compute_abort() failed it (SQLSTATE
+ * `BC002`, migration 2026-12-01T01; the booking guards' own refusals are `BC001`): the statement was undone whole, nothing of it stayed.
+ */
+export function isGuardAbort(error: unknown): boolean {
+  return (error as { code?: unknown } | null)?.code === 'BC002';
+}
+
+/**
  * Runs `fn` in a transaction, again (up to `attempts` times in all, after a short random pause that
  * grows with each attempt) when PostgreSQL rolled it back for a deadlock or a serialization
  * conflict (`isTransientConflict`). Any other error, or the last attempt's conflict, is thrown as

@@ -4,7 +4,7 @@ import { rethrowRecordingDemand } from '../../db/holds/demand.ts';
 import { readAuthzResource } from '../../db/iam/authz.ts';
 import { awaitConfirmation, denyDraft, expireLateConfirmation } from '../../db/reservations/admission.ts';
 import { type PoolForTenant, poolForTenant, writeDraft } from '../../db/reservations/draft.ts';
-import { placeDraftAtOnce } from '../../db/reservations/place-draft-at-once.ts';
+import { placeDraftAtOnce, queueDraftAtOnce } from '../../db/reservations/place-draft-at-once.ts';
 import { placeDraft } from '../../db/reservations/placement.ts';
 import { type SettledWatch, watchSettled } from '../../db/reservations/settled-watch.ts';
 import { readReservationView } from '../../db/reservations/view.ts';
@@ -165,7 +165,9 @@ export const create = defineMethod({
    * The admission sequence: tenant pre-check; transaction 1 (the draft and its authz row, or the
    * stored reservation for a repeated key); exactly one IAM decision outside any transaction; the
    * budget check; transaction 2 (placement, quota all or nothing, outbox event and audit row with
-   * the admission context); then the lifecycle is started.
+   * the admission context: for a new draft first as single statements, placeDraftAtOnce and
+   * queueDraftAtOnce, then placeDraft for whatever they did not decide); then the lifecycle is
+   * started.
    */
   handler: async (ctx, input) => {
     await preCheckTenant(ctx, input.tenantId);
@@ -219,22 +221,27 @@ export const create = defineMethod({
     const watch =
       wait && placer === 'pool-lease' ? watchSettled(ctx.deps.db, row.id, ctx.deps.log) : undefined;
     const audit = callerAudit(ctx, action);
-    // The common case first, in single statements; whatever it does not place, placeDraft does.
-    const atOnce =
-      draft.kind === 'created' && placer === 'inline' && ctx.deps.caches
-        ? await placeDraftAtOnce(ctx.deps.db, { row, now: draft.now, audit, caches: ctx.deps.caches })
-        : null;
-    const outcome = await (atOnce
-      ? Promise.resolve(atOnce)
-      : withPlacementTransaction(ctx.deps.db, (trx) =>
-          placeDraft(trx, {
-            reservationId: row.id,
-            audit,
-            ...(ctx.deps.caches ? { caches: ctx.deps.caches } : {}),
-            placer,
-          }),
-        )
-    ).catch((error: unknown) => {
+    const decide = async () => {
+      // The common case first, in single statements; whatever they do not decide, placeDraft does.
+      if (draft.kind === 'created') {
+        const atOnce =
+          placer === 'pool-lease'
+            ? await queueDraftAtOnce(ctx.deps.db, { row, now: draft.now, audit })
+            : ctx.deps.caches
+              ? await placeDraftAtOnce(ctx.deps.db, { row, now: draft.now, audit, caches: ctx.deps.caches })
+              : null;
+        if (atOnce) return atOnce;
+      }
+      return withPlacementTransaction(ctx.deps.db, (trx) =>
+        placeDraft(trx, {
+          reservationId: row.id,
+          audit,
+          ...(ctx.deps.caches ? { caches: ctx.deps.caches } : {}),
+          placer,
+        }),
+      );
+    };
+    const outcome = await decide().catch((error: unknown) => {
       watch?.close();
       return rethrowRecordingDemand(ctx.deps.db, row, error);
     });

@@ -1,5 +1,6 @@
 import { type RawBuilder, sql, type Transaction } from 'kysely';
 import type { Database, Db } from '../../core/database.ts';
+import { isGuardAbort } from '../conflict-retry.ts';
 import { preparedMarker } from '../pool.ts';
 import {
   type AllocationWithBookings,
@@ -14,9 +15,6 @@ type Trx = Transaction<Database>;
 
 /** True inside the booking statement when its verdict is to book (for `alsoWhenBooked`'s writes). */
 export const bookingGoes = sql<boolean>`((SELECT v FROM verdict) = 'go')`;
-
-/** The SQLSTATE compute_abort() raises: a statement's guarded write found nothing to change. */
-const abortedState = 'BC001';
 
 /** More writes in the booking's statement, made only when it books (see `alsoWhenBooked`). */
 export interface WritesWhenBooked {
@@ -179,7 +177,7 @@ export async function tryInsertAllocationWithBookings(
     }
     return verdict === 'go' ? 'booked' : verdict === 'locked' ? 'locked' : 'stale';
   } catch (error) {
-    if ((error as { code?: string })?.code === abortedState) return 'refused';
+    if (isGuardAbort(error)) return 'refused';
     throw bookingConflictOf(error, { deviceIds: input.deviceIds, nodeId: input.nodeId });
   }
 }

@@ -304,24 +304,38 @@ async function queueLockedReservation(
   now: number,
   options: { extra?: Record<string, unknown>; audit?: AuditRow },
 ): Promise<QueuedOutcome> {
-  const update = trx
+  const update = queuedUpdate(trx, row, now, options.extra).returning('version');
+  const updated = await updateWithRecords(trx, row.id, update, {
+    event: queuedEvent(row),
+    audit: options.audit && { ...options.audit, context: { ...options.audit.context, outcome: 'queued' } },
+  });
+  await notifyPoolQueued(trx, row.pool_id);
+  return { outcome: 'queued', version: updated.version };
+}
+
+/** The update that queues a reservation for the pool-lease placer's batch, no RETURNING yet. */
+export function queuedUpdate(
+  db: Trx | Db,
+  row: Pick<Reservation, 'id'>,
+  now: number,
+  extra?: Record<string, unknown>,
+) {
+  return db
     .updateTable('reservations')
     .set({
-      ...options.extra,
+      ...extra,
       state: 'pending',
       conditions: JSON.stringify([{ ...queuedCondition, since: now }]),
       pending_since: sql<Date>`COALESCE(pending_since, compute_now())`,
       version: sql<number>`version + 1`,
       updated_at: sql<Date>`compute_now()`,
     })
-    .where('id', '=', row.id)
-    .returning('version');
-  const updated = await updateWithRecords(trx, row.id, update, {
-    event: reservationStateEvent(row, 'reservation.queued', 'pending', { reason: 'PoolPlacer' }),
-    audit: options.audit && { ...options.audit, context: { ...options.audit.context, outcome: 'queued' } },
-  });
-  await notifyPoolQueued(trx, row.pool_id);
-  return { outcome: 'queued', version: updated.version };
+    .where('id', '=', row.id);
+}
+
+/** The `reservation.queued` event of a reservation queued for the pool-lease placer. */
+export function queuedEvent(row: Pick<Reservation, 'id' | 'tenant_id' | 'pool_id'>) {
+  return reservationStateEvent(row, 'reservation.queued', 'pending', { reason: 'PoolPlacer' });
 }
 
 /**

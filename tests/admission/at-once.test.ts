@@ -2,7 +2,7 @@ import { sql } from 'kysely';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { createAdmissionCaches } from '../../core/admission-caches.ts';
 import { checkBookingInvariants } from '../../db/allocations/invariants.ts';
-import { placeDraftAtOnce } from '../../db/reservations/place-draft-at-once.ts';
+import { placeDraftAtOnce, queueDraftAtOnce } from '../../db/reservations/place-draft-at-once.ts';
 import { h100Pool, type TenantFixture, tenantWithMember } from './fixtures.ts';
 import { useAdmissionHarness } from './harness.ts';
 
@@ -134,18 +134,22 @@ describe('placement in one statement', () => {
       .executeTakeFirstOrThrow();
     // The draft as its creator saw it, before the placement that has since committed.
     const draft = { ...placed, state: 'draft' as const, version: placed.version - 1 };
+    const audit = {
+      actorIdentityId: acme.identityId,
+      action: 'compute:reservations:create',
+      requestId: 'r',
+      context: {},
+    };
     const outcome = await placeDraftAtOnce(h.t.db, {
       row: draft,
       now: Date.now(), // wall time: a window for the stale draft; the database refuses it anyway
-      audit: {
-        actorIdentityId: acme.identityId,
-        action: 'compute:reservations:create',
-        requestId: 'r',
-        context: {},
-      },
+      audit,
       caches: createAdmissionCaches(),
     });
     expect(outcome).toBeNull();
+    expect(await counts()).toEqual(before);
+    // The pool-lease placer's admission statement has the same guard.
+    expect(await queueDraftAtOnce(h.t.db, { row: draft, now: 0, audit })).toBeNull();
     expect(await counts()).toEqual(before);
   });
 });
