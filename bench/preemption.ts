@@ -13,9 +13,9 @@
 import { loadavg } from 'node:os';
 import { parseArgs } from 'node:util';
 import { sql } from 'kysely';
-import { insertAllocationWithBookings } from '../db/allocations/bookings.ts';
 import { placementRequestOf } from '../db/allocations/placement.ts';
 import { loadPlacerNodes } from '../db/allocations/placement-load.ts';
+import { tryInsertAllocationWithBookings } from '../db/allocations/try-book.ts';
 import { insertPool, insertSite, registerReadyNodes } from '../db/nodes/fleet.ts';
 import { placeReservation } from '../db/reservations/placement.ts';
 import { loadSpotHoldings } from '../db/reservations/preemption.ts';
@@ -90,8 +90,8 @@ try {
       const during = `[${start.toISOString()},${end.toISOString()})`;
       const id = await insertReservation(poolId, { state: 'active', gpus: gpusPerSpot, spot: true, during });
       const allocationId = newId('alloc');
-      await db.transaction().execute((trx) =>
-        insertAllocationWithBookings(trx, {
+      const outcome = await db.transaction().execute((trx) =>
+        tryInsertAllocationWithBookings(trx, {
           allocationId,
           reservationId: id,
           nodeId: node.id,
@@ -101,6 +101,7 @@ try {
           end,
         }),
       );
+      if (outcome !== 'booked') throw new Error(`spot ${id} on ${node.id} was not booked (${outcome})`);
       await db
         .updateTable('allocations')
         .set({ state: 'bound', bound_at: start })

@@ -182,47 +182,6 @@ export interface AllocationWithBookings extends TimeWindow {
 }
 
 /**
- * A `planned` allocation with its device and scalar bookings in one statement (one round trip
- * instead of three), with the same guards as insertDeviceBookings and insertScalarBookings: the
- * per-device locks taken in their fixed order before the device rows go in (the EXCLUDE
- * constraint refuses any overlap), and the scalar rows inserted in resource order under their
- * guard trigger. A refusal by either is BookingConflict and, the statement having failed, the
- * transaction must end.
- */
-export async function insertAllocationWithBookings(trx: Trx, input: AllocationWithBookings): Promise<void> {
-  const scalars = Object.entries(input.resources)
-    .filter(([, amount]) => (amount ?? 0) > 0)
-    .sort(([a], [b]) => a.localeCompare(b));
-  const during = sql`tstzrange(${input.start.toISOString()}::timestamptz, ${input.end.toISOString()}::timestamptz, '[)')`;
-  const booked = input.bookedUntil
-    ? sql`tstzrange(${input.start.toISOString()}::timestamptz, ${input.bookedUntil.toISOString()}::timestamptz, '[)')`
-    : during;
-  try {
-    await sql`${sql.raw(preparedMarker)}
-      WITH alloc AS (
-        INSERT INTO allocations (id, reservation_id, node_id, state, during, resources)
-        VALUES (${input.allocationId}, ${input.reservationId}, ${input.nodeId}, 'planned', ${during},
-                ${JSON.stringify(input.resources)}::jsonb)
-        RETURNING id
-      ), devices AS (
-        INSERT INTO device_bookings (device_id, allocation_id, during)
-        SELECT d, (SELECT id FROM alloc), ${booked}
-        FROM unnest(${input.deviceIds as string[]}::text[]) AS d
-        WHERE ${deviceLocksTaken(input.deviceIds)}
-        RETURNING 1
-      )
-      INSERT INTO scalar_bookings (allocation_id, node_id, resource, amount, during)
-      SELECT (SELECT id FROM alloc), ${input.nodeId}, r, m, ${booked}
-      FROM unnest(${scalars.map(([r]) => r)}::text[], ${scalars.map(([, m]) => String(m))}::numeric[])
-           WITH ORDINALITY AS t(r, m, i)
-      WHERE (SELECT count(*) FROM devices) >= 0
-      ORDER BY i`.execute(trx);
-  } catch (error) {
-    throw bookingConflictOf(error, { deviceIds: input.deviceIds, nodeId: input.nodeId });
-  }
-}
-
-/**
  * Ends an allocation's bookings at compute_now(): a current booking is truncated, future ones are
  * deleted. Idempotent: a second call finds nothing left to change.
  */

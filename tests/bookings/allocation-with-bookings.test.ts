@@ -1,6 +1,7 @@
 import { beforeAll, describe, expect, it } from 'vitest';
-import { BookingConflict, insertAllocationWithBookings } from '../../db/allocations/bookings.ts';
+import { BookingConflict } from '../../db/allocations/bookings.ts';
 import { checkBookingInvariants } from '../../db/allocations/invariants.ts';
+import { tryInsertAllocationWithBookings } from '../../db/allocations/try-book.ts';
 import type { RegisteredNode } from '../../db/nodes/fleet.ts';
 import { newId } from '../../domain/ids.ts';
 import { insertBareAllocation } from '../support/allocations.ts';
@@ -45,7 +46,7 @@ const book = (deviceIds: string[], resources: { vcpu?: number; memoryGiB?: numbe
     run: async () => {
       const reservationId = await newReservation();
       return t.db.transaction().execute((trx) =>
-        insertAllocationWithBookings(trx, {
+        tryInsertAllocationWithBookings(trx, {
           allocationId,
           reservationId,
           nodeId: node.id,
@@ -77,31 +78,34 @@ async function rowsOf(allocationId: string) {
   };
 }
 
-describe('insertAllocationWithBookings (one statement)', () => {
+describe('tryInsertAllocationWithBookings (one statement)', () => {
   it('books the allocation, its devices and its host resources together', async () => {
     const first = book(node.deviceIds.slice(0, 2), { vcpu: 100, memoryGiB: 1000 });
-    await first.run();
+    expect(await first.run()).toBe('booked');
     expect(await rowsOf(first.allocationId)).toEqual({ allocations: 1, devices: 2, scalars: 2 });
   });
 
-  it('refuses an overlapping device booking through the constraint and leaves nothing behind', async () => {
+  it('answers stale for a device booked over the window and leaves nothing behind', async () => {
     const second = book(node.deviceIds.slice(1, 3), { vcpu: 1 });
-    await expect(second.run()).rejects.toBeInstanceOf(BookingConflict);
+    expect(await second.run()).toBe('stale');
     expect(await rowsOf(second.allocationId)).toEqual({ allocations: 0, devices: 0, scalars: 0 });
   });
 
-  it('refuses host resources beyond allocatable (the guard trigger) and leaves nothing behind', async () => {
+  it('answers stale for host resources beyond allocatable and leaves nothing behind', async () => {
     const third = book(node.deviceIds.slice(4, 6), { vcpu: 100 });
-    await expect(third.run()).rejects.toBeInstanceOf(BookingConflict);
+    expect(await third.run()).toBe('stale');
     expect(await rowsOf(third.allocationId)).toEqual({ allocations: 0, devices: 0, scalars: 0 });
   });
 
   it('commits exactly one of 24 concurrent bookings of the same free devices', async () => {
     const attempts = Array.from({ length: 24 }, () => book(node.deviceIds.slice(6, 8), { vcpu: 1 }));
     const outcomes = await Promise.allSettled(attempts.map((a) => a.run()));
-    expect(outcomes.filter((o) => o.status === 'fulfilled')).toHaveLength(1);
+    const booked = outcomes.filter((o) => o.status === 'fulfilled' && o.value === 'booked');
+    expect(booked).toHaveLength(1);
     for (const o of outcomes) {
+      // The losers were locked out, saw the winner's booking, or met the constraint.
       if (o.status === 'rejected') expect(o.reason).toBeInstanceOf(BookingConflict);
+      else if (o.value !== 'booked') expect(['locked', 'stale']).toContain(o.value);
     }
     expect(await checkBookingInvariants(t.db)).toEqual({ deviceOverlaps: 0, scalarOverbookings: 0 });
   });
