@@ -1,5 +1,5 @@
 import { sql, type Transaction } from 'kysely';
-import type { Database } from '../core/database.ts';
+import type { Database, Db } from '../core/database.ts';
 
 type Trx = Transaction<Database>;
 
@@ -19,6 +19,44 @@ export const reservationsSettledChannel = 'bc_reservations_settled';
  */
 export async function notifyPoolQueued(trx: Trx, poolId: string): Promise<void> {
   await sql`SELECT pg_notify(${poolQueueChannel}, ${poolId})`.execute(trx);
+}
+
+/** Per database handle and pool: whether a notification is in flight, and whether another is owed. */
+const poolNotifiers = new WeakMap<object, Map<string, { again: boolean }>>();
+
+/**
+ * Tells the pool placers that `poolId` has a queued request the caller has already committed, in
+ * a statement of its own, coalesced per pool: while one is in flight, later calls owe exactly one
+ * more, sent when it is answered, so every commit is followed by a notification. For commits
+ * that must not carry the NOTIFY themselves: PostgreSQL serializes the commits of notifying
+ * transactions database-wide (each waits for the one before to flush its WAL), so a queueing
+ * statement that notified made every tenant's queueing wait in one line. Never throws (a lost
+ * one is covered by the placer's slow poll).
+ */
+export function notifyPoolQueuedAfterCommit(db: Db, poolId: string, onError: (error: unknown) => void): void {
+  let pools = poolNotifiers.get(db);
+  if (!pools) {
+    pools = new Map();
+    poolNotifiers.set(db, pools);
+  }
+  const inFlight = pools.get(poolId);
+  if (inFlight) {
+    inFlight.again = true;
+    return;
+  }
+  const state = { again: false };
+  pools.set(poolId, state);
+  const send = (): void => {
+    state.again = false;
+    sql`SELECT pg_notify(${poolQueueChannel}, ${poolId})`
+      .execute(db)
+      .catch(onError)
+      .finally(() => {
+        if (state.again) send();
+        else pools.delete(poolId);
+      });
+  };
+  send();
 }
 
 /**

@@ -226,7 +226,16 @@ export const create = defineMethod({
       if (draft.kind === 'created') {
         const atOnce =
           placer === 'pool-lease'
-            ? await queueDraftAtOnce(ctx.deps.db, { row, now: draft.now, audit })
+            ? await queueDraftAtOnce(ctx.deps.db, {
+                row,
+                now: draft.now,
+                audit,
+                onNotifyError: (err) =>
+                  ctx.deps.log.warn(
+                    { err, poolId: row.pool_id },
+                    'the pool placer was not notified; its poll will find the request',
+                  ),
+              })
             : ctx.deps.caches
               ? await placeDraftAtOnce(ctx.deps.db, { row, now: draft.now, audit, caches: ctx.deps.caches })
               : null;

@@ -4,7 +4,7 @@ import type { Db, Reservation } from '../../core/database.ts';
 import { findAndBook, placementRequestOf } from '../allocations/placement.ts';
 import { bookingGoes } from '../allocations/try-book.ts';
 import { isGuardAbort } from '../conflict-retry.ts';
-import { poolQueueChannel } from '../notify-channels.ts';
+import { notifyPoolQueuedAfterCommit } from '../notify-channels.ts';
 import { preparedMarker } from '../pool.ts';
 import { reservationStateEvent } from './lifecycle-events.ts';
 import {
@@ -136,9 +136,12 @@ export async function placeDraftAtOnce(
 
 /**
  * The pool-lease placer: the draft queued for the lease holder's batch in one statement with the
- * writes above, the placer notified at its commit.
+ * writes above, the placer notified once it has committed.
  */
-export async function queueDraftAtOnce(db: Db, input: AtOnceInput): Promise<QueuedOutcome | null> {
+export async function queueDraftAtOnce(
+  db: Db,
+  input: AtOnceInput & { onNotifyError: (error: unknown) => void },
+): Promise<QueuedOutcome | null> {
   const { row } = input;
   const writes = admissionWrites(input);
   if (!writes) return null;
@@ -155,12 +158,12 @@ export async function queueDraftAtOnce(db: Db, input: AtOnceInput): Promise<Queu
   try {
     const { rows } = await sql<{ version: number | null }>`${sql.raw(preparedMarker)}
       WITH ${decided.ctes}
-      SELECT (SELECT version FROM u) AS version, ${aborted} AS aborted,
-             CASE WHEN EXISTS (SELECT 1 FROM u) THEN pg_notify(${poolQueueChannel}, ${row.pool_id}) END AS notified`.execute(
-      db,
-    );
+      SELECT (SELECT version FROM u) AS version, ${aborted} AS aborted`.execute(db);
     const version = rows[0]?.version;
-    return version === null || version === undefined ? null : { outcome: 'queued', version };
+    if (version === null || version === undefined) return null;
+    // After the commit, not in it (see notifyPoolQueuedAfterCommit).
+    notifyPoolQueuedAfterCommit(db, row.pool_id, input.onNotifyError);
+    return { outcome: 'queued', version };
   } catch (error) {
     if (isGuardAbort(error)) return null;
     throw error;

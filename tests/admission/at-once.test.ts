@@ -149,7 +149,7 @@ describe('placement in one statement', () => {
     expect(outcome).toBeNull();
     expect(await counts()).toEqual(before);
     // The pool-lease placer's admission statement has the same guard.
-    expect(await queueDraftAtOnce(h.t.db, { row: draft, now: 0, audit })).toBeNull();
+    expect(await queueDraftAtOnce(h.t.db, { row: draft, now: 0, audit, onNotifyError: () => {} })).toBeNull();
     expect(await counts()).toEqual(before);
   });
 });
