@@ -11,13 +11,6 @@ export interface GatewayOptions {
   /** Sessions this gateway holds at most; beyond it, RESOURCE_EXHAUSTED with a retry pushback. */
   maxSessions: number;
   /**
-   * Sessions past their Hello and being opened at once (each a transaction and a few reads);
-   * beyond it, RESOURCE_EXHAUSTED with a retry pushback. A whole fleet reconnecting together (a
-   * gateway restart, a network blip) then queues in the daemons' backoff, not in the database
-   * pool ahead of heartbeats and commands.
-   */
-  maxOpeningSessions: number;
-  /**
    * How often the delivery loop looks for changed NodeSpecs (and for queued commands, when the
    * gateway has no LISTEN connection for command notifications).
    */
@@ -68,7 +61,6 @@ export const defaultGatewayOptions: Omit<GatewayOptions, 'gatewayId' | 'trustDom
   leaseMs: 40_000,
   heartbeatIntervalMs: 10_000,
   maxSessions: 20_000,
-  maxOpeningSessions: 64,
   deliveryIntervalMs: 200,
   commandPollMs: 5_000,
   certificateTtlMs: 24 * 60 * 60 * 1000,

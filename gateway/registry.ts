@@ -37,10 +37,7 @@ export class SessionRegistry {
   /** Nodes heard from since the last heartbeat flush, with the epoch of their session. */
   readonly heard = new Map<string, number>();
 
-  constructor(
-    private readonly options: Pick<GatewayOptions, 'maxSessions' | 'maxPendingHellosPerNode'> &
-      Partial<Pick<GatewayOptions, 'maxOpeningSessions'>>,
-  ) {}
+  constructor(private readonly options: Pick<GatewayOptions, 'maxSessions' | 'maxPendingHellosPerNode'>) {}
 
   /** Sessions held, sessions being opened, connections before Hello, refusals at the limit. */
   stats(): { sessions: number; opening: number; awaitingHello: number; refused: number } {
@@ -81,14 +78,9 @@ export class SessionRegistry {
 
   /**
    * Admits a session that said Hello, or answers the refusal to end it with (RESOURCE_EXHAUSTED +
-   * pushback). A node that already holds a session here replaces it and gets in whatever the
-   * session limit, but no session opens while `maxOpeningSessions` are opening.
+   * pushback). A node that already holds a session here replaces it and always gets in.
    */
   admit(nodeId: string): StreamRefusal | null {
-    const maxOpening = this.options.maxOpeningSessions ?? Number.POSITIVE_INFINITY;
-    if (this.opening >= maxOpening) {
-      return this.refusal(`gateway opening ${this.opening} sessions already`);
-    }
     if (this.sessions.has(nodeId) || this.sessions.size + this.opening < this.options.maxSessions) {
       this.opening++;
       return null;
