@@ -144,7 +144,11 @@ export async function joinWithToken(input: {
     reclaimProof: reclaimProofFrom(input.dir, csrPem),
   };
   const backoff = input.backoff ?? defaultJoinBackoff;
-  const tls = gatewayChannel(input.gateway, { caCertificatePem: input.caCertificatePem });
+  // A gateway whose certificate does not name the address dialled is no outage: not retried.
+  let identityRefused = false;
+  const tls = gatewayChannel(input.gateway, { caCertificatePem: input.caCertificatePem }, () => {
+    identityRefused = true;
+  });
   const client = new JoinServiceClient(input.gateway, tls.credentials, tls.options);
   let response: JoinResponse;
   const started = Date.now(); // wall time: the retry budget of this process
@@ -161,7 +165,7 @@ export async function joinWithToken(input: {
         if (pushback !== null) {
           // Up to twice the pushback, at random: a herd refused together comes back spread out.
           wait = pushback + Math.floor(Math.random() * pushback);
-        } else if (isTransient(error)) {
+        } else if (isTransient(error) && !identityRefused) {
           // Equal jitter: half the capped exponential step, plus up to as much again at random.
           const step = Math.min(backoff.maxMs, backoff.minMs * 2 ** Math.min(failures++, 20));
           wait = Math.floor(step / 2 + Math.random() * (step / 2));
