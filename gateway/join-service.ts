@@ -5,7 +5,6 @@ import type { Logger } from '../core/logger.ts';
 import type { OutageLog } from '../core/outage-log.ts';
 import { isSiteJoinToken } from '../db/metal/site-tokens.ts';
 import {
-  findNodeJoinedWithKey,
   findPeerCertificate,
   findReclaimPublicKeys,
   issueStoredNodeCertificate,
@@ -16,6 +15,7 @@ import { beginJoin, joinTokenUsedUp, spendJoinToken } from '../db/nodes/join-tok
 import {
   insertJoinedNode,
   type JoinClaimedNode,
+  lockJoinCandidates,
   lockJoinClaimedNode,
   markHardwareKeyConflict,
   reclaimJoinedNode,
@@ -108,14 +108,14 @@ async function decideJoinClaim(
   input: {
     pool: { id: string; siteId: string };
     hardwareKey: string | null;
+    /** The node holding `hardwareKey`, already locked (`lockJoinCandidates`). */
+    holder: JoinClaimedNode | null;
     proof: ReclaimProof | undefined;
     csrPem: string;
   },
 ): Promise<JoinClaim> {
   const { pool } = input;
-  let holder = input.hardwareKey
-    ? await lockJoinClaimedNode(trx, { by: 'hardwareKey', hardwareKey: input.hardwareKey })
-    : null;
+  let holder = input.holder;
   if (holder?.provisionState === 'retired') {
     await releaseHardwareKey(trx, holder.id);
     holder = null;
@@ -189,7 +189,8 @@ export async function joinNode(options: JoinServiceOptions, request: JoinRequest
     // The same key again (a retry whose reply was lost after the commit, under the key lock so a
     // duplicate in flight waits for the first): the node and certificate already made, answered
     // again without spending another use of the token.
-    const repeat = await findNodeJoinedWithKey(trx, csr.keyId);
+    // The node holding the machine's hardware key is locked in the same round trip.
+    const { repeat, holder } = await lockJoinCandidates(trx, { keyId: csr.keyId, hardwareKey: hardware.key });
     if (repeat && repeat.poolId === start.poolId && repeat.provisionState !== 'retired') {
       options.log.info(
         { nodeId: repeat.nodeId, nodeName: repeat.nodeName, poolId: repeat.poolId },
@@ -214,6 +215,7 @@ export async function joinNode(options: JoinServiceOptions, request: JoinRequest
     const claim = await decideJoinClaim(trx, options.log, {
       pool,
       hardwareKey: hardware.key,
+      holder,
       proof: request.reclaimProof,
       csrPem: request.csrPem,
     });

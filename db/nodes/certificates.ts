@@ -53,60 +53,6 @@ export async function issueStoredNodeCertificate(
   return cert;
 }
 
-/** A node certificate already issued for a key, with its node: what a repeated Join answers. */
-export interface JoinedWithKey {
-  nodeId: string;
-  nodeName: string;
-  siteId: string;
-  poolId: string;
-  provisionState: string;
-  spiffeId: string;
-  certificatePem: string;
-  notAfter: Date;
-  /** Whether the node held certificates for another key before (it was reclaimed by this one). */
-  reclaimed: boolean;
-}
-
-/**
- * The newest unrevoked, unexpired node certificate (role `node`) issued for the key `keyId`, with
- * its node, or null. A Join whose CSR carries a key that already has one is the same machine
- * asking again (its first reply was lost): the CSR's signature proves it holds the private key.
- * Run after `beginJoin`'s key lock, it sees whatever an earlier Join of that key committed.
- */
-export async function findNodeJoinedWithKey(trx: Trx, keyId: string): Promise<JoinedWithKey | null> {
-  const { rows } = await sql<{
-    node_id: string;
-    name: string;
-    site_id: string;
-    pool_id: string;
-    provision_state: string;
-    spiffe_id: string;
-    certificate_pem: string;
-    not_after: Date;
-    reclaimed: boolean;
-  }>`
-    SELECT c.node_id, n.name, n.site_id, n.pool_id, n.provision_state, c.spiffe_id, c.certificate_pem,
-      c.not_after,
-      EXISTS (SELECT 1 FROM node_certificates o WHERE o.node_id = c.node_id AND o.key_id <> c.key_id) AS reclaimed
-    FROM node_certificates c JOIN nodes n ON n.id = c.node_id
-    WHERE c.key_id = ${keyId} AND c.role = 'node' AND c.revoked_at IS NULL AND c.not_after > compute_now()
-    ORDER BY c.not_after DESC
-    LIMIT 1`.execute(trx);
-  const row = rows[0];
-  if (!row) return null;
-  return {
-    nodeId: row.node_id,
-    nodeName: row.name,
-    siteId: row.site_id,
-    poolId: row.pool_id,
-    provisionState: row.provision_state,
-    spiffeId: row.spiffe_id,
-    certificatePem: row.certificate_pem,
-    notAfter: row.not_after,
-    reclaimed: row.reclaimed,
-  };
-}
-
 /** A node's certificate with what the gateway checks on every session. */
 export interface PeerCertificateRow {
   serial: string;
