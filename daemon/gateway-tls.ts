@@ -29,16 +29,21 @@ function gatewayHost(address: string): string {
 export function gatewayChannel(
   address: string,
   tls: { caCertificatePem: string; privateKeyPem?: string; certificatePem?: string },
+  /** Told when the gateway's certificate does not name the address dialled (the call then fails). */
+  onIdentityRefused?: (error: Error) => void,
 ): { credentials: ChannelCredentials; options: ChannelOptions } {
   const host = gatewayHost(address);
   const byIp = isIP(host) !== 0;
+  const check = (name: string, cert: PeerCertificate) => {
+    const refused = checkServerIdentity(byIp ? host : name, cert);
+    if (refused) onIdentityRefused?.(refused);
+    return refused;
+  };
   const channelCredentials = credentials.createSsl(
     Buffer.from(tls.caCertificatePem),
     tls.privateKeyPem ? Buffer.from(tls.privateKeyPem) : null,
     tls.certificatePem ? Buffer.from(tls.certificatePem) : null,
-    byIp
-      ? { checkServerIdentity: (_name: string, cert: PeerCertificate) => checkServerIdentity(host, cert) }
-      : {},
+    byIp || onIdentityRefused ? { checkServerIdentity: check } : {},
   );
   return {
     credentials: channelCredentials,

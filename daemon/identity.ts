@@ -1,6 +1,6 @@
 import { existsSync, mkdirSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
-import { type Metadata, status } from '@grpc/grpc-js';
+import { Metadata, status } from '@grpc/grpc-js';
 import { certificateNotAfter, createCsr, generateKeyPairPem } from '../domain/pki.ts';
 import { signReclaimProof } from '../domain/reclaim-proof.ts';
 import {
@@ -73,11 +73,15 @@ export function reclaimProofFrom(dir: string, csrPem: string): ReclaimProof | un
 }
 
 /**
- * How long a throttled Join keeps trying, honouring the gateway's retry pushback. A budget of
- * time, not of attempts: many machines behind one address (a rack booting, a simulated fleet) are
- * refused together again and again until the per-address rate lets each in.
+ * How long a Join keeps trying, honouring the gateway's retry pushback and backing off from a
+ * gateway out of reach. A budget of time, not of attempts: many machines behind one address (a
+ * rack booting, a simulated fleet) are refused together again and again until the per-address rate
+ * lets each in, and a gateway restarting during a herd is out of reach for a while.
  */
-const joinPushbackBudgetMs = 10 * 60_000;
+const joinRetryBudgetMs = 10 * 60_000;
+
+/** One Join attempt's deadline: a gateway that stalls is tried again, not waited on for ever. */
+const joinAttemptDeadlineMs = 60_000;
 
 function pushbackMs(error: unknown): number | null {
   const e = error as { code?: number; metadata?: Metadata };
@@ -88,10 +92,33 @@ function pushbackMs(error: unknown): number | null {
 }
 
 /**
+ * Whether a failed Join may have never reached the gateway, or its reply was lost: the gateway
+ * restarting, a connection reset or refused, a stream cut, an attempt past its deadline. Repeating it is safe:
+ * the retry sends the same CSR, and JoinService answers a key it already certified with that
+ * node and certificate without spending another use of the token.
+ */
+function isTransient(error: unknown): boolean {
+  const code = (error as { code?: number }).code;
+  // bcd never cancels its own Join: CANCELLED is the gateway resetting the stream (a forced
+  // shutdown destroys its HTTP/2 sessions with NGHTTP2_CANCEL).
+  return code === status.UNAVAILABLE || code === status.DEADLINE_EXCEEDED || code === status.CANCELLED;
+}
+
+/** Capped exponential backoff (with jitter) between Join attempts to an unreachable gateway. */
+export interface JoinBackoff {
+  minMs: number;
+  maxMs: number;
+}
+
+const defaultJoinBackoff: JoinBackoff = { minMs: 500, maxMs: 30_000 };
+
+/**
  * Joins with a token: makes a key, sends a CSR and the hardware evidence to JoinService over TLS
  * (trusting only `caCertificatePem`), with a reclaim proof when `dir` holds a previous identity,
  * and writes the identity to `dir`. A throttled join (RESOURCE_EXHAUSTED with a retry pushback)
- * waits exactly the pushback and tries again, a few times.
+ * waits the pushback (up to twice it, at random) and tries again; a gateway out of reach
+ * (UNAVAILABLE, a stream the gateway cut, an attempt past its deadline) is tried again after a capped exponential backoff
+ * with jitter (`backoff`), the same request each time, within one budget of 10 minutes.
  */
 export async function joinWithToken(input: {
   gateway: string;
@@ -101,6 +128,9 @@ export async function joinWithToken(input: {
   evidence: HardwareEvidence;
   requestedName: string;
   agentVersion: string;
+  backoff?: JoinBackoff;
+  /** Called before each retry with the error and the wait (logs, tests). */
+  onRetry?: (error: unknown, waitMs: number) => void;
 }): Promise<NodeIdentity & { reclaimed: boolean }> {
   mkdirSync(input.dir, { recursive: true, mode: 0o700 });
   const keys = await generateKeyPairPem();
@@ -113,20 +143,38 @@ export async function joinWithToken(input: {
     agentVersion: input.agentVersion,
     reclaimProof: reclaimProofFrom(input.dir, csrPem),
   };
-  const tls = gatewayChannel(input.gateway, { caCertificatePem: input.caCertificatePem });
+  const backoff = input.backoff ?? defaultJoinBackoff;
+  // A gateway whose certificate does not name the address dialled is no outage: not retried.
+  let identityRefused = false;
+  const tls = gatewayChannel(input.gateway, { caCertificatePem: input.caCertificatePem }, () => {
+    identityRefused = true;
+  });
   const client = new JoinServiceClient(input.gateway, tls.credentials, tls.options);
   let response: JoinResponse;
-  const started = Date.now(); // wall time: the pushback budget of this process
+  const started = Date.now(); // wall time: the retry budget of this process
   try {
-    for (;;) {
+    for (let failures = 0; ; ) {
       try {
-        response = await unary<JoinResponse>((cb) => client.join(request, cb));
+        // wall time: a gRPC deadline is a point in wall time
+        const deadline = new Date(Date.now() + joinAttemptDeadlineMs);
+        response = await unary<JoinResponse>((cb) => client.join(request, new Metadata(), { deadline }, cb));
         break;
       } catch (error) {
-        const wait = pushbackMs(error);
-        if (wait === null || Date.now() - started + wait > joinPushbackBudgetMs) throw error; // wall time
-        // Up to twice the pushback, at random: a herd refused together comes back spread out.
-        await new Promise((r) => setTimeout(r, wait + Math.floor(Math.random() * wait)));
+        const pushback = pushbackMs(error);
+        let wait: number;
+        if (pushback !== null) {
+          // Up to twice the pushback, at random: a herd refused together comes back spread out.
+          wait = pushback + Math.floor(Math.random() * pushback);
+        } else if (isTransient(error) && !identityRefused) {
+          // Equal jitter: half the capped exponential step, plus up to as much again at random.
+          const step = Math.min(backoff.maxMs, backoff.minMs * 2 ** Math.min(failures++, 20));
+          wait = Math.floor(step / 2 + Math.random() * (step / 2));
+        } else {
+          throw error;
+        }
+        if (Date.now() - started + wait > joinRetryBudgetMs) throw error; // wall time: the budget
+        input.onRetry?.(error, wait);
+        await new Promise((r) => setTimeout(r, wait));
       }
     }
   } finally {

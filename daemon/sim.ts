@@ -114,6 +114,11 @@ export async function startSimulatedFleet(input: {
             evidence: hardware.evidence(),
             requestedName: name,
             agentVersion: '0.1.0-sim',
+            onRetry: (err, waitMs) =>
+              input.log.info(
+                { node: name, code: (err as { code?: number }).code, err: (err as Error).message, waitMs },
+                'join failed, trying again',
+              ),
           });
       const selfUpdate = new SelfUpdater({
         stateDir: dir,

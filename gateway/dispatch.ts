@@ -5,7 +5,7 @@ import { findInvalidCertificateSerials } from '../db/nodes/certificates.ts';
 import { expireOverdueCommands, failTimedOutCommands } from '../db/nodes/commands.ts';
 import {
   findSpecsToSend,
-  markSessionUnreachable,
+  markSessionsUnreachable,
   markSilentNodesUnreachable,
   recordHeartbeats,
 } from '../db/nodes/sessions.ts';
@@ -25,6 +25,14 @@ export class Dispatcher {
   private timers: NodeJS.Timeout[] = [];
   private running = new Set<string>();
   readonly commands: CommandDelivery;
+  /** When a loop's timer last fired (wall time), to notice this process standing still. */
+  private lastTickMs = 0;
+  /**
+   * When this process last resumed from standing still for half a lease or more (its event loop
+   * blocked, the process starved or paused). The sessions' data is then still unread in their
+   * sockets: no session lapses, and the sweep marks nothing, until a lease has passed since.
+   */
+  private resumedAtMs = Number.NEGATIVE_INFINITY;
 
   constructor(private readonly ctx: GatewayContext) {
     this.commands = new CommandDelivery(ctx);
@@ -35,6 +43,7 @@ export class Dispatcher {
     const every = (name: string, ms: number, task: () => Promise<void>, probe = false) => {
       this.timers.push(
         setInterval(() => {
+          this.tick();
           if (this.running.has(name)) return;
           this.running.add(name);
           task()
@@ -60,6 +69,22 @@ export class Dispatcher {
     every('site-leases', Math.min(1_000, this.ctx.options.leaseMs / 4), () => renewSiteBootLeases(this.ctx));
   }
 
+  /**
+   * Every loop's timer calls this first, so the first to fire after a stall notices it (before
+   * the heartbeat flush or the sweep acts on liveness it could not observe).
+   */
+  private tick(): void {
+    const now = Date.now(); // wall time: how long this process stood still between timers
+    const stalledMs = this.lastTickMs === 0 ? 0 : now - this.lastTickMs;
+    this.lastTickMs = now;
+    if (stalledMs < this.ctx.options.leaseMs / 2) return;
+    this.resumedAtMs = now;
+    this.ctx.log.warn(
+      { stalledMs, sessions: this.ctx.registry.size },
+      'the gateway stood still: no session lapses and no node is swept for one lease',
+    );
+  }
+
   async stop(): Promise<void> {
     for (const timer of this.timers) clearInterval(timer);
     this.timers = [];
@@ -78,14 +103,17 @@ export class Dispatcher {
 
   async flushHeartbeats(): Promise<void> {
     const now = Date.now(); // wall time: the in-process liveness lease of each stream
+    const lapsed: NodeSession[] = [];
+    // A session is silent for a lease only if this process was running to hear it all that time.
+    const since = (session: { lastSeenMs: number }) => Math.max(session.lastSeenMs, this.resumedAtMs);
     for (const session of this.ctx.registry.sessions.values()) {
-      if (now - session.lastSeenMs > this.ctx.options.leaseMs) {
-        // A lapse that fails to write is only logged: its node's stale heartbeat is the sweep's.
-        void this.lapse(session as NodeSession).catch((err: unknown) => {
-          if (!this.ctx.outage.failed(err, 'lapse'))
-            this.ctx.log.warn({ err }, 'marking a lapsed node failed');
-        });
-      }
+      if (now - since(session) > this.ctx.options.leaseMs) lapsed.push(session as NodeSession);
+    }
+    if (lapsed.length > 0) {
+      // A lapse that fails to write is only logged: its node's stale heartbeat is the sweep's.
+      void this.lapse(lapsed).catch((err: unknown) => {
+        if (!this.ctx.outage.failed(err, 'lapse')) this.ctx.log.warn({ err }, 'marking lapsed nodes failed');
+      });
     }
     const heard = this.ctx.registry.heard;
     if (heard.size === 0) return;
@@ -129,18 +157,33 @@ export class Dispatcher {
     }
   }
 
-  /** A silent session: end it and mark its node unreachable (only if it still holds the epoch). */
-  private async lapse(session: NodeSession): Promise<void> {
-    if (session.closed) return;
-    session.log.warn({ epoch: session.epoch }, 'liveness lease lapsed');
-    session.end(14, 'liveness lease lapsed');
-    await this.markUnreachable((trx) => markSessionUnreachable(trx, session));
+  /**
+   * Silent sessions: each ends, and their nodes are marked unreachable in one statement (each only
+   * while its session still holds the epoch). However many lapse at once, it is one transaction.
+   */
+  private async lapse(sessions: readonly NodeSession[]): Promise<void> {
+    const fences = sessions
+      .filter((session) => !session.closed)
+      .map((session) => {
+        session.end(14, 'liveness lease lapsed');
+        return { nodeId: session.nodeId, epoch: session.epoch };
+      });
+    if (fences.length === 0) return;
+    this.ctx.log.warn(
+      { nodeIds: fences.slice(0, 20).map((f) => f.nodeId), count: fences.length },
+      'liveness lease lapsed',
+    );
+    await this.markUnreachable((trx) => markSessionsUnreachable(trx, fences));
   }
 
   /** Nodes whose heartbeats stopped reaching any gateway for a whole lease. */
   async sweepLiveness(): Promise<void> {
     const leaseSeconds = this.ctx.options.leaseMs / 1000;
-    await this.markUnreachable((trx) => markSilentNodesUnreachable(trx, leaseSeconds));
+    // After this process stood still, its own nodes' heartbeats are in its sockets, not yet in
+    // PostgreSQL: the sweep waits a lease (another gateway's sweep still runs).
+    // wall time: compared with the in-process resume time
+    const resumedRecently = Date.now() - this.resumedAtMs < this.ctx.options.leaseMs;
+    if (!resumedRecently) await this.markUnreachable((trx) => markSilentNodesUnreachable(trx, leaseSeconds));
     await transactionRetryingConflicts(this.ctx.db, (trx) => expireOverdueCommands(trx));
     await transactionRetryingConflicts(this.ctx.db, (trx) => failTimedOutCommands(trx));
   }

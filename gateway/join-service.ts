@@ -11,11 +11,11 @@ import {
   lockUnrevokedCertificate,
   revokeNodeCertificates,
 } from '../db/nodes/certificates.ts';
-import { findPool } from '../db/nodes/fleet.ts';
-import { checkJoinToken, spendJoinToken } from '../db/nodes/join-tokens.ts';
+import { beginJoin, joinTokenUsedUp, spendJoinToken } from '../db/nodes/join-tokens.ts';
 import {
   insertJoinedNode,
   type JoinClaimedNode,
+  lockJoinCandidates,
   lockJoinClaimedNode,
   markHardwareKeyConflict,
   reclaimJoinedNode,
@@ -108,14 +108,14 @@ async function decideJoinClaim(
   input: {
     pool: { id: string; siteId: string };
     hardwareKey: string | null;
+    /** The node holding `hardwareKey`, already locked (`lockJoinCandidates`). */
+    holder: JoinClaimedNode | null;
     proof: ReclaimProof | undefined;
     csrPem: string;
   },
 ): Promise<JoinClaim> {
   const { pool } = input;
-  let holder = input.hardwareKey
-    ? await lockJoinClaimedNode(trx, { by: 'hardwareKey', hardwareKey: input.hardwareKey })
-    : null;
+  let holder = input.holder;
   if (holder?.provisionState === 'retired') {
     await releaseHardwareKey(trx, holder.id);
     holder = null;
@@ -182,15 +182,40 @@ export async function joinNode(options: JoinServiceOptions, request: JoinRequest
     gpuUuids: evidence?.gpuUuids,
   });
   return options.db.transaction().execute(async (trx) => {
-    // The token is spent last: its row lock lasts only from that statement to the commit, so
-    // concurrent joins with one token do not queue behind each other's certificate signing.
-    const token = await checkJoinToken(trx, request.token);
-    const pool = await findPool(trx, { id: token.poolId });
-    if (!pool) throw new ComputeError('INTERNAL', `the join token names a missing pool ${token.poolId}`);
+    // One round trip for the key lock, the token, its pool and the clock. The token is spent
+    // last: its row lock lasts only from that statement to the commit, so concurrent joins with
+    // one token do not queue behind each other's certificate signing.
+    const start = await beginJoin(trx, request.token, csr.keyId);
+    // The same key again (a retry whose reply was lost after the commit, under the key lock so a
+    // duplicate in flight waits for the first): the node and certificate already made, answered
+    // again without spending another use of the token.
+    // The node holding the machine's hardware key is locked in the same round trip.
+    const { repeat, holder } = await lockJoinCandidates(trx, { keyId: csr.keyId, hardwareKey: hardware.key });
+    if (repeat && repeat.poolId === start.poolId && repeat.provisionState !== 'retired') {
+      options.log.info(
+        { nodeId: repeat.nodeId, nodeName: repeat.nodeName, poolId: repeat.poolId },
+        'join repeated with the same key: answered with the certificate already issued',
+      );
+      return {
+        nodeId: repeat.nodeId,
+        nodeName: repeat.nodeName,
+        siteId: repeat.siteId,
+        poolId: repeat.poolId,
+        spiffeId: repeat.spiffeId,
+        certificatePem: repeat.certificatePem,
+        caCertificatePem: options.ca.certificatePem,
+        notAfterMs: repeat.notAfter.getTime(),
+        reclaimed: repeat.reclaimed,
+      };
+    }
+    if (start.usedUp) throw joinTokenUsedUp();
+    const pool = start.pool;
+    if (!pool) throw new ComputeError('INTERNAL', `the join token names a missing pool ${start.poolId}`);
     if (pool.archived) throw new ComputeError('INVALID_STATE', 'the join token names an archived pool');
     const claim = await decideJoinClaim(trx, options.log, {
       pool,
       hardwareKey: hardware.key,
+      holder,
       proof: request.reclaimProof,
       csrPem: request.csrPem,
     });
@@ -213,14 +238,19 @@ export async function joinNode(options: JoinServiceOptions, request: JoinRequest
       node = { ...inserted, siteId: pool.siteId, poolId: pool.id };
     }
     const spiffeId = nodeSpiffeId(options.trustDomain, node.siteId, node.id);
-    const cert = await issueStoredNodeCertificate(trx, options, {
-      nodeId: node.id,
-      nodeName: node.name,
-      role: 'node',
-      spiffeId,
-      ...csr,
-    });
-    await spendJoinToken(trx, token.tokenId);
+    const cert = await issueStoredNodeCertificate(
+      trx,
+      options,
+      {
+        nodeId: node.id,
+        nodeName: node.name,
+        role: 'node',
+        spiffeId,
+        ...csr,
+      },
+      start.now,
+    );
+    await spendJoinToken(trx, start.tokenId);
     const reclaimed = claim.kind === 'reclaim';
     options.log[claim.kind === 'new' && claim.conflict ? 'warn' : 'info'](
       {

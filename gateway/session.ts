@@ -57,6 +57,8 @@ export class NodeSession implements RegisteredSession {
   /** Holds one of the registry's session slots while it opens. */
   private admitted = false;
   closed = false;
+  /** Ended by the gateway (`end`), not by the stream. */
+  private endedHere = false;
   readonly log: Logger;
 
   constructor(
@@ -100,7 +102,10 @@ export class NodeSession implements RegisteredSession {
         });
     });
     this.call.on('error', (err: Error & { code?: number }) => {
-      const badInput = err.code === status.INTERNAL || err.code === status.RESOURCE_EXHAUSTED;
+      // `end` emits its own status as an error (a refusal at the limit is RESOURCE_EXHAUSTED): only
+      // an error the stream raised itself says the node sent something malformed or oversized.
+      const badInput =
+        !this.endedHere && (err.code === status.INTERNAL || err.code === status.RESOURCE_EXHAUSTED);
       this.log[badInput ? 'warn' : 'debug'](
         { err: err.message, code: err.code, epoch: this.epoch },
         badInput ? 'session ended: malformed or oversized message' : 'session stream ended',
@@ -159,6 +164,7 @@ export class NodeSession implements RegisteredSession {
   end(code: number, details: string, metadata?: Metadata): void {
     if (this.closed) return;
     this.closed = true;
+    this.endedHere = true;
     this.call.emit('error', { code, details, ...(metadata ? { metadata } : {}) });
     this.finish();
   }

@@ -24,6 +24,8 @@ export async function issueStoredNodeCertificate(
   trx: Trx,
   options: { ca: CaMaterial; certificateTtlMs: number },
   input: { nodeId: string; nodeName: string; role: NodeRole; spiffeId: string } & CsrContents,
+  /** `compute_now()` when the caller already read it in this transaction (one round trip fewer). */
+  now?: Date,
 ): Promise<IssuedCertificate> {
   const cert = await issueNodeCertificate({
     ca: options.ca,
@@ -31,7 +33,7 @@ export async function issueStoredNodeCertificate(
     spiffeId: input.spiffeId,
     nodeName: input.nodeName,
     role: input.role,
-    now: await readComputeNow(trx),
+    now: now ?? (await readComputeNow(trx)),
     validForMs: Math.min(options.certificateTtlMs, maxNodeCertificateMs),
   });
   await trx

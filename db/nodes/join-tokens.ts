@@ -88,6 +88,75 @@ export async function checkJoinToken(
   return { tokenId: id, poolId: row.pool_id };
 }
 
+/** What a Join reads first, in one statement: its token, the token's pool and the clock. */
+export interface JoinStart {
+  tokenId: string;
+  poolId: string;
+  /** The pool, or null when the token names a missing one. */
+  pool: { id: string; siteId: string; archived: boolean } | null;
+  /** Whether every use of the token is spent (only a repeated Join may go on: `findNodeJoinedWithKey`). */
+  usedUp: boolean;
+  /** `compute_now()` of the transaction. */
+  now: Date;
+}
+
+/**
+ * The first statement of a Join, in its transaction: takes a transaction-scoped advisory lock on
+ * the CSR's key (`keyId`), so Joins of one key (a retry whose first attempt's reply was lost, a
+ * duplicate in flight) run one after the other and a later one sees what an earlier one
+ * committed, and reads the token (unlocked), its pool and the clock in the same round trip.
+ * UNAUTHENTICATED (one answer for all) for a token that is malformed, unknown, revoked or expired;
+ * a used-up token is answered with `usedUp` (the caller refuses it unless the Join is a repeat).
+ */
+export async function beginJoin(
+  trx: Transaction<Database>,
+  token: string,
+  keyId: string,
+): Promise<JoinStart> {
+  const match = tokenPattern.exec(token.trim());
+  if (!match) throw refused('malformed');
+  const id = `jt_${match[1]}`;
+  const { rows } = await sql<{
+    locked: unknown;
+    now: Date;
+    pool_id: string | null;
+    secret_hash: string | null;
+    max_uses: number | null;
+    uses: number | null;
+    revoked: boolean | null;
+    expired: boolean | null;
+    site_id: string | null;
+    archived: boolean | null;
+    pool_found: boolean;
+  }>`
+    SELECT pg_advisory_xact_lock(hashtextextended(${`join-key:${keyId}`}, 0)) AS locked,
+      compute_now() AS now, t.pool_id, t.secret_hash, t.max_uses, t.uses,
+      t.revoked_at IS NOT NULL AS revoked, t.expires_at <= compute_now() AS expired,
+      p.site_id, p.archived_at IS NOT NULL AS archived, p.id IS NOT NULL AS pool_found
+    FROM (SELECT 1) AS one
+      LEFT JOIN join_tokens t ON t.id = ${id}
+      LEFT JOIN pools p ON p.id = t.pool_id`.execute(trx);
+  const row = rows[0];
+  if (!row?.secret_hash || !row.pool_id) throw refused('unknown');
+  const given = Buffer.from(hashSecret(match[2]!), 'hex');
+  const stored = Buffer.from(row.secret_hash, 'hex');
+  if (given.length !== stored.length || !timingSafeEqual(given, stored)) throw refused('secret');
+  if (row.revoked) throw refused('revoked');
+  if (row.expired) throw refused('expired');
+  return {
+    tokenId: id,
+    poolId: row.pool_id,
+    pool: row.pool_found ? { id: row.pool_id, siteId: row.site_id!, archived: row.archived === true } : null,
+    usedUp: (row.uses ?? 0) >= (row.max_uses ?? 0),
+    now: row.now,
+  };
+}
+
+/** The refusal of a token whose every use is spent (after `beginJoin` answered `usedUp`). */
+export function joinTokenUsedUp(): ComputeError {
+  return refused('used');
+}
+
 /**
  * Spends one use of a checked token, atomically: only while it is still unrevoked, unexpired and
  * not used up (the row lock lasts from this statement to the commit, so callers run it last).

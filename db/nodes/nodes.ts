@@ -238,6 +238,96 @@ export async function lockJoinClaimedNode(
   };
 }
 
+/** A node certificate already issued for a key, with its node: what a repeated Join answers. */
+export interface JoinedWithKey {
+  nodeId: string;
+  nodeName: string;
+  siteId: string;
+  poolId: string;
+  provisionState: string;
+  spiffeId: string;
+  certificatePem: string;
+  notAfter: Date;
+  /** Whether the node held certificates for another key before (it was reclaimed by this one). */
+  reclaimed: boolean;
+}
+
+/**
+ * The second statement of a Join, after `beginJoin`'s key lock (so it sees whatever an earlier
+ * Join of that key committed), in one round trip:
+ * - `repeat`: the newest unrevoked, unexpired node certificate (role `node`) issued for the key
+ *   `keyId`, with its node. A Join whose CSR carries a key that already has one is the same
+ *   machine asking again (its first reply was lost): the CSR's signature proves it holds the key.
+ * - `holder`: the node holding `hardwareKey`, under its row lock (as `lockJoinClaimedNode`).
+ */
+export async function lockJoinCandidates(
+  trx: Trx,
+  input: { keyId: string; hardwareKey: string | null },
+): Promise<{ repeat: JoinedWithKey | null; holder: JoinClaimedNode | null }> {
+  const { rows } = await sql<{
+    repeat: {
+      node_id: string;
+      name: string;
+      site_id: string;
+      pool_id: string;
+      provision_state: string;
+      spiffe_id: string;
+      certificate_pem: string;
+      not_after_ms: number;
+      reclaimed: boolean;
+    } | null;
+    holder: {
+      id: string;
+      name: string;
+      site_id: string;
+      pool_id: string | null;
+      provision_state: ProvisionState;
+      hardware_key: string | null;
+      reclaim_approved: boolean;
+    } | null;
+  }>`
+    WITH repeat AS (
+      SELECT c.node_id, n.name, n.site_id, n.pool_id, n.provision_state, c.spiffe_id, c.certificate_pem,
+        (extract(epoch FROM c.not_after) * 1000)::float8 AS not_after_ms,
+        EXISTS (SELECT 1 FROM node_certificates o WHERE o.node_id = c.node_id AND o.key_id <> c.key_id) AS reclaimed
+      FROM node_certificates c JOIN nodes n ON n.id = c.node_id
+      WHERE c.key_id = ${input.keyId} AND c.role = 'node' AND c.revoked_at IS NULL
+        AND c.not_after > compute_now()
+      ORDER BY c.not_after DESC
+      LIMIT 1
+    ), holder AS (
+      SELECT id, name, site_id, pool_id, provision_state, hardware_key,
+        coalesce(reclaim_approved_until > compute_now(), false) AS reclaim_approved
+      FROM nodes WHERE hardware_key = ${input.hardwareKey}
+      FOR UPDATE
+    )
+    SELECT (SELECT row_to_json(repeat) FROM repeat) AS repeat,
+      (SELECT row_to_json(holder) FROM holder LIMIT 1) AS holder`.execute(trx);
+  const { repeat, holder } = rows[0]!;
+  return {
+    repeat: repeat && {
+      nodeId: repeat.node_id,
+      nodeName: repeat.name,
+      siteId: repeat.site_id,
+      poolId: repeat.pool_id,
+      provisionState: repeat.provision_state,
+      spiffeId: repeat.spiffe_id,
+      certificatePem: repeat.certificate_pem,
+      notAfter: new Date(repeat.not_after_ms),
+      reclaimed: repeat.reclaimed,
+    },
+    holder: holder && {
+      id: holder.id,
+      name: holder.name,
+      siteId: holder.site_id,
+      poolId: holder.pool_id,
+      provisionState: holder.provision_state,
+      hardwareKey: holder.hardware_key,
+      reclaimApproved: holder.reclaim_approved,
+    },
+  };
+}
+
 /** A retired node gives up its hardware key, so the machine may join again as a new node. */
 export async function releaseHardwareKey(trx: Trx, nodeId: string): Promise<void> {
   await trx.updateTable('nodes').set({ hardware_key: null }).where('id', '=', nodeId).execute();

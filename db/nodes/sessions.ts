@@ -239,14 +239,23 @@ export async function recordHeartbeats(
 }
 
 /**
- * A session whose liveness lease lapsed: its node becomes unreachable with `NodeUnreachable`
- * (nothing it holds is released), only while the session still holds the node's epoch. Answers
- * the node ids marked (none when fenced).
+ * Sessions whose liveness lease lapsed, all in one statement: each node becomes unreachable with
+ * `NodeUnreachable` (nothing it holds is released), only while its session still holds the node's
+ * epoch. Rows are locked in id order (as the sweep and the heartbeat flush lock them). Answers the
+ * node ids marked (none for fenced sessions).
  */
-export async function markSessionUnreachable(trx: Trx, fence: SessionFence): Promise<string[]> {
+export async function markSessionsUnreachable(trx: Trx, fences: readonly SessionFence[]): Promise<string[]> {
+  if (fences.length === 0) return [];
   const { rows } = await sql<{ id: string }>`
+    WITH lapsed AS (
+      SELECT n.id FROM nodes n
+      JOIN unnest(${fences.map((f) => f.nodeId)}::text[], ${fences.map((f) => f.epoch)}::bigint[]) AS t(id, epoch)
+        ON n.id = t.id AND n.epoch = t.epoch
+      ORDER BY n.id FOR NO KEY UPDATE OF n
+    )
     UPDATE nodes SET connectivity = 'unreachable', session_gateway = NULL, updated_at = compute_now()
-    WHERE id = ${fence.nodeId} AND epoch = ${fence.epoch} RETURNING id`.execute(trx);
+    FROM lapsed WHERE nodes.id = lapsed.id
+    RETURNING nodes.id`.execute(trx);
   return raiseUnreachable(
     trx,
     rows.map((r) => r.id),
