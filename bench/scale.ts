@@ -1,7 +1,8 @@
 /**
  * Placement at fleet scale in one run (issue 14), every figure a ratio to this machine's own
  * guarded booking rate measured in the same run (machines here differ by 2 to 3 times):
- *   B   guarded bookings/s at 8 connections (bench/bookings.ts's load: per-device locks in order,
+ *   B   guarded bookings/s at 8 connections, alternating with the unguarded load in
+ *       `--booking-slices` slices (bench/bookings.ts's load: per-device locks in order,
  *       the EXCLUDE constraint), and the unguarded rate beside it (their ratio: the guard's cost);
  *   P1  inline placements/s through HTTP (bench/placement.ts's load: `reservations.create` of 4
  *       GPUs in one NVLink domain by `--clients` clients of ten tenants), with the CPU per placement
@@ -28,7 +29,7 @@
  *       (`--provision direct`: N simulated agents in one process, `diag.nvml` at `--command-rate`).
  * Progress lines while it runs; the last line is one JSON object.
  * Usage: node --import tsx bench/scale.ts [--nodes 10000] [--clients 50] [--seconds 15]
- *        [--booking-seconds 10] [--gpus 4] [--connections 20] [--commands 0] [--command-rate 50]
+ *        [--booking-seconds 10] [--booking-slices 5] [--gpus 4] [--connections 20] [--commands 0] [--command-rate 50]
  *        [--sequential 200] [--open-loop-seconds 10] [--live 0] [--live-seconds 15]
  *        [--lifecycle-seconds 0]   (0 turns a part off)
  */
@@ -64,6 +65,7 @@ const { values } = parseArgs({
     clients: { type: 'string', default: '50' },
     seconds: { type: 'string', default: '15' },
     'booking-seconds': { type: 'string', default: '10' },
+    'booking-slices': { type: 'string', default: '5' },
     gpus: { type: 'string', default: '4' },
     connections: { type: 'string', default: '20' },
     commands: { type: 'string', default: '0' },
@@ -79,6 +81,7 @@ const nodeCount = Number(values.nodes);
 const clients = Number(values.clients);
 const seconds = Number(values.seconds);
 const bookingSeconds = Number(values['booking-seconds']);
+const bookingSlices = Math.max(1, Number(values['booking-slices']));
 const gpus = Number(values.gpus);
 const commandCount = Number(values.commands);
 const sequentialCount = Number(values.sequential);
@@ -107,6 +110,24 @@ const pickOpenLoop = (r: OpenLoopResult) => ({
   unanswered: r.unanswered,
 });
 const ratio = (a: number | null, b: number) => (a === null || b === 0 ? null : Number((a / b).toFixed(3)));
+/** Slices of one load as one: their counts and seconds summed, the median slice's p50 and p99. */
+const mergeSlices = (slices: readonly LoadResult[]): LoadResult => {
+  const median = (pick: (r: LoadResult) => number) =>
+    slices.map(pick).sort((a, b) => a - b)[Math.floor(slices.length / 2)]!;
+  const committed = slices.reduce((sum, r) => sum + r.committed, 0);
+  const secondsTotal = slices.reduce((sum, r) => sum + r.seconds, 0);
+  const errors: Record<string, number> = {};
+  for (const r of slices) for (const [k, n] of Object.entries(r.errors)) errors[k] = (errors[k] ?? 0) + n;
+  return {
+    committed,
+    refused: slices.reduce((sum, r) => sum + r.refused, 0),
+    errors,
+    seconds: secondsTotal,
+    perSecond: Math.round(committed / secondsTotal),
+    p50Ms: median((r) => r.p50Ms),
+    p99Ms: median((r) => r.p99Ms),
+  };
+};
 
 /** bench/gateway.ts as a child at this node count: its last line's command latency. */
 async function commandLatency(): Promise<{ p50Ms: number; p99Ms: number; completed: number } | null> {
@@ -176,11 +197,22 @@ try {
   await bench.pool.query('VACUUM ANALYZE');
   progress(`loaded ${nodeCount} nodes, ${deviceIds.length} GPUs`);
 
-  // B: the cost of the guarantee itself, which no placement can beat.
-  const guarded = await bookings.guarded(8, bookingSeconds);
+  // B: the cost of the guarantee itself, which no placement can beat. Guarded and unguarded
+  // alternate in slices, so a neighbour's burst (or the tables' growth) weighs on both alike.
+  const guardedSlices: LoadResult[] = [];
+  const unguardedSlices: LoadResult[] = [];
+  for (let i = 0; i < bookingSlices; i++) {
+    guardedSlices.push(await bookings.guarded(8, bookingSeconds / bookingSlices));
+    unguardedSlices.push(await bookings.unguarded(8, bookingSeconds / bookingSlices));
+  }
+  const guarded = mergeSlices(guardedSlices);
+  const unguarded = mergeSlices(unguardedSlices);
+  const sliceFactors = guardedSlices.map((g, i) => ratio(unguardedSlices[i]!.perSecond, g.perSecond));
   progress(`B: guarded bookings at 8 connections: ${guarded.perSecond}/s (p99 ${guarded.p99Ms} ms)`);
-  const unguarded = await bookings.unguarded(8, bookingSeconds);
-  progress(`unguarded inserts at 8 connections: ${unguarded.perSecond}/s (p99 ${unguarded.p99Ms} ms)`);
+  progress(
+    `unguarded inserts at 8 connections: ${unguarded.perSecond}/s (p99 ${unguarded.p99Ms} ms); ` +
+      `${bookingSlices} alternating slices, cost factor by slice ${sliceFactors.join(', ')}`,
+  );
   const bookingOverlaps = (await checkBookingInvariants(bench.db)).deviceOverlaps;
   // The placements below start on an empty pool.
   await bookings.remove();
@@ -390,6 +422,7 @@ try {
       unguardedBookingsPerSecond: unguarded.perSecond,
       // How many times a guarded booking costs an unguarded insert (goal: at most 1.3).
       guardedCostFactor: ratio(unguarded.perSecond, guarded.perSecond),
+      guardedCostFactorBySlice: sliceFactors,
       inlinePerSecond: inline.perSecond,
       inlineP50Ms: inline.p50Ms,
       inlineP99Ms: inline.p99Ms,
