@@ -29,11 +29,17 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import { parseConfig } from '../core/config.ts';
-import { insertPool, insertSite } from '../db/nodes/fleet.ts';
 import { createJoinToken } from '../db/nodes/join-tokens.ts';
 import { defaultGatewayOptions } from '../gateway/options.ts';
 import { forkGateway } from './gateway-child.ts';
-import { benchDatabase, percentile, postgresCpuSeconds, postmasterPidOf, probeCommands } from './support.ts';
+import {
+  benchDatabase,
+  insertBenchPool,
+  percentile,
+  postgresCpuSeconds,
+  postmasterPidOf,
+  probeCommands,
+} from './support.ts';
 
 const { values } = parseArgs({
   options: {
@@ -94,13 +100,7 @@ try {
   const { address, caCertificatePem } = await gatewayListening;
   const caFile = path.join(dir, 'ca.pem');
   writeFileSync(caFile, caCertificatePem);
-  const siteId = await insertSite(bench.db, { name: 'bench', region: 'eu-central-1' });
-  const poolId = await insertPool(bench.db, {
-    siteId,
-    ownerTenantId: 'platform',
-    name: 'h100',
-    gpuModel: 'h100',
-  });
+  const { poolId } = await insertBenchPool(bench.db);
   const { token } = await createJoinToken(bench.db, { poolId, ttlSeconds: 3600, maxUses: nodes });
 
   const gw0 = await gatewaySample();

@@ -15,12 +15,11 @@ import pg from 'pg';
 import { createLogger } from '../core/logger.ts';
 import { SimHardware } from '../daemon/hardware.ts';
 import { loadSigningCertificateAuthority } from '../db/nodes/certificate-authority.ts';
-import { insertPool, insertSite } from '../db/nodes/fleet.ts';
 import { createJoinToken } from '../db/nodes/join-tokens.ts';
 import { createCsr, generateKeyPairPem } from '../domain/pki.ts';
 import { createSealer } from '../domain/sealing.ts';
 import { joinNode } from '../gateway/join-service.ts';
-import { benchDatabase, postgresCpuSeconds, postmasterPidOf } from './support.ts';
+import { benchDatabase, insertBenchPool, postgresCpuSeconds, postmasterPidOf } from './support.ts';
 
 const { values } = parseArgs({
   options: {
@@ -51,13 +50,7 @@ try {
     trustDomain,
     sealer: createSealer(randomBytes(32).toString('hex')),
   });
-  const siteId = await insertSite(bench.db, { name: 'bench', region: 'eu-central-1' });
-  const poolId = await insertPool(bench.db, {
-    siteId,
-    ownerTenantId: 'platform',
-    name: 'h100',
-    gpuModel: 'h100',
-  });
+  const { poolId } = await insertBenchPool(bench.db);
   const { token } = await createJoinToken(bench.db, { poolId, ttlSeconds: 3600, maxUses: joins + 20 });
   const options = {
     db: bench.db,
