@@ -18,6 +18,7 @@ export interface PoolForTenant {
  */
 export class TtlCache<V> {
   readonly #entries = new Map<string, { at: number; value: V }>();
+  readonly #loading = new Map<string, Promise<V>>();
   readonly ttlMs: number;
   readonly maxEntries: number;
 
@@ -37,6 +38,27 @@ export class TtlCache<V> {
     if (this.#entries.size > this.maxEntries) this.#entries.clear();
     // wall time: when the entry was stored, for its TTL
     this.#entries.set(key, { at: Date.now(), value });
+  }
+
+  /**
+   * The value stored less than `ttlMs` ago, else `loader`'s, stored; callers that ask while a load
+   * runs share it (one read when an entry expires under many concurrent callers, not one each).
+   * A failed load is every waiting caller's error and stores nothing.
+   */
+  load(key: string, loader: () => Promise<V>): Promise<V> {
+    const hit = this.get(key);
+    if (hit !== undefined) return Promise.resolve(hit);
+    let loading = this.#loading.get(key);
+    if (!loading) {
+      loading = loader()
+        .then((value) => {
+          this.set(key, value);
+          return value;
+        })
+        .finally(() => this.#loading.delete(key));
+      this.#loading.set(key, loading);
+    }
+    return loading;
   }
 
   clear(): void {

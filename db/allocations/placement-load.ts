@@ -31,13 +31,20 @@ export async function schedulableNodeIds(
   poolId: string,
   caches?: AdmissionCaches,
 ): Promise<string[]> {
-  const hit = caches?.schedulable.get(poolId);
+  const read = async (executor: Db) => {
+    const { rows } = await sql<{
+      id: string;
+    }>`SELECT n.id FROM nodes n WHERE n.pool_id = ${poolId} AND ${schedulable}`.execute(executor);
+    return rows.map((r) => r.id);
+  };
+  if (!caches) return read(db);
+  // Outside a transaction, one read serves every concurrent caller once the entry expires; a
+  // transaction's read stays its own (its failure must not become other callers' error).
+  if (!db.isTransaction) return caches.schedulable.load(poolId, () => read(db));
+  const hit = caches.schedulable.get(poolId);
   if (hit) return hit;
-  const { rows } = await sql<{
-    id: string;
-  }>`SELECT n.id FROM nodes n WHERE n.pool_id = ${poolId} AND ${schedulable}`.execute(db);
-  const ids = rows.map((r) => r.id);
-  caches?.schedulable.set(poolId, ids);
+  const ids = await read(db);
+  caches.schedulable.set(poolId, ids);
   return ids;
 }
 
