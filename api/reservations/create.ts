@@ -266,9 +266,11 @@ export const create = defineMethod({
     // Queued and watched: the first read is the batch's answer (or the wait's end).
     const queuedWait = outcome?.outcome === 'queued' && watch && wait;
     if (watch && !queuedWait) watch.close();
+    // Placed in one statement: its view came back with it (no read after the commit).
+    const written = outcome?.outcome === 'placed' ? outcome.view : undefined;
     const view = queuedWait
       ? await waitForOperation(ctx, row.id, wait.timeoutMs, { watch })
-      : await readReservationView(ctx.deps.db, row.id);
+      : (written ?? (await readReservationView(ctx.deps.db, row.id)));
     if (!view) {
       // The draft cleanup removed this refused draft (past its retention) while it was decided.
       throw new ComputeError(

@@ -24,6 +24,8 @@ export interface WritesWhenBooked {
   holds: RawBuilder<boolean>;
   /** Why it was refused, for the log and the error's message. */
   reason: string;
+  /** A value the statement also selects when it books (over those CTEs), handed to `receive`. */
+  returned?: { select: RawBuilder<unknown>; receive: (value: unknown) => void };
 }
 
 /** The highest node id each transaction has locked host rows of (see `waitForHostRows`). */
@@ -166,10 +168,12 @@ export async function tryInsertAllocationWithBookings(
       SELECT (SELECT v FROM verdict) AS verdict, (SELECT n FROM host_got)::int AS host_rows,
              (SELECT count(*) FROM scalar) AS inserted${
                also
-                 ? sql`, CASE WHEN ${bookingGoes} AND NOT (${also.holds}) THEN compute_abort(${also.reason}) END AS aborted`
+                 ? sql`, CASE WHEN ${bookingGoes} AND NOT (${also.holds}) THEN compute_abort(${also.reason}) END AS aborted,
+                       ${also.returned?.select ?? sql`NULL`} AS returned`
                  : sql``
              }`.execute(trx);
     const verdict = rows[0]?.verdict;
+    if (verdict === 'go') also?.returned?.receive((rows[0] as { returned?: unknown }).returned);
     // Rows of this node are now held (some or all) to the end of the transaction.
     const held = trx.isTransaction && (rows[0]?.host_rows ?? 0) > 0;
     if (held && (highest === undefined || input.nodeId > highest)) {

@@ -1,6 +1,7 @@
 import { type RawBuilder, sql } from 'kysely';
 import type { AdmissionCaches } from '../../core/admission-caches.ts';
 import type { Db, Reservation } from '../../core/database.ts';
+import { newId } from '../../domain/ids.ts';
 import { findAndBook, placementRequestOf } from '../allocations/placement.ts';
 import { bookingGoes } from '../allocations/try-book.ts';
 import { isGuardAbort } from '../conflict-retry.ts';
@@ -19,6 +20,7 @@ import {
 import { quotaChargeCtes, quotaNeeds } from './quota.ts';
 import type { CallerAudit } from './reservations.ts';
 import { parseStoredHostShare, parseStoredRequest } from './stored.ts';
+import { type ReservationViewRow, reservationViewOf } from './view.ts';
 
 /**
  * Admission's second transaction as single statements, for the common case: a draft this very
@@ -99,20 +101,23 @@ export async function placeDraftAtOnce(
   const start = Math.max(now, row.requested_start?.getTime() ?? now);
   const durationMs = Number(row.duration_ms);
   const window = { start, end: start + durationMs };
+  const allocationId = newId('alloc');
+  let stored: StoredPlacement | null = null;
   const found = await findAndBook(db, {
     poolId: row.pool_id,
     request: placementRequestOf(writes.request),
     window,
     durationMs,
     reservationId: row.id,
+    allocationId,
     caches: input.caches,
-    atOnce: (fit) =>
-      writes.ctes(
+    atOnce: (fit) => ({
+      ...writes.ctes(
         placedUpdate(db, row, window, { extra: writes.extra, topologyValue: null })
           .where('state', '=', 'draft')
           .where('version', '=', row.version)
           .where(bookingGoes)
-          .returning('version'),
+          .returningAll(),
         {
           event: reservationStateEvent(row, 'reservation.placed', 'placed', {
             nodeIds: [fit.nodeId],
@@ -122,17 +127,64 @@ export async function placeDraftAtOnce(
         },
         'placed',
       ),
+      // The placed row as the statement wrote it, and the fit's atoms in the view's order.
+      returned: {
+        select: sql`(SELECT to_jsonb(u) || jsonb_build_object('start', lower(u.during), 'end', upper(u.during),
+                       'device_ids', (SELECT jsonb_agg(d ORDER BY d) FROM unnest(${fit.deviceIds as string[]}::text[]) AS d))
+                     FROM u)`,
+        receive: (value) => {
+          stored = value as StoredPlacement;
+        },
+      },
+    }),
   });
-  if (!found.placed) return null;
+  if (!found.placed || !stored) return null;
+  const placed: StoredPlacement = stored;
+  const date = (value: string | null) => (value === null ? null : new Date(value));
+  // What readReservationView would read now, from what the statement wrote (no read after it).
+  const view = reservationViewOf({
+    ...placed,
+    start: date(placed.start),
+    end: date(placed.end),
+    lease_expires_at: date(placed.lease_expires_at),
+    created_at: new Date(placed.created_at),
+    updated_at: new Date(placed.updated_at),
+    allocations: [
+      {
+        id: allocationId,
+        nodeId: found.fit.nodeId,
+        nodeName: found.fit.nodeName,
+        gangIndex: 0,
+        state: 'planned',
+        deviceIds: placed.device_ids,
+        binding: null,
+      },
+    ],
+    repairs: [],
+  });
   return {
     outcome: 'placed',
     nodeId: found.fit.nodeId,
     deviceIds: found.fit.deviceIds,
     start: window.start,
     end: window.end,
-    version: row.version + 1,
+    version: placed.version,
+    view,
   };
 }
+
+/** The placed reservation row as the statement returns it (JSON: timestamps as strings). */
+type StoredPlacement = Omit<
+  ReservationViewRow,
+  'start' | 'end' | 'lease_expires_at' | 'created_at' | 'updated_at' | 'allocations' | 'repairs'
+> & {
+  start: string | null;
+  end: string | null;
+  lease_expires_at: string | null;
+  created_at: string;
+  updated_at: string;
+  device_ids: string[];
+};
 
 /**
  * The pool-lease placer: the draft queued for the lease holder's batch in one statement with the

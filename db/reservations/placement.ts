@@ -6,6 +6,7 @@ import type { EventType } from '../../domain/event-types.ts';
 import { newId } from '../../domain/ids.ts';
 import type { Interval } from '../../domain/placer.ts';
 import { isUndecided } from '../../domain/reservation-states.ts';
+import type { ReservationView } from '../../domain/reservation-view.ts';
 import { findAndBookRequest } from '../allocations/gang-placement.ts';
 import { recordUnmetDemand, reservationDemand } from '../holds/demand.ts';
 import { notifyPoolQueued } from '../notify-channels.ts';
@@ -115,6 +116,8 @@ export type PlaceOutcome =
       version: number;
       /** Spot reservations this placement preempted: start the preemption workflow after commit. */
       preemption?: PreemptionSummary;
+      /** The reservation as the API shows it, when the statement that placed it returned it. */
+      view?: ReservationView;
     }
   | { outcome: 'pending'; message: string; earliestStart: number | null; version: number }
   | { outcome: 'unchanged'; state: string | null };

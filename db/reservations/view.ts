@@ -6,7 +6,8 @@ import { operationOf, type ReservationView } from '../../domain/reservation-view
 import { preparedMarker } from '../pool.ts';
 import { repairRecordOf, type StoredRepair } from './repair.ts';
 
-interface Row {
+/** A reservation as the view reads it: its row, its current allocations and its repairs. */
+export interface ReservationViewRow {
   id: string;
   tenant_id: string;
   pool_id: string;
@@ -42,7 +43,7 @@ interface Row {
 /** Reads reservations as the API shows them (allocations of the current placement included), in the order of `ids`. */
 export async function readReservationViews(db: Db, ids: readonly string[]): Promise<ReservationView[]> {
   if (ids.length === 0) return [];
-  const { rows } = await sql<Row>`${sql.raw(preparedMarker)}
+  const { rows } = await sql<ReservationViewRow>`${sql.raw(preparedMarker)}
     SELECT r.id, r.tenant_id, r.pool_id, r.state, r.request, lower(r.during) AS start, upper(r.during) AS "end",
            r.owner_identity_id, r.idempotency_key, r.project_id, r.conditions, r.lease_seconds, r.lease_expires_at,
            r.host_share, r.end_reason, r.version, r.created_at, r.updated_at, r.gang_size, r.gang_topology_value,
@@ -65,45 +66,47 @@ export async function readReservationViews(db: Db, ids: readonly string[]): Prom
   const byId = new Map(rows.map((r) => [r.id, r]));
   return ids.flatMap((id) => {
     const r = byId.get(id);
-    if (!r) return [];
-    const bound = r.allocations.find((a) => a.binding);
-    return [
-      {
-        id: r.id,
-        tenantId: r.tenant_id,
-        poolId: r.pool_id,
-        state: r.state,
-        request: r.request,
-        during: r.start && r.end ? { start: r.start.getTime(), end: r.end.getTime() } : null,
-        ownerIdentityId: r.owner_identity_id,
-        idempotencyKey: r.idempotency_key,
-        projectId: r.project_id,
-        conditions: r.conditions,
-        allocations: r.allocations.map(({ binding: _b, gangIndex, ...a }) =>
-          r.gang_size > 1 ? { ...a, gangIndex } : a,
-        ),
-        gang:
-          r.gang_size > 1
-            ? {
-                size: r.gang_size,
-                topologyKey: (r.request.gang as { topologyKey?: string } | undefined)?.topologyKey ?? null,
-                topologyValue: r.gang_topology_value,
-              }
-            : null,
-        binding: r.state === 'active' && bound?.binding ? { nodeId: bound.nodeId, ...bound.binding } : null,
-        lease: r.lease_seconds
-          ? { seconds: r.lease_seconds, expiresAt: r.lease_expires_at?.getTime() ?? null }
-          : null,
-        hostShare: r.host_share,
-        endReason: r.end_reason,
-        operation: operationOf(r.id, r.state, r.conditions, r.end_reason),
-        version: r.version,
-        createdAt: r.created_at.getTime(),
-        updatedAt: r.updated_at.getTime(),
-        repairs: r.repairs.map(repairRecordOf),
-      },
-    ];
+    return r ? [reservationViewOf(r)] : [];
   });
+}
+
+/** The API's view of a reservation from what the view reads (or a statement wrote and returned). */
+export function reservationViewOf(r: ReservationViewRow): ReservationView {
+  const bound = r.allocations.find((a) => a.binding);
+  return {
+    id: r.id,
+    tenantId: r.tenant_id,
+    poolId: r.pool_id,
+    state: r.state,
+    request: r.request,
+    during: r.start && r.end ? { start: r.start.getTime(), end: r.end.getTime() } : null,
+    ownerIdentityId: r.owner_identity_id,
+    idempotencyKey: r.idempotency_key,
+    projectId: r.project_id,
+    conditions: r.conditions,
+    allocations: r.allocations.map(({ binding: _b, gangIndex, ...a }) =>
+      r.gang_size > 1 ? { ...a, gangIndex } : a,
+    ),
+    gang:
+      r.gang_size > 1
+        ? {
+            size: r.gang_size,
+            topologyKey: (r.request.gang as { topologyKey?: string } | undefined)?.topologyKey ?? null,
+            topologyValue: r.gang_topology_value,
+          }
+        : null,
+    binding: r.state === 'active' && bound?.binding ? { nodeId: bound.nodeId, ...bound.binding } : null,
+    lease: r.lease_seconds
+      ? { seconds: r.lease_seconds, expiresAt: r.lease_expires_at?.getTime() ?? null }
+      : null,
+    hostShare: r.host_share,
+    endReason: r.end_reason,
+    operation: operationOf(r.id, r.state, r.conditions, r.end_reason),
+    version: r.version,
+    createdAt: r.created_at.getTime(),
+    updatedAt: r.updated_at.getTime(),
+    repairs: r.repairs.map(repairRecordOf),
+  };
 }
 
 /** One reservation as the API shows it; undefined when there is none. */

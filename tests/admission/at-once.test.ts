@@ -107,6 +107,26 @@ describe('placement in one statement', () => {
     expect(await checkBookingInvariants(h.t.db)).toEqual({ deviceOverlaps: 0, scalarOverbookings: 0 });
   });
 
+  it('answers the reservation exactly as a read right after shows it (one with a lease and a project too)', async () => {
+    for (const extra of [{}, { leaseSeconds: 600, projectId: 'proj-a' }]) {
+      const created = await h.call(acme.token, 'reservations/create', {
+        tenantId: 'acme',
+        poolId: roomyPoolId,
+        devices: [{ class: 'gpu', count: 3 }],
+        duration: '2h',
+        idempotencyKey: `view-${Object.keys(extra).length}`,
+        ...extra,
+      });
+      expect(created.status).toBe(200);
+      const read = await h.call(acme.token, 'reservations/get', {
+        tenantId: 'acme',
+        reservationId: created.body.data.id,
+      });
+      expect(created.body.data).toEqual(read.body.data);
+      expect(created.body.data.allocations[0].deviceIds).toHaveLength(3);
+    }
+  });
+
   it('writes nothing for a draft that was decided meanwhile: the statement fails whole', async () => {
     const created = await h.call(acme.token, 'reservations/create', {
       tenantId: 'acme',
