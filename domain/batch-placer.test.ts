@@ -1,31 +1,15 @@
 import { describe, expect, it } from 'vitest';
+import { placerNode } from '../tests/support/placer-node.ts';
 import { planBatch } from './batch-placer.ts';
 import type { PlacementRequest, PlacerNode } from './placer.ts';
 
 const hour = 3_600_000;
 
-function node(name: string, host: PlacerNode['host'] = {}): PlacerNode {
-  return {
-    id: `node_${name}`,
-    name,
-    ready: true,
-    cordoned: false,
-    maintenance: false,
-    draining: false,
-    connected: true,
-    converged: true,
-    noSchedule: null,
-    labels: { 'bc.dev/cap.devices.limits': 'true' },
-    host,
-    devices: Array.from({ length: 8 }, (_, i) => ({
-      id: `${name}-gpu${i}`,
-      class: 'gpu',
-      attributes: { index: i, nvlinkDomain: `nvl-${Math.floor(i / 4)}` },
-      healthy: true,
-      bookings: [],
-    })),
-  };
-}
+const node = (name: string, host: PlacerNode['host'] = {}): PlacerNode =>
+  placerNode(name, {
+    attributes: (i) => ({ index: i, nvlinkDomain: `nvl-${Math.floor(i / 4)}` }),
+    node: { labels: { 'bc.dev/cap.devices.limits': 'true' }, host },
+  });
 
 const request = (count: number, vcpu = 0): PlacementRequest => ({
   deviceClass: 'gpu',

@@ -1,4 +1,5 @@
 import { describe, expect, it } from 'vitest';
+import { placerNode } from '../tests/support/placer-node.ts';
 import { gangBindingAction } from './gang-lifecycle.ts';
 import { earliestGangStart, planGang, summarizeGangNoFit } from './gang-placer.ts';
 import type { PlacementRequest, PlacerNode } from './placer.ts';
@@ -7,28 +8,11 @@ import { bindFailure, defaultTimers, type ReservationSnapshot } from './reservat
 const hour = 3_600_000;
 
 /** An 8-GPU node in fabric `fabric` (none: unlabelled), all GPUs booked until `busyUntil` when given. */
-function node(name: string, fabric: string | null, busyUntil?: number): PlacerNode {
-  return {
-    id: `node_${name}`,
-    name,
-    ready: true,
-    cordoned: false,
-    maintenance: false,
-    draining: false,
-    connected: true,
-    converged: true,
-    noSchedule: null,
-    labels: fabric ? { 'fabric.domain': fabric } : {},
-    host: {},
-    devices: Array.from({ length: 8 }, (_, i) => ({
-      id: `${name}-gpu${i}`,
-      class: 'gpu',
-      attributes: { index: i },
-      healthy: true,
-      bookings: busyUntil ? [{ start: 0, end: busyUntil }] : [],
-    })),
-  };
-}
+const node = (name: string, fabric: string | null, busyUntil?: number): PlacerNode =>
+  placerNode(name, {
+    bookings: () => (busyUntil ? [{ start: 0, end: busyUntil }] : []),
+    node: { labels: fabric ? { 'fabric.domain': fabric } : {} },
+  });
 
 const request: PlacementRequest = {
   deviceClass: 'gpu',

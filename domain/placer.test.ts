@@ -1,4 +1,5 @@
 import { describe, expect, it } from 'vitest';
+import { placerNode } from '../tests/support/placer-node.ts';
 import {
   earliestStart,
   type PlacementRequest,
@@ -13,30 +14,12 @@ function node(
   name: string,
   options: Partial<PlacerNode> & { booked?: number[]; domains?: number } = {},
 ): PlacerNode {
-  const domains = options.domains ?? 1;
-  return {
-    id: `node_${name}`,
-    name,
-    ready: true,
-    cordoned: false,
-    maintenance: false,
-    draining: false,
-    connected: true,
-    converged: true,
-    noSchedule: null,
-    labels: { 'bc.dev/cap.devices.limits': 'true' },
-    host: {},
-    ...options,
-    devices:
-      options.devices ??
-      Array.from({ length: 8 }, (_, i) => ({
-        id: `${name}-gpu${i}`,
-        class: 'gpu',
-        attributes: { index: i, nvlinkDomain: `nvl-${Math.floor((i * domains) / 8)}`, model: 'h100' },
-        healthy: true,
-        bookings: options.booked?.includes(i) ? [{ start: 0, end: 10 * hour }] : [],
-      })),
-  };
+  const { booked, domains = 1, ...overrides } = options;
+  return placerNode(name, {
+    attributes: (i) => ({ index: i, nvlinkDomain: `nvl-${Math.floor((i * domains) / 8)}`, model: 'h100' }),
+    bookings: (i) => (booked?.includes(i) ? [{ start: 0, end: 10 * hour }] : []),
+    node: { labels: { 'bc.dev/cap.devices.limits': 'true' }, ...overrides },
+  });
 }
 
 const request = (extra: Partial<PlacementRequest> = {}): PlacementRequest => ({

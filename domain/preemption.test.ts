@@ -1,4 +1,5 @@
 import { describe, expect, it } from 'vitest';
+import { placerNode } from '../tests/support/placer-node.ts';
 import { reservationSnapshot } from '../tests/support/reservation-snapshot.ts';
 import type { PlacementRequest, PlacerNode } from './placer.ts';
 import { choosePreemption, type SpotHolding, shouldPreempt, spotNoticeMs } from './preemption.ts';
@@ -7,28 +8,7 @@ import { decide, preemptionBackstopMs } from './reservation-lifecycle.ts';
 const hour = 3_600_000;
 const window = { start: 2 * hour, end: 4 * hour };
 
-function node(name: string, gpus = 4): PlacerNode {
-  return {
-    id: `node_${name}`,
-    name,
-    ready: true,
-    cordoned: false,
-    maintenance: false,
-    draining: false,
-    connected: true,
-    converged: true,
-    noSchedule: null,
-    labels: {},
-    host: {},
-    devices: Array.from({ length: gpus }, (_, i) => ({
-      id: `${name}-gpu${i}`,
-      class: 'gpu',
-      attributes: { index: i },
-      healthy: true,
-      bookings: [],
-    })),
-  };
-}
+const node = (name: string, gpus = 4): PlacerNode => placerNode(name, { gpus });
 
 /** Books `gpus` of `n` for a spot reservation over [0, 10h) and answers its holding. */
 function spot(
