@@ -17,9 +17,9 @@ import {
   type UpdateRecords,
   updateWithRecordsCtes,
 } from './placement.ts';
-import { quotaChargeCtes, quotaNeeds } from './quota.ts';
+import { quotaChargeCtes, storedQuotaNeeds } from './quota.ts';
 import type { CallerAudit } from './reservations.ts';
-import { parseStoredHostShare, parseStoredRequest } from './stored.ts';
+import { parseStoredRequest } from './stored.ts';
 import { type ReservationViewRow, reservationViewOf } from './view.ts';
 
 /**
@@ -54,13 +54,7 @@ function admissionWrites(input: AtOnceInput) {
   if (row.state !== 'draft') return null;
   const request = parseStoredRequest(row.id, row.request);
   if (request.gang || request.binding === 'node') return null;
-  const booked = {
-    vcpu: request.resources?.vcpu ?? 0,
-    memoryGiB: request.resources?.memoryGiB ?? 0,
-    hugepages1Gi: request.resources?.hugepages1Gi ?? 0,
-  };
-  const needs = Object.entries(quotaNeeds(request, booked, parseStoredHostShare(row.id, row.host_share)));
-  const charged = needs.filter(([, amount]) => amount > 0);
+  const charged = Object.entries(storedQuotaNeeds(row)).filter(([, amount]) => amount > 0);
   if (charged.length !== 1) return null;
   const [resource, amount] = charged[0]!;
   return {
@@ -68,7 +62,7 @@ function admissionWrites(input: AtOnceInput) {
     // As placeDraft stores it.
     extra: { admission_context: JSON.stringify(input.audit.context), confirmation_id: null },
     /**
-     * The CTEs after the guarded update `u` (its RETURNING version): its records, the quota charge
+     * The CTEs after the guarded update `u` (with its RETURNING): its records, the quota charge
      * made only when `u` changed the draft, and what must then hold.
      */
     ctes(update: Parameters<typeof updateWithRecordsCtes>[1], records: UpdateRecords, outcome: string) {

@@ -13,9 +13,9 @@ import { notifyPoolQueued } from '../notify-channels.ts';
 import { preparedMarker } from '../pool.ts';
 import { reservationStateEvent } from './lifecycle-events.ts';
 import { type PreemptionSummary, preemptSpotFor } from './preemption.ts';
-import { chargeQuota, precheckQuotaFree, quotaNeeds } from './quota.ts';
+import { chargeQuota, precheckQuotaFree, storedQuotaNeeds } from './quota.ts';
 import { type CallerAudit, lockReservationForPlacement } from './reservations.ts';
-import { parseStoredHostShare, parseStoredRequest } from './stored.ts';
+import { parseStoredRequest } from './stored.ts';
 
 type Trx = Transaction<Database>;
 
@@ -364,14 +364,7 @@ export async function placeDraft(
 ): Promise<PlaceOutcome | QueuedOutcome | null> {
   const locked = await lockReservationForPlacement(trx, input.reservationId);
   if (!locked || !isUndecided(locked.state)) return null;
-  const request = parseStoredRequest(locked.id, locked.request);
-  const share = parseStoredHostShare(locked.id, locked.host_share);
-  const booked = {
-    vcpu: request.resources?.vcpu ?? 0,
-    memoryGiB: request.resources?.memoryGiB ?? 0,
-    hugepages1Gi: request.resources?.hugepages1Gi ?? 0,
-  };
-  const needs = quotaNeeds(request, booked, share);
+  const needs = storedQuotaNeeds(locked);
   // Fails fast, before placement work; chargeQuota below is the guarded truth.
   precheckQuotaFree(needs, locked.quota);
   const admitted = {

@@ -1,8 +1,9 @@
 import { type RawBuilder, sql, type Transaction } from 'kysely';
-import type { Database, Db } from '../../core/database.ts';
+import type { Database, Db, Reservation } from '../../core/database.ts';
 import { ComputeError } from '../../domain/errors.ts';
 import type { HostResourceAmounts, NormalizedRequest } from '../../domain/reservation-request.ts';
 import { preparedMarker } from '../pool.ts';
+import { parseStoredHostShare, parseStoredRequest } from './stored.ts';
 
 type Trx = Transaction<Database>;
 
@@ -25,6 +26,19 @@ export function quotaNeeds(
   if (vcpu > 0) needs.vcpu = vcpu;
   if (memory > 0) needs.memoryGiB = memory;
   return needs;
+}
+
+/** What a stored reservation charges (quotaNeeds of its stored request and host share). */
+export function storedQuotaNeeds(
+  row: Pick<Reservation, 'id' | 'request' | 'host_share'>,
+): Record<string, number> {
+  const request = parseStoredRequest(row.id, row.request);
+  const booked = {
+    vcpu: request.resources?.vcpu ?? 0,
+    memoryGiB: request.resources?.memoryGiB ?? 0,
+    hugepages1Gi: request.resources?.hugepages1Gi ?? 0,
+  };
+  return quotaNeeds(request, booked, parseStoredHostShare(row.id, row.host_share));
 }
 
 function exceeded(resource: string, requested: number, limit: number, used: number) {
