@@ -69,11 +69,17 @@ export async function recordHoldChange(
   });
 }
 
+/** The advisory lock space of holds' expiry announcements (key: hashtext of the hold id). */
+const holdAnnouncementLockSpace = 0x6263_0018;
+
 /**
  * The holds that lapsed (no heartbeat within their TTL, never released) whose `hold.expired` event
  * is not written yet, on `nodeId` when given, at most `limit`, locked (SKIP LOCKED: a concurrent
- * sweep takes others) until the caller's transaction ends; then, in a later statement (which sees
- * every event committed meanwhile), only those still without the event. Writes nothing.
+ * sweep takes others) until the caller's transaction ends; then each hold's announcement lock is
+ * taken (a transaction advisory lock, in id order, waited for), and a statement after that (which
+ * sees every event committed by a sweep that held it) keeps only those still without the event.
+ * The row lock alone was seen to let two of three concurrent sweeps announce one hold under load
+ * (CI, 2026-12-01); the announcement lock serializes them whatever let both through. Writes nothing.
  */
 export async function lockUnannouncedExpiries(
   trx: Trx,
@@ -88,8 +94,11 @@ export async function lockUnannouncedExpiries(
     LIMIT ${input.limit}
     FOR UPDATE OF h SKIP LOCKED`.execute(trx);
   if (locked.length === 0) return [];
+  const ids = locked.map((r) => r.id).sort();
+  await sql`SELECT pg_advisory_xact_lock(${holdAnnouncementLockSpace}, hashtext(id))
+            FROM unnest(${ids}::text[]) WITH ORDINALITY AS t(id, i) ORDER BY i`.execute(trx);
   const { rows } = await sql<{ id: string }>`
-    SELECT id FROM unnest(${locked.map((r) => r.id)}::text[]) AS id
+    SELECT id FROM unnest(${ids}::text[]) AS id
     WHERE NOT EXISTS (SELECT 1 FROM outbox_events o WHERE o.subject = 'hold/' || id AND o.type = 'hold.expired')`.execute(
     trx,
   );
