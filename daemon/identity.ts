@@ -1,6 +1,7 @@
 import { existsSync, mkdirSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { Metadata, status } from '@grpc/grpc-js';
+import { ComputeError } from '../domain/errors.ts';
 import { certificateNotAfter, createCsr, generateKeyPairPem } from '../domain/pki.ts';
 import { signReclaimProof } from '../domain/reclaim-proof.ts';
 import {
@@ -104,6 +105,17 @@ function isTransient(error: unknown): boolean {
   return code === status.UNAVAILABLE || code === status.DEADLINE_EXCEEDED || code === status.CANCELLED;
 }
 
+/**
+ * OpenSSL's reason when the gateway's certificate chain does not verify against the CA given (a
+ * wrong or stale CA file): no outage, so not retried. gRPC reports it as UNAVAILABLE and names the
+ * reason only in its details ("… Last error: Error: self-signed certificate in certificate chain").
+ */
+function untrustedGatewayReason(error: unknown): string | null {
+  const { code, details } = error as { code?: number; details?: string };
+  if (code !== status.UNAVAILABLE) return null;
+  return /Last error: (?:Error: )?([^.]*certificate[^.]*)/i.exec(details ?? '')?.[1]?.trim() ?? null;
+}
+
 /** Capped exponential backoff (with jitter) between Join attempts to an unreachable gateway. */
 export interface JoinBackoff {
   minMs: number;
@@ -160,6 +172,15 @@ export async function joinWithToken(input: {
         response = await unary<JoinResponse>((cb) => client.join(request, new Metadata(), { deadline }, cb));
         break;
       } catch (error) {
+        // (A certificate that does not name the address dialled is refused as it is, below.)
+        const untrusted = identityRefused ? null : untrustedGatewayReason(error);
+        if (untrusted) {
+          throw new ComputeError(
+            'INVALID_INPUT',
+            `the gateway ${input.gateway} presented a certificate the CA given does not verify (${untrusted}): pass the control plane's CA certificate (its ca.pem) as --ca-file`,
+            { gateway: input.gateway },
+          );
+        }
         const pushback = pushbackMs(error);
         let wait: number;
         if (pushback !== null) {

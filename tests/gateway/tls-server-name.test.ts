@@ -2,6 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { SimHardware } from '../../daemon/hardware.ts';
 import { joinWithToken } from '../../daemon/identity.ts';
 import { createJoinToken } from '../../db/nodes/join-tokens.ts';
+import { createCertificateAuthority } from '../../domain/pki.ts';
 import type { StartedGateway } from '../../gateway/server.ts';
 import { useTestDatabase } from '../support/database.ts';
 import { seedPool } from '../support/fleet.ts';
@@ -30,11 +31,11 @@ describe('dialling the gateway by IP address', () => {
     await gateway?.stop();
   });
 
-  const join = async (address: string, name: string) =>
+  const join = async (address: string, name: string, caCertificatePem = gateway.caCertificatePem) =>
     joinWithToken({
       gateway: address,
       token: (await createJoinToken(t.db, { poolId, ttlSeconds: 600, maxUses: 1 })).token,
-      caCertificatePem: gateway.caCertificatePem,
+      caCertificatePem,
       dir: `${dir}/${name}`,
       evidence: new SimHardware(name).evidence(),
       requestedName: name,
@@ -45,6 +46,19 @@ describe('dialling the gateway by IP address', () => {
     const joined = await join(`127.0.0.1:${gateway.port}`, 'by-ip');
     expect(joined.nodeId).toMatch(/^node_/);
     expect(warnings.filter((w) => w.code === 'DEP0123')).toEqual([]);
+  });
+
+  it('refuses at once, and says what to pass, when the CA file does not verify the gateway', async () => {
+    const other = await createCertificateAuthority('other.example');
+    const refused = await join(`127.0.0.1:${gateway.port}`, 'wrong-ca', other.certificatePem).catch(
+      (error: unknown) => error,
+    );
+    expect(refused).toMatchObject({
+      code: 'INVALID_INPUT',
+      message: expect.stringMatching(
+        /does not verify \(self-signed certificate in certificate chain\).*--ca-file/,
+      ),
+    });
   });
 
   it('refuses a gateway whose certificate does not name the IP dialled', async () => {
