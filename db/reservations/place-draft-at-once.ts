@@ -9,6 +9,7 @@ import { notifyPoolQueuedAfterCommit } from '../notify-channels.ts';
 import { preparedMarker } from '../pool.ts';
 import { reservationStateEvent } from './lifecycle-events.ts';
 import {
+  admissionRecords,
   type PlaceOutcome,
   placedUpdate,
   type QueuedOutcome,
@@ -57,20 +58,16 @@ function admissionWrites(input: AtOnceInput) {
   const charged = Object.entries(storedQuotaNeeds(row)).filter(([, amount]) => amount > 0);
   if (charged.length !== 1) return null;
   const [resource, amount] = charged[0]!;
+  const admitted = admissionRecords(input.audit, row);
   return {
     request,
-    // As placeDraft stores it.
-    extra: { admission_context: JSON.stringify(input.audit.context), confirmation_id: null },
+    extra: admitted.extra,
     /**
      * The CTEs after the guarded update `u` (with its RETURNING): its records, the quota charge
      * made only when `u` changed the draft, and what must then hold.
      */
     ctes(update: Parameters<typeof updateWithRecordsCtes>[1], records: UpdateRecords, outcome: string) {
-      const audit = {
-        ...input.audit,
-        tenantId: row.tenant_id,
-        context: { ...input.audit.context, poolId: row.pool_id, outcome },
-      };
+      const audit = { ...admitted.audit, context: { ...admitted.audit.context, outcome } };
       const charge = quotaChargeCtes(
         { reservationId: row.id, tenantId: row.tenant_id, poolId: row.pool_id, resource, amount },
         sql<boolean>`EXISTS (SELECT 1 FROM u)`,

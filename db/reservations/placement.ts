@@ -342,6 +342,17 @@ export function queuedEvent(row: Pick<Reservation, 'id' | 'tenant_id' | 'pool_id
 }
 
 /**
+ * What admission stores with its decision: the admission context on the reservation (`extra`)
+ * and the audit row of the call, whose context names the pool (the outcome is added to it).
+ */
+export function admissionRecords(audit: CallerAudit, row: Pick<Reservation, 'tenant_id' | 'pool_id'>) {
+  return {
+    extra: { admission_context: JSON.stringify(audit.context), confirmation_id: null },
+    audit: { ...audit, tenantId: row.tenant_id, context: { ...audit.context, poolId: row.pool_id } },
+  };
+}
+
+/**
  * Admission's second transaction, in the caller's transaction (run it through
  * withPlacementTransaction, which retries a lost placement race): the draft locked with
  * compute_now() and the tenant's free quota; a reservation no longer awaiting its decision changes
@@ -367,14 +378,7 @@ export async function placeDraft(
   const needs = storedQuotaNeeds(locked);
   // Fails fast, before placement work; chargeQuota below is the guarded truth.
   precheckQuotaFree(needs, locked.quota);
-  const admitted = {
-    extra: { admission_context: JSON.stringify(input.audit.context), confirmation_id: null },
-    audit: {
-      ...input.audit,
-      tenantId: locked.tenant_id,
-      context: { ...input.audit.context, poolId: locked.pool_id },
-    },
-  };
+  const admitted = admissionRecords(input.audit, locked);
   const placed =
     input.placer === 'pool-lease'
       ? await queueLockedReservation(trx, locked, locked.now.getTime(), admitted)
