@@ -24,6 +24,7 @@ import * as taintsDrains from './2026-11-30T81-taints-drains.ts';
 import * as poolLease from './2026-11-30T82-pool-lease.ts';
 import * as deviceBookingGuard from './2026-12-01T00-device-booking-guard.ts';
 import * as statementAbort from './2026-12-01T01-statement-abort.ts';
+import * as clockPlpgsql from './2026-12-01T02-clock-plpgsql.ts';
 
 /** Every migration in order; names are frozen once released. */
 export const migrations: Record<string, Migration> = {
@@ -52,6 +53,7 @@ export const migrations: Record<string, Migration> = {
   '2026-11-30T82-pool-lease': poolLease,
   '2026-12-01T00-device-booking-guard': deviceBookingGuard,
   '2026-12-01T01-statement-abort': statementAbort,
+  '2026-12-01T02-clock-plpgsql': clockPlpgsql,
 };
 
 export const migrationProvider: MigrationProvider = {
