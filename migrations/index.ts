@@ -25,6 +25,7 @@ import * as poolLease from './2026-11-30T82-pool-lease.ts';
 import * as deviceBookingGuard from './2026-12-01T00-device-booking-guard.ts';
 import * as statementAbort from './2026-12-01T01-statement-abort.ts';
 import * as clockPlpgsql from './2026-12-01T02-clock-plpgsql.ts';
+import * as hostBookingIndex from './2026-12-01T03-host-booking-index.ts';
 
 /** Every migration in order; names are frozen once released. */
 export const migrations: Record<string, Migration> = {
@@ -54,6 +55,7 @@ export const migrations: Record<string, Migration> = {
   '2026-12-01T00-device-booking-guard': deviceBookingGuard,
   '2026-12-01T01-statement-abort': statementAbort,
   '2026-12-01T02-clock-plpgsql': clockPlpgsql,
+  '2026-12-01T03-host-booking-index': hostBookingIndex,
 };
 
 export const migrationProvider: MigrationProvider = {

@@ -6,6 +6,7 @@ import { preparedMarker } from '../pool.ts';
 import {
   BookingConflict,
   bookingOfDevice,
+  hostBookingOfNode,
   insertDeviceBookings,
   insertScalarBookings,
   lockDevices,
@@ -71,9 +72,9 @@ export async function bookPlannedAllocations(
       WHERE h.node_id IS NULL OR h.allocatable <
           (SELECT sum(q.m) FROM p q WHERE q.n = p.n AND q.r = p.r AND ${range('q.s', 'q.e')} && ${range('p.s', 'p.e')})
         + COALESCE((SELECT sum(amount) FROM scalar_bookings b
-                     WHERE b.node_id = p.n AND b.resource = p.r AND b.during && ${range('p.s', 'p.e')}), 0)
+                     WHERE ${hostBookingOfNode('b', sql.ref('p.n'))} AND b.resource = p.r AND b.during && ${range('p.s', 'p.e')}), 0)
         + COALESCE((SELECT sum(amount) FROM hold_bookings b
-                     WHERE b.node_id = p.n AND b.resource = p.r AND b.during && ${range('p.s', 'p.e')}), 0)`.execute(
+                     WHERE ${hostBookingOfNode('b', sql.ref('p.n'))} AND b.resource = p.r AND b.during && ${range('p.s', 'p.e')}), 0)`.execute(
       trx,
     );
     for (const r of rows) stale.add(r.rid);

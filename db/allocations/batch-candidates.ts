@@ -6,7 +6,7 @@ import type { Interval, PlacerNode } from '../../domain/placer.ts';
 import type { DeviceClass, HostResourceAmounts } from '../../domain/reservation-request.ts';
 import { preparedMarker } from '../pool.ts';
 import { literalList } from '../sql-literals.ts';
-import { bookingOfDevice } from './bookings.ts';
+import { bookingOfDevice, hostBookingOfNode } from './bookings.ts';
 import { sampleNodeIds } from './placement-load.ts';
 
 type Trx = Transaction<Database>;
@@ -137,12 +137,12 @@ export async function loadBatchCandidates(
     UNION ALL
     SELECT 'scalar', s.node_id, s.resource, s.amount::text, lower(s.during), upper(s.during)
       FROM unnest(${nodeIds}::text[]) AS t(id)
-      JOIN scalar_bookings s ON s.node_id = t.id AND s.resource IN ('vcpu', 'memoryGiB', 'hugepages1Gi')
+      JOIN scalar_bookings s ON ${hostBookingOfNode('s', sql.ref('t.id'))} AND s.resource IN ('vcpu', 'memoryGiB', 'hugepages1Gi')
        AND s.during && ${horizon}
     UNION ALL
     SELECT 'scalar', s.node_id, s.resource, s.amount::text, lower(s.during), upper(s.during)
       FROM unnest(${nodeIds}::text[]) AS t(id)
-      JOIN hold_bookings s ON s.node_id = t.id AND s.resource IN ('vcpu', 'memoryGiB', 'hugepages1Gi')
+      JOIN hold_bookings s ON ${hostBookingOfNode('s', sql.ref('t.id'))} AND s.resource IN ('vcpu', 'memoryGiB', 'hugepages1Gi')
        AND s.during && ${horizon}
     ORDER BY k`.execute(trx);
   // 'host' rows sort before 'scalar' ones, so each scalar booking finds its row. (Scalar bookings

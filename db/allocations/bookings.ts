@@ -66,6 +66,17 @@ export function bookingOfDevice(alias: string, deviceId: RawBuilder<unknown>): R
 }
 
 /**
+ * The condition that the scalar_bookings or hold_bookings row `alias` is a booking of the node
+ * `nodeId` (an SQL expression), in the form their gist indexes answer: they lead with
+ * `hashtext(node_id)` (migrations/2026-12-01T03-host-booking-index.ts), so a lookup by the node id
+ * alone would scan most of the index. Every lookup of a node's host bookings uses this.
+ */
+export function hostBookingOfNode(alias: string, nodeId: RawBuilder<unknown>): RawBuilder<unknown> {
+  const column = sql.ref(`${alias}.node_id`);
+  return sql`(hashtext(${column}) = hashtext(${nodeId}) AND ${column} = ${nodeId})`;
+}
+
+/**
  * An exclusion refusal (23P01) as BookingConflict and, for writers of a node's scalar resources
  * (`nodeId` given), a guard refusal (BC001, or 23503 for a missing resource row); anything else as is.
  */

@@ -1,6 +1,6 @@
 import { sql } from 'kysely';
 import type { Db } from '../../core/database.ts';
-import { bookingOfDevice } from './bookings.ts';
+import { bookingOfDevice, hostBookingOfNode } from './bookings.ts';
 
 export interface BookingInvariantReport {
   /** Pairs of live bookings of one atom whose windows overlap (must be 0). */
@@ -23,7 +23,7 @@ export async function checkBookingInvariants(db: Db): Promise<BookingInvariantRe
       (SELECT count(*) FROM scalar_bookings s
          JOIN host_resources h ON h.node_id = s.node_id AND h.resource = s.resource
          WHERE (SELECT sum(o.amount) FROM scalar_bookings o
-                 WHERE o.node_id = s.node_id AND o.resource = s.resource
+                 WHERE ${hostBookingOfNode('o', sql.ref('s.node_id'))} AND o.resource = s.resource
                    AND o.during @> lower(s.during)) > h.allocatable) AS scalar_overbookings`.execute(db);
   return {
     deviceOverlaps: Number(rows[0]!.device_overlaps),

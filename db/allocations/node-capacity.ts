@@ -2,7 +2,7 @@ import { sql } from 'kysely';
 import type { Db } from '../../core/database.ts';
 import { endedAllocationStates } from '../../domain/fleet.ts';
 import { literalList } from '../sql-literals.ts';
-import { bookingOfDevice } from './bookings.ts';
+import { bookingOfDevice, hostBookingOfNode } from './bookings.ts';
 
 /** A node as `capacity.nodes` reads it, with compute_now(). */
 export interface NodeCapacityRow {
@@ -82,7 +82,7 @@ export async function readNodeCapacity(
              COALESCE(sum(sb.amount) FILTER (WHERE sb.during @> compute_now()), 0) AS now,
              COALESCE(sum(sb.amount) FILTER (WHERE lower(sb.during) > compute_now()), 0) AS later
       FROM host_resources h
-      LEFT JOIN scalar_bookings sb ON sb.node_id = h.node_id AND sb.resource = h.resource
+      LEFT JOIN scalar_bookings sb ON ${hostBookingOfNode('sb', sql.ref('h.node_id'))} AND sb.resource = h.resource
         AND EXISTS (SELECT 1 FROM allocations a WHERE a.id = sb.allocation_id AND a.state NOT IN (${literalList(endedAllocationStates)}))
       WHERE h.node_id = ANY(${ids}::text[]) AND h.resource IN ('vcpu', 'memoryGiB')
       GROUP BY h.node_id, h.resource, h.allocatable`.execute(db),
