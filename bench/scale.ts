@@ -5,11 +5,14 @@
  *       `--booking-slices` slices (bench/bookings.ts's load: per-device locks in order,
  *       the EXCLUDE constraint), and the unguarded rate beside it (their ratio: the guard's cost);
  *   P1  inline placements/s through HTTP (bench/placement.ts's load: `reservations.create` of 4
- *       GPUs in one NVLink domain by `--clients` clients of ten tenants), with the CPU per placement
- *       of this process (API and admission) plus PostgreSQL's processes;
+ *       GPUs in one NVLink domain by `--clients` clients of ten tenants, sent from a process of
+ *       their own, bench/load-child.ts), with the CPU per placement of the control plane: this
+ *       process (API and admission) plus PostgreSQL's processes; the load generator's CPU per
+ *       create is reported apart (`loadGeneratorCpuMsPerCreate`);
  *   P2  pool-lease placements/s through HTTP at the same fleet (the pool's policy switched to
  *       `placer: 'pool-lease'`, the placing loop of temporal/pool-placer.ts in this process, each
- *       `create` with `wait` answering once its batch committed), with its CPU per placement;
+ *       `create` with `wait` answering once its batch committed, the clients again in a process of
+ *       their own), with its CPU per placement;
  *   overlaps after the run (two bookings of one device overlapping; must be 0);
  *   sequential latency (`--sequential N`, on by default: 200): one client creating inline, one
  *       create after the other, p50/p99 through HTTP;
@@ -109,6 +112,9 @@ const pickOpenLoop = (r: OpenLoopResult) => ({
   errors: r.errors,
   unanswered: r.unanswered,
 });
+/** The load generator's CPU per create it sent (placed or not), in ms. */
+const perRequestMs = (r: LoadResult & { loadGeneratorCpuSeconds: number }) =>
+  Number(((r.loadGeneratorCpuSeconds * 1000) / Math.max(1, r.committed + r.refused)).toFixed(2));
 const ratio = (a: number | null, b: number) => (a === null || b === 0 ? null : Number((a / b).toFixed(3)));
 /** Slices of one load as one: their counts and seconds summed, the median slice's p50 and p99. */
 const mergeSlices = (slices: readonly LoadResult[]): LoadResult => {
@@ -223,9 +229,9 @@ try {
   const postmasterPid = await postmasterPidOf(bench.pool);
   const cpu0 = { node: nodeCpuSeconds(), postgres: postgresCpuSeconds(postmasterPid) };
   const ticker = setInterval(() => progress('P1: inline placements running'), 5_000);
-  const inline = await runLoad(clients, seconds, (client) =>
-    api.place(client, { gpus, duration: '8h' }),
-  ).finally(() => clearInterval(ticker));
+  const inline = await api
+    .loadInChild(clients, seconds, { gpus, duration: '8h' })
+    .finally(() => clearInterval(ticker));
   const cpu = {
     nodeSeconds: nodeCpuSeconds() - cpu0.node,
     postgresSeconds: postgresCpuSeconds(postmasterPid) - cpu0.postgres,
@@ -238,7 +244,8 @@ try {
     `P1: ${inline.perSecond} inline placements/s (${inline.committed} placed, ${inline.refused} pending, ` +
       `errors ${JSON.stringify(inline.errors)}), p50 ${inline.p50Ms} ms, p99 ${inline.p99Ms} ms, ` +
       `CPU ${cpuMsPerPlacement} ms per placement (Node ${cpu.nodeSeconds.toFixed(1)} s, ` +
-      `PostgreSQL ${postmasterPid ? `${cpu.postgresSeconds.toFixed(1)} s` : 'not readable'})`,
+      `PostgreSQL ${postmasterPid ? `${cpu.postgresSeconds.toFixed(1)} s` : 'not readable'}; ` +
+      `the load generator apart: ${perRequestMs(inline)} ms per create)`,
   );
 
   // Sequential latency: one client, one inline create after the other.
@@ -278,9 +285,9 @@ try {
   );
   const cpu1 = { node: nodeCpuSeconds(), postgres: postgresCpuSeconds(postmasterPid) };
   const ticker2 = setInterval(() => progress('P2: pool-lease placements running'), 5_000);
-  const poolLease = await runLoad(clients, seconds, (client) =>
-    api.place(client, { gpus, duration: '8h', waitMs: 30_000 }),
-  ).finally(() => clearInterval(ticker2));
+  const poolLease = await api
+    .loadInChild(clients, seconds, { gpus, duration: '8h', waitMs: 30_000 })
+    .finally(() => clearInterval(ticker2));
   const cpu2 = {
     nodeSeconds: nodeCpuSeconds() - cpu1.node,
     postgresSeconds: postgresCpuSeconds(postmasterPid) - cpu1.postgres,
@@ -305,7 +312,8 @@ try {
   progress(
     `P2: ${poolLease.perSecond} pool-lease placements/s (${poolLease.committed} placed, ${poolLease.refused} ` +
       `not placed, errors ${JSON.stringify(poolLease.errors)}, ${batches} batches), create+wait p50 ` +
-      `${poolLease.p50Ms} ms, p99 ${poolLease.p99Ms} ms, CPU ${poolLeaseCpuMs} ms per placement`,
+      `${poolLease.p50Ms} ms, p99 ${poolLease.p99Ms} ms, CPU ${poolLeaseCpuMs} ms per placement ` +
+      `(the load generator apart: ${perRequestMs(poolLease)} ms per create)`,
   );
 
   // The parts below place inline again: the pool back to its own placer. Each starts an API of its
@@ -438,6 +446,7 @@ try {
         node: Number(cpu.nodeSeconds.toFixed(2)),
         postgres: postmasterPid ? Number(cpu.postgresSeconds.toFixed(2)) : null,
       },
+      loadGeneratorCpuMsPerCreate: { inline: perRequestMs(inline), poolLease: perRequestMs(poolLease) },
       overlaps: invariants.deviceOverlaps + bookingOverlaps,
       scalarOverbookings: invariants.scalarOverbookings,
       ratios: {

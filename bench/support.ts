@@ -1,5 +1,7 @@
+import { spawn } from 'node:child_process';
 import { readdirSync, readFileSync, rmSync } from 'node:fs';
 import path from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { sql } from 'kysely';
 import pg from 'pg';
 import { parseConfig } from '../core/config.ts';
@@ -17,6 +19,7 @@ import { createEmbeddedIam } from '../iam/embedded/index.ts';
 import { createCompute } from '../server/compute.ts';
 import { listen } from '../server/http.ts';
 import { defaultToolsDir, startTemporalDevServer } from '../temporal/dev-server.ts';
+import { type BenchTenant, type CreateShape, createReservationClient } from './create-client.ts';
 
 /**
  * A fresh migrated database for one benchmark: on DATABASE_URL's server when set, else on a
@@ -151,7 +154,10 @@ export async function runLoad(
   };
 }
 
-/** CPU seconds (user + system) so far of the PostgreSQL server's processes (postmaster and backends), from /proc. */
+/**
+ * CPU seconds (user + system) so far of the PostgreSQL server's processes (postmaster, live
+ * backends, and the backends that ended, which the postmaster's children's time counts), from /proc.
+ */
 export function postgresCpuSeconds(postmasterPid: number | null): number {
   if (!postmasterPid) return 0;
   const tick = 100;
@@ -159,7 +165,10 @@ export function postgresCpuSeconds(postmasterPid: number | null): number {
   for (const pid of readdirSync('/proc').filter((p) => /^\d+$/.test(p))) {
     try {
       const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]!.split(' ');
-      if (Number(pid) === postmasterPid || Number(fields[1]) === postmasterPid) {
+      if (Number(pid) === postmasterPid) {
+        // Its own time and that of its children that ended (a backend whose connection closed).
+        total += (Number(fields[11]) + Number(fields[12]) + Number(fields[13]) + Number(fields[14])) / tick;
+      } else if (Number(fields[1]) === postmasterPid) {
         total += (Number(fields[11]) + Number(fields[12])) / tick;
       }
     } catch {
@@ -260,6 +269,34 @@ export async function prepareBookingLoad(
   };
 }
 
+/** bench/load-child.ts run to its end: its load's result and the CPU seconds it used. */
+async function runLoadInChild(input: {
+  url: string;
+  poolId: string;
+  tenants: readonly BenchTenant[];
+  clients: number;
+  seconds: number;
+  shape: CreateShape;
+}): Promise<LoadResult & { loadGeneratorCpuSeconds: number }> {
+  const child = spawn(
+    process.execPath,
+    ['--import', 'tsx', fileURLToPath(new URL('load-child.ts', import.meta.url)), JSON.stringify(input)],
+    { stdio: ['ignore', 'pipe', 'inherit'] },
+  );
+  let output = '';
+  child.stdout.setEncoding('utf8');
+  child.stdout.on('data', (chunk: string) => {
+    output += chunk;
+  });
+  const code = await new Promise<number | null>((resolve) => child.on('exit', resolve));
+  const last = output.trim().split('\n').at(-1) ?? '';
+  if (code !== 0 || !last.startsWith('{')) {
+    throw new Error(`the load generator exited with ${code}: ${output.slice(-500) || 'no output'}`);
+  }
+  const { result, cpuSeconds } = JSON.parse(last) as { result: LoadResult; cpuSeconds: number };
+  return { ...result, loadGeneratorCpuSeconds: cpuSeconds };
+}
+
 /**
  * The HTTP API on a real port over `db`, with `tenants` tenants each offered `quotaGpus` of
  * `poolId` and holding one member token (rate limits off: the clients measure admission, not the
@@ -281,13 +318,13 @@ export async function startPlacementApi(
 ) {
   const iam = createEmbeddedIam({ db, log: input.log });
   const { rootAdminToken } = await bootstrapPlatform(iam);
-  const tokens: Array<{ tenantId: string; token: string }> = [];
+  const tenants: BenchTenant[] = [];
   for (let i = 0; i < (input.tenants ?? 10); i++) {
     const tenantId = `${input.tenantPrefix ?? 'tenant'}-${i}`;
     await iam.admin.createTenant({ id: tenantId, name: tenantId });
     const identity = await iam.admin.createIdentity({ tenantId, kind: 'service', name: 'loader' });
     await iam.admin.bindRole({ identityId: identity.id, role: 'member' });
-    tokens.push({ tenantId, token: (await iam.admin.createToken({ identityId: identity.id })).token });
+    tenants.push({ tenantId, token: (await iam.admin.createToken({ identityId: identity.id })).token });
     await offerPool(db, { poolId: input.poolId, tenantId, quota: { gpu: input.quotaGpus } });
   }
   const config = parseConfig({
@@ -302,27 +339,16 @@ export async function startPlacementApi(
     ...(input.lifecycle ? { lifecycle: input.lifecycle } : {}),
   });
   const server = await listen(compute.app, '127.0.0.1', 0);
-  const post = async (token: string, body: unknown) => {
-    const response = await fetch(`${server.url}/api/compute/reservations/create`, {
-      method: 'POST',
-      headers: {
-        authorization: `Bearer ${token}`,
-        'content-type': 'application/json',
-        'x-better-compute': '1',
-      },
-      body: JSON.stringify(body),
-    });
-    const json = (await response.json()) as {
-      data?: { id: string; state: string };
-      error?: { code: string; message: string };
-    };
-    if (json.error) throw Object.assign(new Error(json.error.message), { code: json.error.code });
-    return json.data!;
-  };
+  const client = createReservationClient(server.url, {
+    poolId: input.poolId,
+    tenants,
+    keyPrefix: 'bench-',
+    sockets: Number.POSITIVE_INFINITY,
+  });
   // Warm-up: authentication caches and the per-GPU share.
   const warmUpIds: string[] = [];
-  for (const t of tokens) {
-    const warm = await post(t.token, {
+  for (const t of tenants) {
+    const warm = await client.post(t.token, {
       tenantId: t.tenantId,
       poolId: input.poolId,
       devices: [{ class: 'gpu', count: 1 }],
@@ -331,7 +357,6 @@ export async function startPlacementApi(
     });
     warmUpIds.push(warm.id);
   }
-  let key = 0;
   return {
     rootAdminToken,
     /** The tenants' warm-up reservations (1 GPU for an hour, placed by admission), one per tenant. */
@@ -340,19 +365,18 @@ export async function startPlacementApi(
      * One create by client `client`'s tenant: true when placed, false when left pending. With
      * `waitMs` the create waits for its operation (a pool-lease pool's batch).
      */
-    place: async (client: number, shape: { gpus: number; duration: string; waitMs?: number }) => {
-      const t = tokens[client % tokens.length]!;
-      const r = await post(t.token, {
-        tenantId: t.tenantId,
-        poolId: input.poolId,
-        devices: [{ class: 'gpu', count: shape.gpus, topology: 'nvlink-all' }],
-        duration: shape.duration,
-        idempotencyKey: `bench-${key++}`,
-        ...(shape.waitMs ? { wait: { timeoutMs: shape.waitMs } } : {}),
-      });
-      return r.state === 'placed';
+    place: client.place,
+    /**
+     * The closed-loop load of `runLoad` (`clients` clients for `seconds`, each create of `shape`)
+     * from a process of its own (bench/load-child.ts), so this process's CPU is the control
+     * plane's alone; with the CPU seconds the load generator used.
+     */
+    loadInChild: (clients: number, seconds: number, shape: CreateShape) =>
+      runLoadInChild({ url: server.url, poolId: input.poolId, tenants, clients, seconds, shape }),
+    stop: async () => {
+      client.close();
+      await server.stop();
     },
-    stop: () => server.stop(),
   };
 }
 
