@@ -6,6 +6,7 @@ import {
   type PlacementRequest,
   type PlacerNode,
   rejectionReasons,
+  spreadBy,
 } from './placer.ts';
 import type { LifecycleTimers } from './reservation-lifecycle-types.ts';
 
@@ -89,13 +90,6 @@ export function fitMachine(node: PlacerNode, window: Interval): ReturnType<typeo
   return { fit: { ...result.fit, leftover: 0, resources } };
 }
 
-/** A small stable hash: equally good machines are spread across leases, deterministically. */
-function spread(seed: string, id: string): number {
-  let h = 2166136261;
-  for (const ch of seed + id) h = Math.imul(h ^ ch.charCodeAt(0), 16777619);
-  return h >>> 0;
-}
-
 /** Every machine free over `window`, in a stable order spread by `seed`, and why the others are not. */
 export function planMachines(nodes: readonly PlacerNode[], window: Interval, seed = ''): PlacementPlan {
   const fits: NodeFit[] = [];
@@ -109,7 +103,9 @@ export function planMachines(nodes: readonly PlacerNode[], window: Interval, see
       if ('condition' in result && result.condition) noScheduleCondition ??= result.condition;
     }
   }
-  fits.sort((a, b) => spread(seed, a.nodeId) - spread(seed, b.nodeId));
+  // Equally good machines are spread across leases, deterministically.
+  const spread = spreadBy(fits, seed);
+  fits.sort((a, b) => spread(a) - spread(b));
   return { fits, rejections, nodes: nodes.length, ...(noScheduleCondition ? { noScheduleCondition } : {}) };
 }
 

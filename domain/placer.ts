@@ -116,11 +116,33 @@ function hostFree(node: PlacerNode, resource: keyof HostResourceAmounts, window:
   return row.allocatable - booked;
 }
 
-/** A small stable hash, so equally good fits are spread across callers instead of all taking the first. */
-function spread(seed: string, id: string): number {
-  let h = 2166136261;
-  for (const ch of seed + id) h = Math.imul(h ^ ch.charCodeAt(0), 16777619);
-  return h >>> 0;
+/**
+ * A small stable hash (FNV-1a over the first UTF-16 unit of each code point of `seed + id`), so
+ * equally good fits are spread across callers instead of all taking the first. `spreader(seed)`
+ * hashes the seed once for every id of one plan.
+ */
+function spreader(seed: string): (id: string) => number {
+  const fold = (h: number, text: string) => {
+    for (let i = 0; i < text.length; i++) {
+      const unit = text.charCodeAt(i);
+      h = Math.imul(h ^ unit, 16777619);
+      // A surrogate pair is one code point: its second unit does not count.
+      if (unit >= 0xd800 && unit <= 0xdbff) {
+        const next = text.charCodeAt(i + 1);
+        if (next >= 0xdc00 && next <= 0xdfff) i++;
+      }
+    }
+    return h;
+  };
+  const seeded = fold(2166136261, seed);
+  return (id) => fold(seeded, id) >>> 0;
+}
+
+/** Each fit's spread by `seed`, computed once per fit (a sort compares each fit many times). */
+export function spreadBy(fits: readonly NodeFit[], seed: string): (fit: NodeFit) => number {
+  const spread = spreader(seed);
+  const byNode = new Map(fits.map((f) => [f.nodeId, spread(f.nodeId)]));
+  return (fit) => byNode.get(fit.nodeId)!;
 }
 
 type FitResult = { fit: NodeFit } | { rejection: Rejection; label?: string; condition?: string };
@@ -167,7 +189,9 @@ export function fitNode(node: PlacerNode, request: PlacementRequest, window: Int
   const domains = new Map<string, PlacerDevice[]>();
   for (const d of free) {
     const key = String(d.attributes.nvlinkDomain ?? '');
-    domains.set(key, [...(domains.get(key) ?? []), d]);
+    const domain = domains.get(key);
+    if (domain) domain.push(d);
+    else domains.set(key, [d]);
   }
   const byIndex = (a: PlacerDevice, b: PlacerDevice) =>
     Number(a.attributes.index ?? 0) - Number(b.attributes.index ?? 0) || (a.id < b.id ? -1 : 1);
@@ -225,7 +249,8 @@ export function planPlacement(
       if (result.condition) noScheduleCondition ??= result.condition;
     }
   }
-  fits.sort((a, b) => a.leftover - b.leftover || spread(seed, a.nodeId) - spread(seed, b.nodeId));
+  const spread = spreadBy(fits, seed);
+  fits.sort((a, b) => a.leftover - b.leftover || spread(a) - spread(b));
   return {
     fits,
     rejections,
