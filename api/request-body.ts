@@ -13,21 +13,30 @@ function describeBytes(bytes: number): string {
 /**
  * Refuses a body larger than `maxBytes` before anything reads it whole: by its Content-Length
  * when it has one, else while it streams in. INVALID_INPUT with `details.limitBytes`.
+ *
+ * A body with a Content-Length is judged by the header alone, here: hono's bodyLimit would first
+ * ask for the request's `body`, and on Node that builds the whole WHATWG Request and its stream
+ * for every call (the adapter's direct read of the body is then lost). Only a streamed body goes
+ * through bodyLimit.
  */
 export function requestBodyLimit(maxBytes = maxRequestBodyBytes): MiddlewareHandler<ApiEnv> {
   if (!(Number.isInteger(maxBytes) && maxBytes > 0)) {
     throw new Error(`requestBodyLimit: maxBytes must be a positive whole number, got ${maxBytes}`);
   }
-  return bodyLimit({
-    maxSize: maxBytes,
-    onError: () => {
-      throw new ComputeError(
-        'INVALID_INPUT',
-        `the request body is larger than the limit of ${describeBytes(maxBytes)}: send less`,
-        { limitBytes: maxBytes },
-      );
-    },
-  });
+  const refuse = () => {
+    throw new ComputeError(
+      'INVALID_INPUT',
+      `the request body is larger than the limit of ${describeBytes(maxBytes)}: send less`,
+      { limitBytes: maxBytes },
+    );
+  };
+  const streamed = bodyLimit({ maxSize: maxBytes, onError: refuse });
+  return async (c, next) => {
+    const length = c.req.header('content-length');
+    if (length === undefined || c.req.header('transfer-encoding') !== undefined) return streamed(c, next);
+    if (Number.parseInt(length, 10) > maxBytes) refuse();
+    await next();
+  };
 }
 
 /** `application/json` or any `application/…+json`, parameters (`; charset=utf-8`) allowed. */
