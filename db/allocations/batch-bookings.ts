@@ -10,7 +10,9 @@ import {
   insertScalarBookings,
   lockDevices,
 } from './bookings.ts';
+import { nodeAsPlanned } from './node-as-planned.ts';
 import { PlacementContention } from './placement.ts';
+import type { NodeVerification } from './try-book.ts';
 
 type Trx = Transaction<Database>;
 
@@ -24,6 +26,8 @@ export interface PlannedAllocation {
   resources: Partial<HostResourceAmounts>;
   start: Date;
   end: Date;
+  /** The node as the plan saw it (possibly from the placer's node cache), re-checked under the locks. */
+  verify: NodeVerification;
 }
 
 const range = (s: string, e: string) => sql`tstzrange(${sql.ref(s)}, ${sql.ref(e)}, '[)')`;
@@ -34,8 +38,9 @@ const range = (s: string, e: string) => sql`tstzrange(${sql.ref(s)}, ${sql.ref(e
  * order (node, then resource: lockHostRoom's and the guard trigger's), and their room re-checked
  * under them in one statement (a plan counts every booking and every other plan of the batch on
  * its node overlapping its window); then every atom's per-device lock taken in one statement in
- * their fixed order (lockDevices) and the atoms' bookings re-checked under them in one statement.
- * A plan the re-checks refuse (something was booked since the batch read its candidates) is not
+ * their fixed order (lockDevices) and, under them in one statement, the atoms' bookings and the
+ * node as the plan saw it (nodeAsPlanned: schedulable, its atoms and the labels needed) re-checked.
+ * A plan the re-checks refuse (something was booked or changed since its candidates were read) is not
  * booked: its reservation id is answered as stale and the caller places it another way. The rest
  * are inserted with one statement per table: allocations, device bookings (through the EXCLUDE
  * constraint, insertDeviceBookings) and scalar bookings (under their guard trigger,
@@ -83,15 +88,27 @@ export async function bookPlannedAllocations(
     trx,
     atoms.map((a) => a.deviceId),
   );
-  const { rows: booked } = await sql<{ rid: string }>`${sql.raw(preparedMarker)}
-    SELECT DISTINCT t.rid
+  const { rows: changed } = await sql<{ rid: string }>`${sql.raw(preparedMarker)}
+    SELECT t.rid
     FROM unnest(${atoms.map((a) => a.deviceId)}::text[], ${atoms.map((a) => a.plan.reservationId)}::text[],
                 ${atoms.map((a) => a.plan.start.toISOString())}::timestamptz[],
                 ${atoms.map((a) => a.plan.end.toISOString())}::timestamptz[]) AS t(d, rid, s, e)
-    JOIN device_bookings b ON ${bookingOfDevice('b', sql.ref('t.d'))} AND b.during && ${range('t.s', 't.e')}`.execute(
-    trx,
-  );
-  for (const r of booked) stale.add(r.rid);
+    JOIN device_bookings b ON ${bookingOfDevice('b', sql.ref('t.d'))} AND b.during && ${range('t.s', 't.e')}
+    UNION
+    SELECT v.rid
+    FROM unnest(${plans.map((p) => p.reservationId)}::text[], ${plans.map((p) => p.nodeId)}::text[],
+                ${plans.map((p) => JSON.stringify(p.deviceIds))}::jsonb[],
+                ${plans.map((p) => p.verify.deviceClass)}::text[],
+                ${plans.map((p) => JSON.stringify(p.verify.attributes))}::jsonb[],
+                ${plans.map((p) => JSON.stringify(p.verify.labels))}::jsonb[]) AS v(rid, n, ids, c, a, l)
+    WHERE NOT ${nodeAsPlanned({
+      nodeId: sql.ref('v.n'),
+      deviceIds: sql`ARRAY(SELECT jsonb_array_elements_text(v.ids))`,
+      deviceClass: sql.ref('v.c'),
+      attributes: sql.ref('v.a'),
+      labels: sql.ref('v.l'),
+    })}`.execute(trx);
+  for (const r of changed) stale.add(r.rid);
 
   const kept = plans.filter((p) => !stale.has(p.reservationId));
   if (kept.length === 0) return stale;
