@@ -35,11 +35,11 @@ const range = (s: string, e: string) => sql`tstzrange(${sql.ref(s)}, ${sql.ref(e
 /**
  * Books a whole batch of planned allocations in the caller's transaction, set-based: the host-resource
  * rows of every node that books scalar resources locked FOR UPDATE in one statement in the global
- * order (node, then resource: lockHostRoom's and the guard trigger's), and their room re-checked
- * under them in one statement (a plan counts every booking and every other plan of the batch on
- * its node overlapping its window); then every atom's per-device lock taken in one statement in
- * their fixed order (lockDevices) and, under them in one statement, the atoms' bookings and the
- * node as the plan saw it (nodeAsPlanned: schedulable, its atoms and the labels needed) re-checked.
+ * order (node, then resource: lockHostRoom's and the guard trigger's); then every atom's
+ * per-device lock taken in one statement in their fixed order (lockDevices); then, under all of
+ * them, one statement re-checks each plan: the room on its node (counting every booking and every
+ * other plan of the batch on the node overlapping its window), its atoms' bookings, and the node
+ * as the plan saw it (nodeAsPlanned: schedulable, its atoms and the labels needed).
  * A plan the re-checks refuse (something was booked or changed since its candidates were read) is not
  * booked: its reservation id is answered as stale and the caller places it another way. The rest
  * are inserted with one statement per table: allocations, device bookings (through the EXCLUDE
@@ -64,24 +64,6 @@ export async function bookPlannedAllocations(
     await sql`${sql.raw(preparedMarker)}
       SELECT 1 FROM host_resources WHERE node_id = ANY(${nodeIds}::text[]) AND resource = ANY(${names}::text[])
       ORDER BY node_id COLLATE "C", resource COLLATE "C" FOR UPDATE`.execute(trx);
-    const { rows } = await sql<{ rid: string }>`${sql.raw(preparedMarker)}
-      WITH p AS (
-        SELECT * FROM unnest(${scalars.map((s) => s.plan.reservationId)}::text[], ${scalars.map((s) => s.plan.nodeId)}::text[],
-                             ${scalars.map((s) => s.resource)}::text[], ${scalars.map((s) => String(s.amount))}::numeric[],
-                             ${scalars.map((s) => s.plan.start.toISOString())}::timestamptz[],
-                             ${scalars.map((s) => s.plan.end.toISOString())}::timestamptz[]) AS p(rid, n, r, m, s, e)
-      )
-      SELECT DISTINCT p.rid FROM p
-      LEFT JOIN host_resources h ON h.node_id = p.n AND h.resource = p.r
-      WHERE h.node_id IS NULL OR h.allocatable <
-          (SELECT sum(q.m) FROM p q WHERE q.n = p.n AND q.r = p.r AND ${range('q.s', 'q.e')} && ${range('p.s', 'p.e')})
-        + COALESCE((SELECT sum(amount) FROM scalar_bookings b
-                     WHERE b.node_id = p.n AND b.resource = p.r AND b.during && ${range('p.s', 'p.e')}), 0)
-        + COALESCE((SELECT sum(amount) FROM hold_bookings b
-                     WHERE b.node_id = p.n AND b.resource = p.r AND b.during && ${range('p.s', 'p.e')}), 0)`.execute(
-      trx,
-    );
-    for (const r of rows) stale.add(r.rid);
   }
   const atoms = plans.flatMap((p) => p.deviceIds.map((deviceId) => ({ plan: p, deviceId })));
   await lockDevices(
@@ -89,6 +71,21 @@ export async function bookPlannedAllocations(
     atoms.map((a) => a.deviceId),
   );
   const { rows: changed } = await sql<{ rid: string }>`${sql.raw(preparedMarker)}
+    WITH p AS (
+      SELECT * FROM unnest(${scalars.map((s) => s.plan.reservationId)}::text[], ${scalars.map((s) => s.plan.nodeId)}::text[],
+                           ${scalars.map((s) => s.resource)}::text[], ${scalars.map((s) => String(s.amount))}::numeric[],
+                           ${scalars.map((s) => s.plan.start.toISOString())}::timestamptz[],
+                           ${scalars.map((s) => s.plan.end.toISOString())}::timestamptz[]) AS p(rid, n, r, m, s, e)
+    )
+    SELECT p.rid FROM p
+    LEFT JOIN host_resources h ON h.node_id = p.n AND h.resource = p.r
+    WHERE h.node_id IS NULL OR h.allocatable <
+        (SELECT sum(q.m) FROM p q WHERE q.n = p.n AND q.r = p.r AND ${range('q.s', 'q.e')} && ${range('p.s', 'p.e')})
+      + COALESCE((SELECT sum(amount) FROM scalar_bookings b
+                   WHERE b.node_id = p.n AND b.resource = p.r AND b.during && ${range('p.s', 'p.e')}), 0)
+      + COALESCE((SELECT sum(amount) FROM hold_bookings b
+                   WHERE b.node_id = p.n AND b.resource = p.r AND b.during && ${range('p.s', 'p.e')}), 0)
+    UNION
     SELECT t.rid
     FROM unnest(${atoms.map((a) => a.deviceId)}::text[], ${atoms.map((a) => a.plan.reservationId)}::text[],
                 ${atoms.map((a) => a.plan.start.toISOString())}::timestamptz[],
