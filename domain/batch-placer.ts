@@ -68,7 +68,7 @@ export function planBatch(nodes: readonly PlacerNode[], requests: readonly Batch
 const closestNodes = 16;
 
 /** A node's healthy atoms of the request's class free over `window` (a cheap upper bound of a fit). */
-function freeAtoms(node: PlacerNode, request: PlacementRequest, window: Interval): number {
+export function freeAtoms(node: PlacerNode, request: PlacementRequest, window: Interval): number {
   let free = 0;
   for (const d of node.devices) {
     if (d.class !== request.deviceClass || !d.healthy) continue;

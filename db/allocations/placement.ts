@@ -17,7 +17,7 @@ import type { NormalizedRequest } from '../../domain/reservation-request.ts';
 import { isTransientConflict } from '../conflict-retry.ts';
 import { BookingConflict } from './bookings.ts';
 import { loadPlacerNodes, sampleNodeIds, schedulableNodeIds } from './placement-load.ts';
-import { tryInsertAllocationWithBookings, type WritesWhenBooked } from './try-book.ts';
+import { type NodeVerification, tryInsertAllocationWithBookings, type WritesWhenBooked } from './try-book.ts';
 
 type Trx = Transaction<Database>;
 
@@ -168,7 +168,7 @@ export async function tryBook(
 }
 
 /** How far past a window the bookings of a cached node are read, so later windows reuse it. */
-const cachedHorizonMs = 86_400_000;
+export const cachedHorizonMs = 86_400_000;
 
 /**
  * A large pool's candidates for one round. `warm`: the nodes this process booked or read last,
@@ -199,7 +199,7 @@ async function sampledNodes(
 }
 
 /** What a booking from a possibly cached node re-checks: the atoms as seen and the labels needed. */
-function verification(node: PlacerNode, fit: NodeFit, request: PlacementRequest) {
+export function verification(node: PlacerNode, fit: NodeFit, request: PlacementRequest): NodeVerification {
   const chosen = new Set(fit.deviceIds);
   return {
     deviceClass: request.deviceClass,

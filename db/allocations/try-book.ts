@@ -10,7 +10,7 @@ import {
   deviceLockSpace,
   hostBookingOfNode,
 } from './bookings.ts';
-import { schedulable } from './placement-load.ts';
+import { nodeAsPlanned } from './node-as-planned.ts';
 
 type Trx = Transaction<Database>;
 
@@ -27,6 +27,16 @@ export interface WritesWhenBooked {
   reason: string;
   /** A value the statement also selects when it books (over those CTEs), handed to `receive`. */
   returned?: { select: RawBuilder<unknown>; receive: (value: unknown) => void };
+}
+
+/**
+ * A node as a plan saw it from a possibly cached read, for the booking to re-check under its locks:
+ * the chosen atoms' class and attributes (by atom id) and the labels the fit needed (null: any value).
+ */
+export interface NodeVerification {
+  deviceClass: string;
+  attributes: Record<string, Record<string, unknown>>;
+  labels: Record<string, string | null>;
 }
 
 /** The highest node id each transaction has locked host rows of (see `waitForHostRows`). */
@@ -64,11 +74,7 @@ export async function tryInsertAllocationWithBookings(
      * schedulable now, the atoms to be bookable, healthy and of `deviceClass` with the same
      * attributes, and the labels the fit needed to be there (null: any value); else 'stale'.
      */
-    verify?: {
-      deviceClass: string;
-      attributes: Record<string, Record<string, unknown>>;
-      labels: Record<string, string | null>;
-    };
+    verify?: NodeVerification;
     /**
      * Writes that go with the booking in the same statement (admission's reservation update,
      * events and quota charge): the statement fails whole, answering 'refused', when `holds` is
@@ -117,20 +123,13 @@ export async function tryInsertAllocationWithBookings(
           WHEN (SELECT n FROM host_got) < (SELECT n FROM present) THEN 'locked'
           WHEN NOT COALESCE((SELECT bool_and(got) FROM locks), true) THEN 'locked'
           WHEN (SELECT n FROM present) < cardinality(${names}::text[]) THEN 'stale'
-          WHEN ${verify !== undefined} AND NOT EXISTS (
-            SELECT 1 FROM nodes n WHERE n.id = ${input.nodeId} AND ${schedulable}) THEN 'stale'
-          WHEN ${verify !== undefined} AND (
-            SELECT count(*) FROM devices d JOIN nodes n ON n.id = d.node_id
-            WHERE d.id = ANY(${deviceIds}::text[]) AND d.node_id = ${input.nodeId} AND d.class = ${verify?.deviceClass ?? ''}
-              AND d.bookable AND d.removed_at IS NULL AND d.health = 'healthy'
-              AND d.bookable_from_generation <= COALESCE(n.observed_generation, 0)
-              AND d.attributes = ${JSON.stringify(verify?.attributes ?? {})}::jsonb -> d.id) < cardinality(${deviceIds}::text[]) THEN 'stale'
-          WHEN ${verify !== undefined} AND EXISTS (
-            SELECT 1 FROM jsonb_each_text(${JSON.stringify(verify?.labels ?? {})}::jsonb) AS want(key, value)
-            WHERE NOT EXISTS (
-              SELECT 1 FROM node_labels l WHERE l.node_id = ${input.nodeId} AND l.key = want.key
-                AND (want.value IS NULL OR l.value = want.value)
-                AND (l.key NOT LIKE 'bc.dev/%' OR l.source = 'system'))) THEN 'stale'
+          WHEN ${verify !== undefined} AND NOT ${nodeAsPlanned({
+            nodeId: sql`${input.nodeId}::text`,
+            deviceIds: sql`${deviceIds}::text[]`,
+            deviceClass: sql`${verify?.deviceClass ?? ''}::text`,
+            attributes: sql`${JSON.stringify(verify?.attributes ?? {})}::jsonb`,
+            labels: sql`${JSON.stringify(verify?.labels ?? {})}::jsonb`,
+          })} THEN 'stale'
           -- Device by device (bookingOfDevice): with an array the EXCLUDE index would scan every
           -- booking overlapping the window, whichever the device.
           WHEN EXISTS (

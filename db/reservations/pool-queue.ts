@@ -1,5 +1,5 @@
 import { sql, type Transaction } from 'kysely';
-import type { AdmissionCaches } from '../../core/admission-caches.ts';
+import { type AdmissionCaches, createAdmissionCaches } from '../../core/admission-caches.ts';
 import type { Database, Db, Reservation } from '../../core/database.ts';
 import { type BatchRequest, planBatch } from '../../domain/batch-placer.ts';
 import { newId } from '../../domain/ids.ts';
@@ -8,8 +8,8 @@ import { poolLeaseBatchSize, readPoolPolicy } from '../../domain/pool-policy.ts'
 import type { PreemptionSummary } from '../../domain/preemption.ts';
 import type { DeviceClass } from '../../domain/reservation-request.ts';
 import { bookPlannedAllocations, type PlannedAllocation } from '../allocations/batch-bookings.ts';
-import { loadBatchCandidates } from '../allocations/batch-candidates.ts';
-import { placementRequestOf } from '../allocations/placement.ts';
+import { batchCandidates } from '../allocations/batch-candidates.ts';
+import { placementRequestOf, verification } from '../allocations/placement.ts';
 import { notifyReservationsSettled } from '../notify-channels.ts';
 import { markBatchPlaced } from './batch-placed.ts';
 import { placeLockedReservation } from './placement.ts';
@@ -65,12 +65,14 @@ const candidateRounds = 2;
  * 1. up to `batchSize` queued requests of the pool picked fair across tenants (round-robin by
  *    tenant, each tenant's oldest first) and locked in the same statement (one whose row something
  *    else holds, e.g. a cancel, is skipped);
- * 2. the pool's candidate nodes read once for the batch's window (loadBatchCandidates: a sample
- *    sized to the batch's demand plus the nodes of the newest allocations; read once more, larger,
- *    when some request fits none), and every request planned in memory in the fair order
- *    (planBatch: the inline placer's best fit, each plan booked in memory before the next);
+ * 2. the pool's candidate nodes for the batch's window (batchCandidates: the warm nodes and a
+ *    sample sized to the demand they cannot take, through the placer's node cache, only the nodes
+ *    it lacks read; a larger sample once more when some request fits none), and every request
+ *    planned in memory in the fair order (planBatch: the inline placer's best fit, each plan booked
+ *    in memory before the next);
  * 3. the plans booked together (bookPlannedAllocations: host rows and per-device locks each in one
- *    statement in the global order, re-checked under them, one INSERT per table through the
+ *    statement in the global order, the room, the atoms' bookings and the node as the plan saw it
+ *    re-checked under them, one INSERT per table through the
  *    EXCLUDE constraint and the scalar guard) and their reservations marked `placed` with their
  *    events and audit rows in one statement (markBatchPlaced);
  * 4. what that could not place — gangs, whole machines, a request that fit no candidate, a plan the
@@ -120,28 +122,28 @@ export async function placeQueuedBatch(
       list.push({ id: row.id, request: placement, window: { start, end: start + Number(row.duration_ms) } });
       byClass.set(placement.deviceClass, list);
     }
+    const caches = input.caches ?? createAdmissionCaches();
     const plans: PlannedAllocation[] = [];
     for (const [deviceClass, requests] of byClass) {
       const horizon = {
         start: Math.min(...requests.map((r) => r.window.start)),
         end: Math.max(...requests.map((r) => r.window.end)),
       };
-      const demand = requests.reduce((n, r) => n + r.request.count, 0);
-      const nodes: PlacerNode[] = [];
+      const nodes = new Map<string, PlacerNode>();
+      const byRequest = new Map(requests.map((r) => [r.id, r.request]));
       let left = requests;
       for (let round = 0; round < candidateRounds && left.length > 0; round++) {
-        nodes.push(
-          ...(await loadBatchCandidates(trx, {
-            poolId: input.poolId,
-            deviceClass,
-            horizon,
-            sampleSize: (8 + Math.ceil(demand / 2)) * 4 ** round,
-            recentAllocations: round === 0 ? Math.min(64, requests.length) : 0,
-            excludeNodeIds: new Set(nodes.map((n) => n.id)),
-            ...(input.caches ? { caches: input.caches } : {}),
-          })),
-        );
-        const plan = planBatch(nodes, left);
+        const read = await batchCandidates(trx, {
+          poolId: input.poolId,
+          deviceClass,
+          horizon,
+          requests: left,
+          round,
+          excludeNodeIds: new Set(nodes.keys()),
+          caches,
+        });
+        for (const node of read) nodes.set(node.id, node);
+        const plan = planBatch([...nodes.values()], left);
         for (const p of plan.planned) {
           plans.push({
             allocationId: newId('alloc'),
@@ -151,6 +153,7 @@ export async function placeQueuedBatch(
             resources: p.fit.resources,
             start: new Date(p.window.start),
             end: new Date(p.window.end),
+            verify: verification(nodes.get(p.fit.nodeId)!, p.fit, byRequest.get(p.id)!),
           });
           placedAt.set(p.id, { nodeId: p.fit.nodeId, ...p.window });
         }
@@ -160,6 +163,18 @@ export async function placeQueuedBatch(
     }
     const stale = await bookPlannedAllocations(trx, plans);
     for (const id of stale) placedAt.delete(id);
+    // The cache learns this batch's bookings (as the inline placer's do, whether or not the
+    // transaction commits) and forgets the nodes a re-check found changed.
+    for (const p of plans) {
+      if (stale.has(p.reservationId)) caches.placerNodes.forget(input.poolId, p.verify.deviceClass, p.nodeId);
+      else
+        caches.placerNodes.recordBooking(input.poolId, p.verify.deviceClass, {
+          nodeId: p.nodeId,
+          deviceIds: p.deviceIds,
+          window: { start: p.start.getTime(), end: p.end.getTime() },
+          resources: p.resources,
+        });
+    }
     const byId = new Map(rows.map((row) => [row.id, row]));
     await markBatchPlaced(
       trx,
