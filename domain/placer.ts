@@ -102,17 +102,12 @@ function schedulingRejection(node: PlacerNode): Rejection | null {
   return null;
 }
 
-function matchesSelector(device: PlacerDevice, selector: PlacementRequest['selector']): boolean {
-  for (const [key, value] of Object.entries(selector?.attributes ?? {})) {
-    if (device.attributes[key] !== value) return false;
-  }
-  return true;
-}
-
+/** Free amount of a host resource over `window` (null: the host books none of it). */
 function hostFree(node: PlacerNode, resource: keyof HostResourceAmounts, window: Interval): number | null {
   const row = node.host[resource];
   if (!row) return null;
-  const booked = row.bookings.filter((b) => overlaps(b, window)).reduce((n, b) => n + b.amount, 0);
+  let booked = 0;
+  for (const b of row.bookings) if (overlaps(b, window)) booked += b.amount;
   return row.allocatable - booked;
 }
 
@@ -152,19 +147,52 @@ type FitResult = { fit: NodeFit } | { rejection: Rejection; label?: string; cond
  * resources, the device-limits capability (any value: null), and the selector's (that value).
  */
 export function labelsNeeded(node: PlacerNode, request: PlacementRequest): Record<string, string | null> {
-  const hasHostRows = Object.keys(node.host).length > 0;
-  const booksHost =
-    hasHostRows &&
-    (request.resources.vcpu > 0 || request.resources.memoryGiB > 0 || request.resources.hugepages1Gi > 0);
   const needed: Record<string, string | null> = {};
-  for (const label of [...request.requiredLabels, ...(booksHost ? [capDevicesLimitsLabel] : [])]) {
+  for (const label of [
+    ...request.requiredLabels,
+    ...(booksHost(node, request) ? [capDevicesLimitsLabel] : []),
+  ]) {
     needed[label] = null;
   }
   for (const [key, value] of Object.entries(request.selector?.nodeLabels ?? {})) needed[key] = value;
   return needed;
 }
 
-/** Whether one node fits the request over `window`, and with which atoms. */
+/** Whether the request books host resources on this node (it has host rows and asks for some). */
+function booksHost(node: PlacerNode, request: PlacementRequest): boolean {
+  const { vcpu, memoryGiB, hugepages1Gi } = request.resources;
+  if (vcpu <= 0 && memoryGiB <= 0 && hugepages1Gi <= 0) return false;
+  for (const _ in node.host) return true;
+  return false;
+}
+
+const hostResourceKeys = ['vcpu', 'memoryGiB', 'hugepages1Gi'] as const;
+
+/**
+ * Why the node's labels refuse the request, checked in labelsNeeded's order without building it:
+ * a label needed with any value that the node lacks ('labels', named), then a selector label with
+ * another value ('selector'). Null when they admit it.
+ */
+function labelRejection(node: PlacerNode, request: PlacementRequest): FitResult | null {
+  const pinned = request.selector?.nodeLabels;
+  const anyValue = (label: string) =>
+    !(pinned && Object.hasOwn(pinned, label)) && node.labels[label] === undefined;
+  for (const label of request.requiredLabels) if (anyValue(label)) return { rejection: 'labels', label };
+  if (booksHost(node, request) && anyValue(capDevicesLimitsLabel))
+    return { rejection: 'labels', label: capDevicesLimitsLabel };
+  if (pinned)
+    for (const key in pinned) if (node.labels[key] !== pinned[key]) return { rejection: 'selector' };
+  return null;
+}
+
+const byIndex = (a: PlacerDevice, b: PlacerDevice) =>
+  Number(a.attributes.index ?? 0) - Number(b.attributes.index ?? 0) || (a.id < b.id ? -1 : 1);
+
+/**
+ * Whether one node fits the request over `window`, and with which atoms. Called for every
+ * candidate of every plan (128 warm nodes a placement), so it walks the devices once and builds
+ * nothing for a node it refuses.
+ */
 export function fitNode(node: PlacerNode, request: PlacementRequest, window: Interval): FitResult {
   const scheduling = schedulingRejection(node);
   if (scheduling)
@@ -172,16 +200,21 @@ export function fitNode(node: PlacerNode, request: PlacementRequest, window: Int
       rejection: scheduling,
       ...(scheduling === 'no-schedule' ? { condition: node.noSchedule! } : {}),
     };
-  const needed = Object.entries(labelsNeeded(node, request));
-  const missing = needed.find(([key, value]) => value === null && node.labels[key] === undefined);
-  if (missing) return { rejection: 'labels', label: missing[0] };
-  if (needed.some(([key, value]) => value !== null && node.labels[key] !== value))
-    return { rejection: 'selector' };
-  const ofClass = node.devices.filter((d) => d.class === request.deviceClass && d.healthy);
-  const matching = ofClass.filter((d) => matchesSelector(d, request.selector));
-  if (matching.length < request.count)
-    return { rejection: ofClass.length >= request.count ? 'selector' : 'devices' };
-  const free = matching.filter((d) => !d.bookings.some((b) => overlaps(b, window)));
+  const labels = labelRejection(node, request);
+  if (labels) return labels;
+  const selected = request.selector?.attributes;
+  const wanted = selected ? Object.entries(selected) : [];
+  let ofClass = 0;
+  let matching = 0;
+  const free: PlacerDevice[] = [];
+  for (const d of node.devices) {
+    if (d.class !== request.deviceClass || !d.healthy) continue;
+    ofClass++;
+    if (!wanted.every(([key, value]) => d.attributes[key] === value)) continue;
+    matching++;
+    if (!d.bookings.some((b) => overlaps(b, window))) free.push(d);
+  }
+  if (matching < request.count) return { rejection: ofClass >= request.count ? 'selector' : 'devices' };
   if (free.length < request.count)
     return { rejection: request.topology === 'nvlink-all' ? 'nvlink' : 'devices' };
 
@@ -193,28 +226,28 @@ export function fitNode(node: PlacerNode, request: PlacementRequest, window: Int
     if (domain) domain.push(d);
     else domains.set(key, [d]);
   }
-  const byIndex = (a: PlacerDevice, b: PlacerDevice) =>
-    Number(a.attributes.index ?? 0) - Number(b.attributes.index ?? 0) || (a.id < b.id ? -1 : 1);
-  const tight = [...domains.values()]
-    .filter((ds) => ds.length >= request.count)
-    .sort((a, b) => a.length - b.length)[0];
+  let tight: PlacerDevice[] | undefined;
+  for (const ds of domains.values())
+    if (ds.length >= request.count && (!tight || ds.length < tight.length)) tight = ds;
   let chosen: PlacerDevice[];
   if (tight) chosen = [...tight].sort(byIndex).slice(0, request.count);
   else if (request.topology === 'nvlink-all') return { rejection: 'nvlink' };
   else chosen = [...free].sort(byIndex).slice(0, request.count);
 
   const resources: Partial<HostResourceAmounts> = {};
-  for (const key of ['vcpu', 'memoryGiB', 'hugepages1Gi'] as const) {
+  const freeCpu = hostFree(node, 'vcpu', window);
+  const freeMemory = hostFree(node, 'memoryGiB', window);
+  for (const key of hostResourceKeys) {
     const amount = request.resources[key];
     if (amount <= 0) continue;
-    const available = hostFree(node, key, window);
+    const available =
+      key === 'vcpu' ? freeCpu : key === 'memoryGiB' ? freeMemory : hostFree(node, key, window);
     if (available === null) continue;
     if (available < amount) return { rejection: 'host-resources' };
     resources[key] = amount;
   }
   // A host left with less than one core or one GiB publishes that it takes no work (holds.ts).
-  if (exhaustionOf({ cpuCores: hostFree(node, 'vcpu', window), ramGiB: hostFree(node, 'memoryGiB', window) }))
-    return { rejection: 'reservations-exhausted' };
+  if (exhaustionOf({ cpuCores: freeCpu, ramGiB: freeMemory })) return { rejection: 'reservations-exhausted' };
   return {
     fit: {
       nodeId: node.id,
