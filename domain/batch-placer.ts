@@ -3,7 +3,7 @@ import {
   type NodeFit,
   type PlacementRequest,
   type PlacerNode,
-  planPlacement,
+  tightestFits,
 } from './placer.ts';
 
 /** One queued request of a pool-lease batch, as the batch planner sees it. */
@@ -32,28 +32,8 @@ export function planBatch(nodes: readonly PlacerNode[], requests: readonly Batch
   const plan: BatchPlan = { planned: [], unplaced: [] };
   const byId = new Map(nodes.map((n) => [n.id, n]));
   for (const r of requests) {
-    // The fullest nodes that still have enough free atoms first (where best fit lands), the whole
-    // list only when none of them fits: planPlacement over every candidate for every request of a
-    // batch was most of a batch's time.
-    const roomy = nodes
-      .map((node) => ({ node, free: freeAtoms(node, r.request, r.window) }))
-      .filter((n) => n.free >= r.request.count)
-      .sort((a, b) => a.free - b.free);
-    const fit =
-      planPlacement(
-        roomy.slice(0, closestNodes).map((n) => n.node),
-        r.request,
-        r.window,
-        r.id,
-      ).fits[0] ??
-      (roomy.length > closestNodes
-        ? planPlacement(
-            roomy.slice(closestNodes).map((n) => n.node),
-            r.request,
-            r.window,
-            r.id,
-          ).fits[0]
-        : undefined);
+    // planPlacement over every candidate for every request of a batch was most of a batch's time.
+    const fit = tightestFits(nodes, r.request, r.window, r.id)[0];
     if (!fit) {
       plan.unplaced.push(r.id);
       continue;
@@ -62,19 +42,6 @@ export function planBatch(nodes: readonly PlacerNode[], requests: readonly Batch
     recordPlannedBooking(byId.get(fit.nodeId)!, fit, r.window);
   }
   return plan;
-}
-
-/** How many of the tightest-looking candidates are planned first. */
-const closestNodes = 16;
-
-/** A node's healthy atoms of the request's class free over `window` (a cheap upper bound of a fit). */
-export function freeAtoms(node: PlacerNode, request: PlacementRequest, window: Interval): number {
-  let free = 0;
-  for (const d of node.devices) {
-    if (d.class !== request.deviceClass || !d.healthy) continue;
-    if (!d.bookings.some((b) => b.start < window.end && window.start < b.end)) free++;
-  }
-  return free;
 }
 
 /** What a planned fit takes, added to its node's bookings in memory. */

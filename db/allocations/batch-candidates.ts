@@ -1,8 +1,8 @@
 import type { Transaction } from 'kysely';
 import type { AdmissionCaches } from '../../core/admission-caches.ts';
 import type { Database } from '../../core/database.ts';
-import { freeAtoms } from '../../domain/batch-placer.ts';
 import type { Interval, PlacementRequest, PlacerNode } from '../../domain/placer.ts';
+import { freeAtoms } from '../../domain/placer.ts';
 import type { DeviceClass } from '../../domain/reservation-request.ts';
 import { cachedHorizonMs } from './placement.ts';
 import { loadPlacerNodes, sampleNodeIds } from './placement-load.ts';

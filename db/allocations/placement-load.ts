@@ -87,23 +87,11 @@ export async function loadPlacerNodes(
     poolId: string;
     deviceClass: DeviceClass;
     horizon: Interval;
-    /** Only these nodes (plus, with recentAllocations, the nodes of the newest live allocations). */
+    /** Only these nodes. */
     sample?: readonly string[];
-    /**
-     * Adds the nodes of the pool's newest `recentAllocations` live allocations overlapping the
-     * horizon: likely partly used, the tight fits best fit wants. A heuristic only.
-     */
-    recentAllocations?: number;
   },
 ): Promise<PlacerNode[]> {
-  const only = input.sample
-    ? sql`AND n.id IN (
-        SELECT unnest(${input.sample as string[]}::text[])
-        UNION
-        SELECT a.node_id FROM (SELECT node_id, during FROM allocations WHERE state NOT IN (${literalList(endedAllocationStates)})
-                               ORDER BY created_at DESC LIMIT ${input.recentAllocations ?? 0}) a
-        WHERE a.during && ${range(input.horizon)})`
-    : sql``;
+  const only = input.sample ? sql`AND n.id = ANY(${input.sample as string[]}::text[])` : sql``;
   const horizon = range(input.horizon);
   const start = new Date(input.horizon.start).toISOString();
   const end = new Date(input.horizon.end).toISOString();

@@ -12,6 +12,7 @@ import {
   type PlacerNode,
   planPlacement,
   summarizeNoFit,
+  tightestFits,
 } from '../../domain/placer.ts';
 import type { NormalizedRequest } from '../../domain/reservation-request.ts';
 import { isTransientConflict } from '../conflict-retry.ts';
@@ -276,16 +277,18 @@ export async function findAndBook(
       claims !== undefined &&
       caches.placerNodes.claimed(input.poolId, nodeId);
     const nodes = loaded.filter((n) => !excluded.has(n.id) && !claimedElsewhere(n.id));
-    const plan = planPlacement(nodes, input.request, input.window, input.reservationId);
-    if (plan.fits.length === 0) {
-      if (!whole) continue;
+    // A sampled round books one of the first fits and explains nothing: its tightest nodes suffice.
+    const plan = whole ? planPlacement(nodes, input.request, input.window, input.reservationId) : null;
+    const fits = plan ? plan.fits : tightestFits(nodes, input.request, input.window, input.reservationId);
+    if (fits.length === 0) {
+      if (!plan) continue;
       if (contended || atOnce) break;
       const outcome = noFitOutcome(nodes, plan, input);
       return { placed: false, message: outcome.message, earliestStart: outcome.earliestStart };
     }
     const byId = new Map(nodes.map((n) => [n.id, n]));
     const locked: NodeFit[] = [];
-    for (const fit of plan.fits.slice(0, 16)) {
+    for (const fit of fits.slice(0, 16)) {
       // Claimed since the plan, by a placement that ran while this one waited on a statement.
       if (claimedElsewhere(fit.nodeId)) continue;
       const node = byId.get(fit.nodeId)!;
