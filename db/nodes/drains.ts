@@ -25,7 +25,7 @@ export async function finishDrains(trx: Trx, nodeIds: readonly string[]): Promis
     .where('draining', '=', true)
     .where('drained_at', 'is', null)
     .orderBy('id')
-    .forUpdate()
+    .forNoKeyUpdate()
     .execute();
   if (draining.length === 0) return [];
   const { rows } = await sql<{

@@ -28,7 +28,7 @@ export async function setNodeMigLayout(
     .leftJoin('pools as p', 'p.id', 'n.pool_id')
     .where('n.id', '=', nodeId)
     .select(['n.spec', 'n.spec_generation', 'n.pool_id', 'p.sharing_mode'])
-    .forUpdate('n')
+    .forNoKeyUpdate('n')
     .executeTakeFirst();
   if (!node) throw new ComputeError('NOT_FOUND', `node ${nodeId} does not exist`);
   // Only a mig pool books instances: elsewhere a layout would leave its GPUs unbookable parents.

@@ -27,7 +27,7 @@ export async function setNodeDevicesAssignment(
     .selectFrom('nodes')
     .where('id', '=', nodeId)
     .select(['spec', 'spec_generation'])
-    .forUpdate()
+    .forNoKeyUpdate()
     .executeTakeFirst();
   if (!node) throw new ComputeError('NOT_FOUND', `node ${nodeId} does not exist`);
   const spec = { ...((node.spec ?? {}) as Record<string, unknown>) };
@@ -159,7 +159,7 @@ export async function setNodeSchedulingFlags(
     .selectFrom('nodes')
     .select(['cordoned', 'draining'])
     .where('id', '=', nodeId)
-    .forUpdate()
+    .forNoKeyUpdate()
     .executeTakeFirst();
   if (!before) throw new ComputeError('NOT_FOUND', `node ${nodeId} not found`);
   await trx
@@ -224,7 +224,7 @@ export async function lockJoinClaimedNode(
     ? query.where('id', '=', lookup.nodeId)
     : query.where('hardware_key', '=', lookup.hardwareKey)
   )
-    .forUpdate()
+    .forNoKeyUpdate()
     .executeTakeFirst();
   if (!row) return null;
   return {
@@ -299,7 +299,7 @@ export async function lockJoinCandidates(
       SELECT id, name, site_id, pool_id, provision_state, hardware_key,
         coalesce(reclaim_approved_until > compute_now(), false) AS reclaim_approved
       FROM nodes WHERE hardware_key = ${input.hardwareKey}
-      FOR UPDATE
+      FOR NO KEY UPDATE
     )
     SELECT (SELECT row_to_json(repeat) FROM repeat) AS repeat,
       (SELECT row_to_json(holder) FROM holder LIMIT 1) AS holder`.execute(trx);
@@ -397,7 +397,7 @@ export async function retireNode(
     .selectFrom('nodes')
     .select(['provision_state'])
     .where('id', '=', input.nodeId)
-    .forUpdate()
+    .forNoKeyUpdate()
     .executeTakeFirst();
   if (!node) throw new ComputeError('NOT_FOUND', `node ${input.nodeId} not found`);
   const live = await trx
@@ -449,7 +449,7 @@ export async function approveNodeReclaim(trx: Trx, nodeId: string, ttlSeconds: n
     .selectFrom('nodes')
     .select(['provision_state', 'hardware_key'])
     .where('id', '=', nodeId)
-    .forUpdate()
+    .forNoKeyUpdate()
     .executeTakeFirst();
   if (!node) throw new ComputeError('NOT_FOUND', `node ${nodeId} not found`);
   if (node.provision_state === 'retired') {

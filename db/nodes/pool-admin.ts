@@ -31,7 +31,7 @@ export async function replacePoolPolicy(
     .selectFrom('pools')
     .select(['policy', 'policy_version', 'archived_at'])
     .where('id', '=', input.poolId)
-    .forUpdate()
+    .forNoKeyUpdate()
     .executeTakeFirst();
   if (!row) return null;
   if (input.expectedVersion !== undefined && input.expectedVersion !== row.policy_version) {
@@ -110,7 +110,7 @@ export async function archivePool(
     .selectFrom('pools')
     .select(['archived_at'])
     .where('id', '=', input.poolId)
-    .forUpdate()
+    .forNoKeyUpdate()
     .executeTakeFirst();
   if (!row) return null;
   if (row.archived_at !== null) return { changed: false, archivedAt: new Date(row.archived_at).getTime() };

@@ -23,7 +23,7 @@ export async function lockNodeProvisioning(trx: Trx, nodeId: string): Promise<No
     .selectFrom('nodes')
     .where('id', '=', nodeId)
     .select(['id', 'pool_id', 'site_id', 'provision_state', 'maintenance', 'maintenance_reason'])
-    .forUpdate()
+    .forNoKeyUpdate()
     .executeTakeFirst();
   if (!row) throw new ComputeError('NOT_FOUND', `node ${nodeId} not found`);
   return {

@@ -70,7 +70,7 @@ export async function openNodeSession(
       power_state = 'on',
       protocol_version = ${input.protocolVersion}::int,
       updated_at = compute_now()
-    FROM (SELECT id, journal_id, connectivity FROM nodes WHERE id = ${nodeId} FOR UPDATE) AS before
+    FROM (SELECT id, journal_id, connectivity FROM nodes WHERE id = ${nodeId} FOR NO KEY UPDATE) AS before
     WHERE nodes.id = before.id
     RETURNING nodes.epoch, nodes.spec, nodes.spec_generation,
               before.journal_id AS before_journal_id, before.connectivity AS before_connectivity`.execute(
@@ -109,6 +109,10 @@ export async function openNodeSession(
  * Locks the node's row (`update`, or `share` for a write that only needs the node to stay put)
  * while the session still holds its epoch. Answers false when a newer session fenced this one:
  * the caller then changes nothing.
+ *
+ * `update` is FOR NO KEY UPDATE, as every lock this project takes on a node's or a pool's row:
+ * a booking's foreign keys take FOR KEY SHARE on the node after it holds the node's host rows,
+ * so a FOR UPDATE here, followed by the inventory's write of those host rows, was a deadlock.
  */
 export async function lockNodeAtEpoch(
   trx: Trx,
@@ -120,7 +124,7 @@ export async function lockNodeAtEpoch(
     .where('id', '=', fence.nodeId)
     .where('epoch', '=', String(fence.epoch))
     .select('id');
-  const node = await (mode === 'update' ? query.forUpdate() : query.forShare()).executeTakeFirst();
+  const node = await (mode === 'update' ? query.forNoKeyUpdate() : query.forShare()).executeTakeFirst();
   return node !== undefined;
 }
 

@@ -24,7 +24,7 @@ export async function changeNodeDeviceAssignments(
     .selectFrom('nodes')
     .where('id', '=', nodeId)
     .select('spec')
-    .forUpdate()
+    .forNoKeyUpdate()
     .executeTakeFirstOrThrow();
   const spec = (node.spec ?? {}) as Record<string, unknown>;
   const before = Array.isArray(spec.devices) ? (spec.devices as DeviceAssignment[]) : [];

@@ -1,8 +1,11 @@
+import { sql } from 'kysely';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { BookingConflict } from '../../db/allocations/bookings.ts';
 import { checkBookingInvariants } from '../../db/allocations/invariants.ts';
 import { tryInsertAllocationWithBookings } from '../../db/allocations/try-book.ts';
 import type { RegisteredNode } from '../../db/nodes/fleet.ts';
+import { applyNodeInventory } from '../../db/nodes/inventory.ts';
+import { lockNodeAtEpoch } from '../../db/nodes/sessions.ts';
 import { newId } from '../../domain/ids.ts';
 import { insertBareAllocation } from '../support/allocations.ts';
 import { useTestDatabase } from '../support/database.ts';
@@ -107,6 +110,58 @@ describe('tryInsertAllocationWithBookings (one statement)', () => {
       if (o.status === 'rejected') expect(o.reason).toBeInstanceOf(BookingConflict);
       else if (o.value !== 'booked') expect(['locked', 'stale']).toContain(o.value);
     }
+    expect(await checkBookingInvariants(t.db)).toEqual({ deviceOverlaps: 0, scalarOverbookings: 0 });
+  });
+});
+
+describe('a booking beside the node inventory', () => {
+  // The inventory holds the node's row (at the session's epoch) and then writes the node's host
+  // rows; a booking holds those host rows and then checks its foreign key to the node. With
+  // FOR UPDATE on the node's row the two waited on each other (CI saw `deadlock detected`).
+  it('is not held up by the inventory holding the node, and the inventory then writes the host rows', async () => {
+    const reservationId = await newReservation();
+    const { epoch } = await t.db
+      .selectFrom('nodes')
+      .where('id', '=', node.id)
+      .select('epoch')
+      .executeTakeFirstOrThrow();
+    let nodeLocked!: () => void;
+    const locked = new Promise<void>((resolve) => {
+      nodeLocked = resolve;
+    });
+    let bookingDone!: () => void;
+    const booked = new Promise<void>((resolve) => {
+      bookingDone = resolve;
+    });
+    const inventory = t.db.transaction().execute(async (trx) => {
+      expect(await lockNodeAtEpoch(trx, { nodeId: node.id, epoch: Number(epoch) }, 'update')).toBe(true);
+      nodeLocked();
+      await booked;
+      await applyNodeInventory(trx, node.id, {
+        host: { hostname: node.name, vcpu: 192, memoryGiB: 2048, hugepages1Gi: 512, pciGpuCount: 8 },
+      });
+    });
+    await locked;
+    const booking = await t.db
+      .transaction()
+      .execute(async (trx) => {
+        // Only so that the old lock fails this test quickly instead of at the test's timeout.
+        await sql`SET LOCAL lock_timeout = '20s'`.execute(trx);
+        const verdict = await tryInsertAllocationWithBookings(trx, {
+          allocationId: newId('alloc'),
+          reservationId,
+          nodeId: node.id,
+          deviceIds: [node.deviceIds[7]!],
+          resources: { vcpu: 1 },
+          // A window of its own: the cases above booked the node's devices over start..end.
+          start: new Date(end.getTime() + hour),
+          end: new Date(end.getTime() + 2 * hour),
+        });
+        return verdict;
+      })
+      .finally(bookingDone);
+    await inventory;
+    expect(booking).toBe('booked');
     expect(await checkBookingInvariants(t.db)).toEqual({ deviceOverlaps: 0, scalarOverbookings: 0 });
   });
 });
