@@ -4,6 +4,7 @@ import type { Logger } from '../core/logger.ts';
 import { announceExpiredHolds, retireEndedHolds } from '../db/holds/holds.ts';
 import { findUnfinishedDrains, finishDrains } from '../db/nodes/drains.ts';
 import { findSweepCandidates } from '../db/reservations/lifecycle.ts';
+import { clearLifecycleWake, findOwedLifecycleWakes } from '../db/reservations/lifecycle-wakes.ts';
 import { findOpenPreemptions } from '../db/reservations/preemption.ts';
 
 export interface SweeperActivityDeps {
@@ -66,6 +67,28 @@ export function createSweeperActivities({ db, log, lifecycle }: SweeperActivityD
       }
       if (started.length > 0) log.warn({ started }, 'started lifecycles of orphaned reservations');
       return { started };
+    },
+
+    /**
+     * Sends the wakes callers' releases and cancels still owe their lifecycles `graceMs` after
+     * their commit (the API died before it told the workflow, or Temporal did not answer): each
+     * running lifecycle looks again and finishes; one that has finished is left alone. At most
+     * `limit` a run; the next run goes on.
+     */
+    async sweepOwedLifecycleWakes(input: { graceMs: number; limit: number }): Promise<{ woken: string[] }> {
+      const owed = await findOwedLifecycleWakes(db, input);
+      const woken: string[] = [];
+      for (const wake of owed) {
+        await lifecycle.signal(wake.reservation_id, {
+          type: 'wake',
+          reason: `sweeper: ${wake.reason}`,
+          ifRunning: true,
+        });
+        await clearLifecycleWake(db, wake.reservation_id);
+        woken.push(wake.reservation_id);
+      }
+      if (woken.length > 0) log.warn({ woken }, 'woke lifecycles a release or cancel had not told');
+      return { woken };
     },
 
     /**

@@ -178,6 +178,13 @@ export interface InventorySnapshotsTable {
 
 export { type ReservationState, reservationStates } from '../domain/reservation-states.ts';
 
+/** A wake a caller's release or cancel owes the reservation's lifecycle (migration 2026-12-01T04). */
+export interface LifecycleWakesTable {
+  reservation_id: string;
+  reason: string;
+  created_at: Generated<Date>;
+}
+
 export interface ReservationsTable {
   id: string;
   tenant_id: string;
@@ -407,6 +414,7 @@ export interface Database {
   host_resources: HostResourcesTable;
   inventory_snapshots: InventorySnapshotsTable;
   reservations: ReservationsTable;
+  lifecycle_wakes: LifecycleWakesTable;
   allocations: AllocationsTable;
   device_bookings: DeviceBookingsTable;
   scalar_bookings: ScalarBookingsTable;

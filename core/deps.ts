@@ -14,8 +14,11 @@ export type LifecycleSignal =
   | { type: 'extended'; end?: number }
   | { type: 'capacityFreed'; poolId: string }
   | { type: 'confirmation'; decision: 'approved' | 'denied' }
-  /** Look again now (e.g. a node of the reservation connected, disconnected or changed health). */
-  | { type: 'wake'; reason: string }
+  /**
+   * Look again now (e.g. a node of the reservation connected, disconnected or changed health).
+   * `ifRunning`: a lifecycle that has finished (or never ran) is not an error.
+   */
+  | { type: 'wake'; reason: string; ifRunning?: boolean }
   /** The gateway stored a node's report about one allocation (workflows/reservation `allocationReport`). */
   | { type: 'allocationReport'; allocationId: string; kind: 'bound' | 'failed' | 'released' };
 

@@ -26,6 +26,7 @@ import * as deviceBookingGuard from './2026-12-01T00-device-booking-guard.ts';
 import * as statementAbort from './2026-12-01T01-statement-abort.ts';
 import * as clockPlpgsql from './2026-12-01T02-clock-plpgsql.ts';
 import * as hostBookingIndex from './2026-12-01T03-host-booking-index.ts';
+import * as lifecycleWakes from './2026-12-01T04-lifecycle-wakes.ts';
 
 /** Every migration in order; names are frozen once released. */
 export const migrations: Record<string, Migration> = {
@@ -56,6 +57,7 @@ export const migrations: Record<string, Migration> = {
   '2026-12-01T01-statement-abort': statementAbort,
   '2026-12-01T02-clock-plpgsql': clockPlpgsql,
   '2026-12-01T03-host-booking-index': hostBookingIndex,
+  '2026-12-01T04-lifecycle-wakes': lifecycleWakes,
 };
 
 export const migrationProvider: MigrationProvider = {

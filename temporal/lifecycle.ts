@@ -175,7 +175,11 @@ export function createTemporalLifecycle(
           }
           return;
         case 'wake':
-          await handle(reservationId).signal(wakeSignal, { reason: signal.reason });
+          try {
+            await handle(reservationId).signal(wakeSignal, { reason: signal.reason });
+          } catch (error) {
+            if (!(signal.ifRunning && error instanceof WorkflowNotFoundError)) throw error;
+          }
           return;
         case 'capacityFreed':
           await handle(reservationId).signal(capacityFreedSignal, { poolId: signal.poolId });

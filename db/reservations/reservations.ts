@@ -8,6 +8,7 @@ import { holdMachinesForCleaning } from '../metal/dedicated-leases.ts';
 import { preparedMarker } from '../pool.ts';
 import { reservationStateEvent } from './lifecycle-events.ts';
 import { endCurrentAllocations, refundReservationQuota } from './lifecycle-release.ts';
+import { recordLifecycleWake } from './lifecycle-wakes.ts';
 import { type CalledOffPreemption, callOffPreemptionsBy } from './preemption-call-off.ts';
 import { beginKubernetesRelease } from './releasing.ts';
 
@@ -154,6 +155,8 @@ export async function endReservationForCaller(
     tenantId: string;
     kind: 'release' | 'cancel';
     audit: CallerAudit;
+    /** A lifecycle runs the reservation: the wake it is owed is recorded (lifecycle-wakes.ts). */
+    wakeOwed?: boolean;
   },
 ): Promise<Awaited<ReturnType<typeof releaseReservation>>> {
   const locked = await lockReservation(trx, input.reservationId);
@@ -175,6 +178,7 @@ export async function endReservationForCaller(
       requestId: input.audit.requestId,
       context: { ...input.audit.context, kind: input.kind, state: released.state },
     });
+    if (input.wakeOwed) await recordLifecycleWake(trx, input.reservationId, input.kind);
   }
   return released;
 }

@@ -1,5 +1,6 @@
 import { sql } from 'kysely';
 import { describe, expect, it } from 'vitest';
+import { releaseReservation } from '../../db/reservations/reservations.ts';
 import { snapshotQuery } from '../../workflows/reservation/messages.ts';
 import { callApi } from '../support/api.ts';
 import { useLifecycleApi } from './harness.ts';
@@ -139,5 +140,36 @@ describe('admission and lifecycle together', () => {
       .toBe(before.end! + 300_000);
     await call('reservations/release', { tenantId: 'acme', reservationId: id });
     expect(await handle.result()).toEqual({ state: 'released' });
+  });
+
+  it('a repeated release wakes a lifecycle whose first release committed but never woke it', async () => {
+    const created = await call('reservations/create', {
+      tenantId: 'acme',
+      poolId: h.poolId,
+      devices: [{ class: 'gpu', count: 1 }],
+      duration: '10m',
+      // wall time: an hour ahead, so the lifecycle sleeps on its start timer and nothing wakes it soon
+      start: Date.now() + 3_600_000,
+      idempotencyKey: 'e2e-repeated-release',
+    });
+    const id = created.body.data.id;
+    const handle = h.temporal.client.workflow.getHandle(id);
+    await expect
+      .poll(async () => (await handle.query(snapshotQuery))?.state, { timeout: 30_000 })
+      .toBe('placed');
+    // The first release's transaction, as an API process that died right after its commit left it.
+    await h.db.transaction().execute((trx) => releaseReservation(trx, id, 'release'));
+    expect((await handle.describe()).status.name).toBe('RUNNING');
+    const again = await call('reservations/release', { tenantId: 'acme', reservationId: id });
+    expect(again.body.data.state).toBe('released');
+    expect(await handle.result()).toEqual({ state: 'released' });
+    // Woken by the repeat, not by a timer of its own.
+    const wakes = (await handle.fetchHistory()).events
+      ?.map((e) => e.workflowExecutionSignaledEventAttributes)
+      .filter((signal) => signal?.signalName === 'wake')
+      .map((signal) => Buffer.from(signal?.input?.payloads?.[0]?.data ?? []).toString());
+    expect(wakes).toContainEqual(expect.stringContaining('release repeated'));
+    // Once the lifecycle has finished, a repeat answers the same and wakes nothing.
+    expect((await call('reservations/release', { tenantId: 'acme', reservationId: id })).status).toBe(200);
   });
 });

@@ -2,6 +2,8 @@ import { spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
 import { checkBookingInvariants } from '../../db/allocations/invariants.ts';
+import { recordLifecycleWake } from '../../db/reservations/lifecycle-wakes.ts';
+import { releaseReservation } from '../../db/reservations/reservations.ts';
 import { bootstrapPlatform } from '../../iam/bootstrap.ts';
 import { createEmbeddedIam } from '../../iam/embedded/index.ts';
 import { ensureSweeperSchedule } from '../../temporal/schedules.ts';
@@ -15,6 +17,23 @@ import {
 } from './harness.ts';
 
 const h = useLifecycleHarness({ name: 'sweeper', nodes: 2, sweeper: { everyMs: 1_000, graceMs: 500 } });
+
+/** Until the reservation's lifecycle has looked at it once. */
+async function waitForStarted(reservationId: string) {
+  await expect
+    .poll(
+      async () =>
+        (
+          await h.db
+            .selectFrom('reservations')
+            .where('id', '=', reservationId)
+            .select('lifecycle_started_at')
+            .executeTakeFirstOrThrow()
+        ).lifecycle_started_at,
+      { timeout: 20_000 },
+    )
+    .not.toBeNull();
+}
 
 describe('the orphan sweeper (a Temporal Schedule)', () => {
   it('starts the lifecycle of reservations committed without one (the API died before the start)', async () => {
@@ -45,19 +64,7 @@ describe('the orphan sweeper (a Temporal Schedule)', () => {
     const placed = await insertPlacedReservation(h, { node: h.nodes[1]!, startInMs: 3_600_000 });
     await h.startLifecycle(placed.id);
     const handle = h.temporal.client.workflow.getHandle(placed.id);
-    await expect
-      .poll(
-        async () =>
-          (
-            await h.db
-              .selectFrom('reservations')
-              .where('id', '=', placed.id)
-              .select('lifecycle_started_at')
-              .executeTakeFirstOrThrow()
-          ).lifecycle_started_at,
-        { timeout: 20_000 },
-      )
-      .not.toBeNull();
+    await waitForStarted(placed.id);
     const firstRun = (await handle.describe()).runId;
     await handle.terminate('an operator pressed the wrong button');
     await expect
@@ -104,6 +111,29 @@ describe('the orphan sweeper (a Temporal Schedule)', () => {
     expect(await checkBookingInvariants(h.db)).toEqual({ deviceOverlaps: 0, scalarOverbookings: 0 });
     await h.lifecycle.signal(row.id, { type: 'release' });
     await waitForState(h, row.id, 'released');
+  });
+
+  it('wakes the lifecycle of a reservation whose release committed but never told it (the API died)', async () => {
+    const placed = await insertPlacedReservation(h, { node: h.nodes[1]!, startInMs: 3_600_000 });
+    await h.startLifecycle(placed.id);
+    const handle = h.temporal.client.workflow.getHandle(placed.id);
+    await waitForStarted(placed.id);
+    // What a caller's release leaves when its process dies right after the commit.
+    await h.db.transaction().execute(async (trx) => {
+      await releaseReservation(trx, placed.id, 'release');
+      await recordLifecycleWake(trx, placed.id, 'release');
+    });
+    expect(await handle.result()).toEqual({ state: 'released' });
+    const wakes = (await handle.fetchHistory()).events
+      ?.map((e) => e.workflowExecutionSignaledEventAttributes)
+      .filter((signal) => signal?.signalName === 'wake')
+      .map((signal) => Buffer.from(signal?.input?.payloads?.[0]?.data ?? []).toString());
+    expect(wakes).toContainEqual(expect.stringContaining('sweeper: release'));
+    await expect
+      .poll(() =>
+        h.db.selectFrom('lifecycle_wakes').where('reservation_id', '=', placed.id).selectAll().execute(),
+      )
+      .toEqual([]);
   });
 
   it('ensures its Schedule idempotently and brings an existing one to the new settings', async () => {

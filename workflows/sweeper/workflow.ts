@@ -6,11 +6,16 @@ import type { RolloutActivities } from '../../activities/rollout.ts';
 // biome-ignore lint/style/noRestrictedImports: a type-only import, erased before bundling
 import type { SweeperActivities } from '../../activities/sweeper.ts';
 
-const { sweepOrphanReservations, sweepOrphanPreemptions, sweepExpiredHolds, sweepUnfinishedDrains } =
-  proxyActivities<SweeperActivities>({
-    startToCloseTimeout: '2 minutes',
-    retry: { maximumAttempts: 3 },
-  });
+const {
+  sweepOrphanReservations,
+  sweepOrphanPreemptions,
+  sweepExpiredHolds,
+  sweepUnfinishedDrains,
+  sweepOwedLifecycleWakes,
+} = proxyActivities<SweeperActivities>({
+  startToCloseTimeout: '2 minutes',
+  retry: { maximumAttempts: 3 },
+});
 
 const { sweepOrphanRollouts } = proxyActivities<RolloutActivities>({
   startToCloseTimeout: '1 minute',
@@ -29,7 +34,8 @@ const maxDraftBatches = 20;
  * Run by the sweeper Schedule: starts (or wakes) the lifecycle of every non-terminal reservation
  * that has no running workflow, such as one whose API process died between commit and start, and
  * the workflow of every open spot preemption notice and of every running or paused rollout that has
- * none, announces lapsed host holds and finishes drains left unfinished; then,
+ * none, announces lapsed host holds, finishes drains left unfinished and wakes the lifecycles of
+ * ended reservations that their release or cancel did not tell; then,
  * given `draftRetentionMs`, removes refused requests older than it, a bounded batch per activity
  * while batches come back full (at most 20 a run; the next run goes on).
  */
@@ -44,6 +50,8 @@ export async function orphanSweeper(
   await sweepExpiredHolds({ limit: sweep.limit });
   // Drains whose last allocation ended without finishing them (the ending paths finish them too).
   if (patched('sweeper-finish-drains')) await sweepUnfinishedDrains({ limit: sweep.limit });
+  // Ended reservations whose lifecycle the release or cancel did not tell (its process died).
+  if (patched('sweeper-owed-wakes')) await sweepOwedLifecycleWakes(sweep);
   const swept = {
     ...reservations,
     ...(preemptions.started.length ? { preemptions: preemptions.started } : {}),
