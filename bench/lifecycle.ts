@@ -6,7 +6,10 @@
  * them (placed, a day ahead, so every workflow stays live, waiting on its timers) and started 25
  * at a time. The worker runs in a child process so its figures are its own.
  * Usage: node --import tsx bench/lifecycle.ts [--reservations 1000] [--creates 200] [--idle 5]
- *   [--cache N] (the worker's sticky cache: most workflows kept; default the SDK's)
+ *   [--cache N] (the worker's sticky cache size; default the worker's, 250)
+ *   [--wakes N] (then N rounds in which every live lifecycle is woken once, 25 at a time, by the
+ *   `extended` update, which answers after the workflow looked at its reservation again: what a
+ *   small cache costs when evicted lifecycles wake and replay their history)
  */
 import { fork } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
@@ -30,6 +33,7 @@ const { values } = parseArgs({
     creates: { type: 'string', default: '200' },
     idle: { type: 'string', default: '5' },
     cache: { type: 'string' },
+    wakes: { type: 'string', default: '0' },
   },
 });
 const total = Number(values.reservations);
@@ -144,6 +148,26 @@ try {
   await new Promise((r) => setTimeout(r, Number(values.idle) * 1000));
   const later = await sample();
 
+  // Wake rounds: every lifecycle woken once a round; with a cache smaller than the live set most
+  // of them were evicted and replay their history first.
+  const wakeMs: number[] = [];
+  const beforeWakes = await sample();
+  const t3 = performance.now();
+  const end = start + 3_600_000;
+  for (let round = 0; round < Number(values.wakes); round++) {
+    for (let i = 0; i < unstarted.length; i += 25) {
+      await Promise.all(
+        unstarted.slice(i, i + 25).map(async (r) => {
+          const w0 = performance.now();
+          await (lifecycle as ReservationLifecycle).signal(r.id, { type: 'extended', end });
+          wakeMs.push(performance.now() - w0);
+        }),
+      );
+    }
+  }
+  const wakeSeconds = (performance.now() - t3) / 1000;
+  const afterWakes = await sample();
+
   withMs.sort((a, b) => a - b);
   withoutMs.sort((a, b) => a - b);
   const cpu = (a: Usage, b: Usage) => (b.cpu.user + b.cpu.system - a.cpu.user - a.cpu.system) / 1e6;
@@ -168,6 +192,12 @@ try {
   console.log(
     `worker CPU: ${cpu(idle, live).toFixed(1)} s while they started, ${cpu(live, later).toFixed(2)} s over ${values.idle} s idle with ${total} live`,
   );
+  if (wakeMs.length > 0) {
+    wakeMs.sort((a, b) => a - b);
+    console.log(
+      `${wakeMs.length} wakes (${values.wakes} rounds of ${unstarted.length}, 25 at a time): ${(wakeMs.length / wakeSeconds).toFixed(0)}/s, p50 ${percentile(wakeMs, 50).toFixed(1)} ms, p99 ${percentile(wakeMs, 99).toFixed(1)} ms, worker CPU ${((cpu(beforeWakes, afterWakes) * 1000) / wakeMs.length).toFixed(2)} ms a wake, worker RSS after ${mib(afterWakes.memory.rss)} MiB`,
+    );
+  }
 } finally {
   child.send({ type: 'stop' });
   await new Promise((resolve) => child.once('exit', resolve));

@@ -101,8 +101,8 @@ export const configSchema = z.object({
    */
   BETTER_COMPUTE_DRAFT_RETENTION_HOURS: z.coerce.number().positive().max(8_760).default(24),
   /**
-   * Most workflows the worker keeps in its sticky cache; unset, the SDK's default (from the heap
-   * limit). An evicted workflow is replayed from its history when it next wakes.
+   * Most workflows the worker keeps in its sticky cache; unset, 250 (`defaultWorkflowCache`). An
+   * evicted workflow is replayed from its history when it next wakes.
    */
   BETTER_COMPUTE_WORKFLOW_CACHE: z.coerce.number().int().min(0).max(100_000).optional(),
   /**

@@ -3,7 +3,7 @@ import { describe, expect, it } from 'vitest';
 import { releaseReservation } from '../../db/reservations/reservations.ts';
 import { snapshotQuery } from '../../workflows/reservation/messages.ts';
 import { callApi } from '../support/api.ts';
-import { useLifecycleApi } from './harness.ts';
+import { useLifecycleApi, wakeReasons } from './harness.ts';
 
 /**
  * The reservations API (admission) and the lifecycle workflows together: admission starts the
@@ -164,10 +164,7 @@ describe('admission and lifecycle together', () => {
     expect(again.body.data.state).toBe('released');
     expect(await handle.result()).toEqual({ state: 'released' });
     // Woken by the repeat, not by a timer of its own.
-    const wakes = (await handle.fetchHistory()).events
-      ?.map((e) => e.workflowExecutionSignaledEventAttributes)
-      .filter((signal) => signal?.signalName === 'wake')
-      .map((signal) => Buffer.from(signal?.input?.payloads?.[0]?.data ?? []).toString());
+    const wakes = await wakeReasons(h, id);
     expect(wakes).toContainEqual(expect.stringContaining('release repeated'));
     // Once the lifecycle has finished, a repeat answers the same and wakes nothing.
     expect((await call('reservations/release', { tenantId: 'acme', reservationId: id })).status).toBe(200);

@@ -244,3 +244,12 @@ export async function eventTypes(h: LifecycleHarness, reservationId: string): Pr
     .execute();
   return rows.map((r) => r.type);
 }
+
+/** The payloads of the `wake` signals a lifecycle's history holds, as JSON text, oldest first. */
+export async function wakeReasons(h: LifecycleHarness, reservationId: string): Promise<string[]> {
+  const history = await h.temporal.client.workflow.getHandle(reservationId).fetchHistory();
+  return (history.events ?? [])
+    .map((e) => e.workflowExecutionSignaledEventAttributes)
+    .filter((signal) => signal?.signalName === 'wake')
+    .map((signal) => Buffer.from(signal?.input?.payloads?.[0]?.data ?? []).toString());
+}

@@ -14,6 +14,7 @@ import {
   insertUnplacedReservation,
   useLifecycleHarness,
   waitForState,
+  wakeReasons,
 } from './harness.ts';
 
 const h = useLifecycleHarness({ name: 'sweeper', nodes: 2, sweeper: { everyMs: 1_000, graceMs: 500 } });
@@ -124,10 +125,7 @@ describe('the orphan sweeper (a Temporal Schedule)', () => {
       await recordLifecycleWake(trx, placed.id, 'release');
     });
     expect(await handle.result()).toEqual({ state: 'released' });
-    const wakes = (await handle.fetchHistory()).events
-      ?.map((e) => e.workflowExecutionSignaledEventAttributes)
-      .filter((signal) => signal?.signalName === 'wake')
-      .map((signal) => Buffer.from(signal?.input?.payloads?.[0]?.data ?? []).toString());
+    const wakes = await wakeReasons(h, placed.id);
     expect(wakes).toContainEqual(expect.stringContaining('sweeper: release'));
     await expect
       .poll(() =>
