@@ -31,4 +31,16 @@ describe('TtlCache.load', () => {
     expect(cache.get('pool')).toBeUndefined();
     expect(await cache.load('pool', () => Promise.resolve(3))).toBe(3);
   });
+
+  it('after clear(), a load begun before it is not shared and not stored', async () => {
+    const cache = new TtlCache<string>(60_000);
+    let finishOld: (value: string) => void = () => {};
+    const old = cache.load('tenants', () => new Promise<string>((resolve) => (finishOld = resolve)));
+    cache.clear();
+    const fresh = cache.load('tenants', () => Promise.resolve('after'));
+    finishOld('before');
+    expect(await old).toBe('before');
+    expect(await fresh).toBe('after');
+    expect(await cache.load('tenants', () => Promise.resolve('again'))).toBe('after');
+  });
 });

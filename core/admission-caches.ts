@@ -19,6 +19,8 @@ export interface PoolForTenant {
 export class TtlCache<V> {
   readonly #entries = new Map<string, { at: number; value: V }>();
   readonly #loading = new Map<string, Promise<V>>();
+  /** Bumped by clear(): a load begun before it is neither shared after it nor stored. */
+  #generation = 0;
   readonly ttlMs: number;
   readonly maxEntries: number;
 
@@ -43,25 +45,30 @@ export class TtlCache<V> {
   /**
    * The value stored less than `ttlMs` ago, else `loader`'s, stored; callers that ask while a load
    * runs share it (one read when an entry expires under many concurrent callers, not one each).
-   * A failed load is every waiting caller's error and stores nothing.
+   * A failed load is every waiting caller's error and stores nothing; a load begun before a
+   * clear() answers its own callers only.
    */
   load(key: string, loader: () => Promise<V>): Promise<V> {
     const hit = this.get(key);
     if (hit !== undefined) return Promise.resolve(hit);
-    let loading = this.#loading.get(key);
-    if (!loading) {
-      loading = loader()
-        .then((value) => {
-          this.set(key, value);
-          return value;
-        })
-        .finally(() => this.#loading.delete(key));
-      this.#loading.set(key, loading);
-    }
+    const running = this.#loading.get(key);
+    if (running) return running;
+    const generation = this.#generation;
+    const loading: Promise<V> = loader()
+      .then((value) => {
+        if (generation === this.#generation) this.set(key, value);
+        return value;
+      })
+      .finally(() => {
+        if (this.#loading.get(key) === loading) this.#loading.delete(key);
+      });
+    this.#loading.set(key, loading);
     return loading;
   }
 
   clear(): void {
+    this.#generation++;
+    this.#loading.clear();
     this.#entries.clear();
   }
 }

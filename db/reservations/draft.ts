@@ -32,12 +32,8 @@ export async function cachedPoolForTenant(
   poolId: string,
   caches?: AdmissionCaches,
 ): Promise<PoolForTenant> {
-  const key = `${tenantId}\u0000${poolId}`;
-  const hit = caches?.pools.get(key);
-  if (hit) return hit;
-  const pool = await poolForTenant(db, tenantId, poolId);
-  caches?.pools.set(key, pool);
-  return pool;
+  if (!caches) return poolForTenant(db, tenantId, poolId);
+  return caches.pools.load(`${tenantId}\u0000${poolId}`, () => poolForTenant(db, tenantId, poolId));
 }
 
 /** The pool if it is owned by or offered to the tenant and not archived; else NOT_FOUND. */
@@ -66,8 +62,7 @@ export async function poolPerGpuShare(
   caches?: AdmissionCaches,
 ): Promise<HostResourceAmounts> {
   const perGpu = (pool.policy.perGpu ?? {}) as Partial<HostResourceAmounts>;
-  let measured = caches?.share.get(pool.id);
-  if (!measured) {
+  const measure = async () => {
     const { rows } = await sql<{ resource: string; share: string | null }>`
       SELECT h.resource, min(h.allocatable / g.n) AS share
       FROM nodes n
@@ -76,10 +71,11 @@ export async function poolPerGpuShare(
       JOIN host_resources h ON h.node_id = n.id AND h.resource IN ('vcpu', 'memoryGiB')
       WHERE n.pool_id = ${pool.id}
       GROUP BY h.resource`.execute(db);
-    measured = { vcpu: 0, memoryGiB: 0, hugepages1Gi: 0 };
-    for (const r of rows) measured[r.resource as 'vcpu' | 'memoryGiB'] = Number(r.share ?? 0);
-    caches?.share.set(pool.id, measured);
-  }
+    const share = { vcpu: 0, memoryGiB: 0, hugepages1Gi: 0 };
+    for (const r of rows) share[r.resource as 'vcpu' | 'memoryGiB'] = Number(r.share ?? 0);
+    return share;
+  };
+  const measured = caches ? await caches.share.load(pool.id, measure) : await measure();
   return {
     vcpu: perGpu.vcpu ?? measured.vcpu,
     memoryGiB: perGpu.memoryGiB ?? measured.memoryGiB,

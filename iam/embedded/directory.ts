@@ -19,17 +19,8 @@ export function createDirectory(db: IamDb, options: { ttlMs?: number } = {}) {
   const delegations = new TtlCache<ActiveDelegation | null>(ttlMs);
   const builtIn = new TtlCache<RoleInfo[]>(ttlMs);
 
-  /** The cached answer for `key` while it is fresh, else `load()`'s, stored. */
-  async function cached<V>(cache: TtlCache<V>, key: string, load: () => Promise<V>): Promise<V> {
-    const hit = cache.get(key);
-    if (hit !== undefined) return hit;
-    const value = await load();
-    cache.set(key, value);
-    return value;
-  }
-
   const tenantMap = () =>
-    cached(tenants, '', async () => new Map((await selectTenantNodes(db)).map((t) => [t.id, t])));
+    tenants.load('', async () => new Map((await selectTenantNodes(db)).map((t) => [t.id, t])));
 
   return {
     invalidate() {
@@ -62,19 +53,19 @@ export function createDirectory(db: IamDb, options: { ttlMs?: number } = {}) {
       return out;
     },
     roles(identityId: string): Promise<BoundRole[]> {
-      return cached(bindings, identityId, () => selectBoundRoles(db, identityId));
+      return bindings.load(identityId, () => selectBoundRoles(db, identityId));
     },
     /** The policies in force for a tenant (the newest enabled version of each name). */
     policies(tenantId: string): Promise<PolicyVersion[]> {
-      return cached(policies, tenantId, () => selectActivePolicies(db, tenantId));
+      return policies.load(tenantId, () => selectActivePolicies(db, tenantId));
     },
     /** A delegation while it stands; null once it is revoked (or when it never existed). */
     delegation(delegationId: string): Promise<ActiveDelegation | null> {
-      return cached(delegations, delegationId, () => findActiveDelegation(db, delegationId));
+      return delegations.load(delegationId, () => findActiveDelegation(db, delegationId));
     },
     /** The built-in roles (bindable on every tenant), oldest first. */
     builtInRoles(): Promise<RoleInfo[]> {
-      return cached(builtIn, '', () => listBuiltInRoles(db));
+      return builtIn.load('', () => listBuiltInRoles(db));
     },
   };
 }
