@@ -27,6 +27,7 @@ import * as statementAbort from './2026-12-01T01-statement-abort.ts';
 import * as clockPlpgsql from './2026-12-01T02-clock-plpgsql.ts';
 import * as hostBookingIndex from './2026-12-01T03-host-booking-index.ts';
 import * as lifecycleWakes from './2026-12-01T04-lifecycle-wakes.ts';
+import * as hostBookingEndIndex from './2026-12-03T00-host-booking-end-index.ts';
 
 /** Every migration in order; names are frozen once released. */
 export const migrations: Record<string, Migration> = {
@@ -58,6 +59,7 @@ export const migrations: Record<string, Migration> = {
   '2026-12-01T02-clock-plpgsql': clockPlpgsql,
   '2026-12-01T03-host-booking-index': hostBookingIndex,
   '2026-12-01T04-lifecycle-wakes': lifecycleWakes,
+  '2026-12-03T00-host-booking-end-index': hostBookingEndIndex,
 };
 
 export const migrationProvider: MigrationProvider = {

@@ -83,9 +83,9 @@ export async function bookPlannedAllocations(
     WHERE h.node_id IS NULL OR h.allocatable <
         (SELECT sum(q.m) FROM p q WHERE q.n = p.n AND q.r = p.r AND ${range('q.s', 'q.e')} && ${range('p.s', 'p.e')})
       + COALESCE((SELECT sum(amount) FROM scalar_bookings b
-                   WHERE ${hostBookingOfNode('b', sql.ref('p.n'))} AND b.resource = p.r AND b.during && ${range('p.s', 'p.e')}), 0)
+                   WHERE ${hostBookingOfNode('b', sql.ref('p.n'), sql.ref('p.s'))} AND b.resource = p.r AND b.during && ${range('p.s', 'p.e')}), 0)
       + COALESCE((SELECT sum(amount) FROM hold_bookings b
-                   WHERE ${hostBookingOfNode('b', sql.ref('p.n'))} AND b.resource = p.r AND b.during && ${range('p.s', 'p.e')}), 0)
+                   WHERE ${hostBookingOfNode('b', sql.ref('p.n'), sql.ref('p.s'))} AND b.resource = p.r AND b.during && ${range('p.s', 'p.e')}), 0)
     UNION
     SELECT t.rid
     FROM unnest(${atoms.map((a) => a.deviceId)}::text[], ${atoms.map((a) => a.plan.reservationId)}::text[],

@@ -67,13 +67,20 @@ export function bookingOfDevice(alias: string, deviceId: RawBuilder<unknown>): R
 
 /**
  * The condition that the scalar_bookings or hold_bookings row `alias` is a booking of the node
- * `nodeId` (an SQL expression), in the form their gist indexes answer: they lead with
- * `hashtext(node_id)` (migrations/2026-12-01T03-host-booking-index.ts), so a lookup by the node id
- * alone would scan most of the index. Every lookup of a node's host bookings uses this.
+ * `nodeId` still running at `from` or later (both SQL expressions; `from` a timestamptz), in the
+ * form their btree indexes answer: `(node_id, resource, coalesce(upper(during), 'infinity'))`
+ * (migrations/2026-12-03T00-host-booking-end-index.ts). Bookings are kept after they end, so a
+ * lookup without the end bound would read every booking the node ever had. The caller adds its
+ * resource and its exact time test (`during && …`, `during @> …`); every lookup of a node's host
+ * bookings uses this.
  */
-export function hostBookingOfNode(alias: string, nodeId: RawBuilder<unknown>): RawBuilder<unknown> {
-  const column = sql.ref(`${alias}.node_id`);
-  return sql`(hashtext(${column}) = hashtext(${nodeId}) AND ${column} = ${nodeId})`;
+export function hostBookingOfNode(
+  alias: string,
+  nodeId: RawBuilder<unknown>,
+  from: RawBuilder<unknown>,
+): RawBuilder<unknown> {
+  const during = sql.ref(`${alias}.during`);
+  return sql`(${sql.ref(`${alias}.node_id`)} = ${nodeId} AND coalesce(upper(${during}), 'infinity'::timestamptz) >= ${from})`;
 }
 
 /**

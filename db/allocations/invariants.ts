@@ -23,7 +23,7 @@ export async function checkBookingInvariants(db: Db): Promise<BookingInvariantRe
       (SELECT count(*) FROM scalar_bookings s
          JOIN host_resources h ON h.node_id = s.node_id AND h.resource = s.resource
          WHERE (SELECT sum(o.amount) FROM scalar_bookings o
-                 WHERE ${hostBookingOfNode('o', sql.ref('s.node_id'))} AND o.resource = s.resource
+                 WHERE ${hostBookingOfNode('o', sql.ref('s.node_id'), sql`lower(s.during)`)} AND o.resource = s.resource
                    AND o.during @> lower(s.during)) > h.allocatable) AS scalar_overbookings`.execute(db);
   return {
     deviceOverlaps: Number(rows[0]!.device_overlaps),

@@ -82,7 +82,7 @@ export async function readNodeCapacity(
              COALESCE(sum(sb.amount) FILTER (WHERE sb.during @> compute_now()), 0) AS now,
              COALESCE(sum(sb.amount) FILTER (WHERE lower(sb.during) > compute_now()), 0) AS later
       FROM host_resources h
-      LEFT JOIN scalar_bookings sb ON ${hostBookingOfNode('sb', sql.ref('h.node_id'))} AND sb.resource = h.resource
+      LEFT JOIN scalar_bookings sb ON ${hostBookingOfNode('sb', sql.ref('h.node_id'), sql`compute_now()`)} AND sb.resource = h.resource
         AND EXISTS (SELECT 1 FROM allocations a WHERE a.id = sb.allocation_id AND a.state NOT IN (${literalList(endedAllocationStates)}))
       WHERE h.node_id = ANY(${ids}::text[]) AND h.resource IN ('vcpu', 'memoryGiB')
       GROUP BY h.node_id, h.resource, h.allocatable`.execute(db),

@@ -121,7 +121,7 @@ export async function loadPlacerNodes(
            (SELECT json_agg(json_build_object('r', s.resource, 'n', s.amount, 's', lower(s.during), 'e', upper(s.during)))
               FROM (SELECT node_id, resource, amount, during FROM scalar_bookings
                     UNION ALL SELECT node_id, resource, amount, during FROM hold_bookings) s
-             WHERE ${hostBookingOfNode('s', sql.ref('n.id'))} AND s.resource IN ('vcpu', 'memoryGiB', 'hugepages1Gi')
+             WHERE ${hostBookingOfNode('s', sql.ref('n.id'), sql`lower(${horizon})`)} AND s.resource IN ('vcpu', 'memoryGiB', 'hugepages1Gi')
                AND s.during && ${horizon}) AS scalars
     FROM nodes n WHERE n.pool_id = ${input.poolId} ${only} ORDER BY n.name`.execute(db);
   return rows.map((n) => {

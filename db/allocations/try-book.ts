@@ -141,9 +141,9 @@ export async function tryInsertAllocationWithBookings(
             JOIN host_resources h ON h.node_id = ${input.nodeId} AND h.resource = w.r
             WHERE h.allocatable < w.m
               + COALESCE((SELECT sum(amount) FROM scalar_bookings s
-                           WHERE ${hostBookingOfNode('s', sql`${input.nodeId}`)} AND s.resource = w.r AND s.during && ${booked}), 0)
+                           WHERE ${hostBookingOfNode('s', sql`${input.nodeId}`, sql`lower(${booked})`)} AND s.resource = w.r AND s.during && ${booked}), 0)
               + COALESCE((SELECT sum(amount) FROM hold_bookings b
-                           WHERE ${hostBookingOfNode('b', sql`${input.nodeId}`)} AND b.resource = w.r AND b.during && ${booked}), 0)) THEN 'stale'
+                           WHERE ${hostBookingOfNode('b', sql`${input.nodeId}`, sql`lower(${booked})`)} AND b.resource = w.r AND b.during && ${booked}), 0)) THEN 'stale'
           ELSE 'go' END AS v
       ), alloc AS (
         INSERT INTO allocations (id, reservation_id, node_id, state, during, resources)
