@@ -34,7 +34,7 @@ export type IdPrefix =
 
 const crockford = '0123456789abcdefghjkmnpqrstvwxyz';
 
-/** Random bytes drawn 256 ids at a time: one draw of Web Crypto costs about as much as 256 bytes. */
+/** Random bytes drawn 256 ids at a time: a draw of Web Crypto costs far more than the bytes it returns. */
 const randomPool = new Uint8Array(10 * 256);
 let randomAt = randomPool.length;
 
