@@ -6,7 +6,7 @@ import type { SimulatedFleet, SimulatedNode } from '../../daemon/sim.ts';
 import { insertPool, offerPool } from '../../db/nodes/fleet.ts';
 import type { PoolSharingMode } from '../../domain/fleet.ts';
 import type { StartedGateway } from '../../gateway/server.ts';
-import { useLifecycleApi } from '../lifecycle/harness.ts';
+import { billedMeters, useLifecycleApi } from '../lifecycle/harness.ts';
 import { eventually } from '../support/eventually.ts';
 import { joinSimulatedFleet, startTestGateway } from '../support/gateway.ts';
 import { useTempDir } from '../support/temp-dir.ts';
@@ -218,15 +218,7 @@ describe('time-slice and MPS slots, end to end', () => {
     ]);
     await h.compute.api.reservations.release(h.credential, { tenantId: 'acme', reservationId: r.id });
     await expect.poll(() => stateOf(r.id), { timeout: 20_000, interval: 200 }).toBe('released');
-    // The lifecycle writes the last window as it ends the reservation: wait for the workflow.
-    await h.temporal.client.workflow.getHandle(r.id).result();
-    const meters = await h.db
-      .selectFrom('usage_windows')
-      .where('reservation_id', '=', r.id)
-      .select('meter')
-      .distinct()
-      .execute();
-    expect(meters.map((m) => m.meter)).toEqual(['gpu.h100.slot.hours']);
+    expect(await billedMeters(h, r.id)).toEqual(['gpu.h100.slot.hours']);
   });
 });
 

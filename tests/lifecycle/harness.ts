@@ -253,3 +253,18 @@ export async function wakeReasons(h: LifecycleHarness, reservationId: string): P
     .filter((signal) => signal?.signalName === 'wake')
     .map((signal) => Buffer.from(signal?.input?.payloads?.[0]?.data ?? []).toString());
 }
+
+/**
+ * The meters a reservation was billed on, once its lifecycle has ended (it writes the last window
+ * as it ends the reservation), each meter once.
+ */
+export async function billedMeters(h: LifecycleHarness, reservationId: string): Promise<string[]> {
+  await h.temporal.client.workflow.getHandle(reservationId).result();
+  const rows = await h.db
+    .selectFrom('usage_windows')
+    .where('reservation_id', '=', reservationId)
+    .select('meter')
+    .distinct()
+    .execute();
+  return rows.map((r) => r.meter);
+}

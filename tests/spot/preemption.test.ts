@@ -6,7 +6,7 @@ import { checkBookingInvariants } from '../../db/allocations/invariants.ts';
 import { advanceComputeClock, readComputeNow } from '../../db/clock.ts';
 import type { StartedGateway } from '../../gateway/server.ts';
 import { preemptionWakeSignal } from '../../workflows/preemption/messages.ts';
-import { eventTypes, useLifecycleApi } from '../lifecycle/harness.ts';
+import { billedMeters, eventTypes, useLifecycleApi } from '../lifecycle/harness.ts';
 import { eventually } from '../support/eventually.ts';
 import { joinSimulatedFleet, startTestGateway } from '../support/gateway.ts';
 import { useTempDir } from '../support/temp-dir.ts';
@@ -158,13 +158,6 @@ describe('a regular request preempting two spot reservations', () => {
       expect(Number(m.quantity)).toBeGreaterThan(0);
     }
     await h.compute.api.reservations.release(h.credential, { tenantId: 'acme', reservationId: regular.id });
-    await h.temporal.client.workflow.getHandle(regular.id).result();
-    const regularMeters = await h.db
-      .selectFrom('usage_windows')
-      .where('reservation_id', '=', regular.id)
-      .select('meter')
-      .distinct()
-      .execute();
-    expect(regularMeters.map((r) => r.meter)).toEqual([expect.not.stringContaining('.spot.')]);
+    expect(await billedMeters(h, regular.id)).toEqual([expect.not.stringContaining('.spot.')]);
   });
 });
