@@ -9,6 +9,29 @@ const warmPerPool = 128;
  * placement transaction, short enough that a leaked claim only hides a node for a moment.
  */
 const claimLimitMs = 5_000;
+/**
+ * How long the room a whole read found steers the samples: long enough that a busy pool is read
+ * whole every few seconds at most, short enough that room freed elsewhere is not overlooked long.
+ */
+const roomTtlMs = 15_000;
+
+/**
+ * The free atoms per node a whole read of the pool found over `window`, less this process's
+ * bookings since: where a sample looks first once most of a pool is booked.
+ */
+/** A whole read of a pool: when it began (performance.now()), the span its bookings cover, its nodes. */
+export interface WholeRead {
+  startedAt: number;
+  horizon: Interval;
+  nodes: Promise<PlacerNode[]>;
+}
+
+interface Room {
+  window: Interval;
+  at: number;
+  free: Map<string, number>;
+  ids: string[];
+}
 
 interface Entry {
   node: PlacerNode;
@@ -31,6 +54,11 @@ export class PlacerNodeCache {
   readonly #warm = new Map<string, string[]>();
   /** Nodes this process is booking in a transaction still open: claims and their expiry. */
   readonly #claims = new Map<string, { count: number; until: number }>();
+  readonly #room = new Map<string, Room>();
+  /** Whole reads of a pool running now, per pool and class, for callers that arrive meanwhile. */
+  readonly #wholeReads = new Map<string, WholeRead>();
+  /** When the whole read last stored began, per pool and class: an older one ending later is not stored. */
+  readonly #storedWholeRead = new Map<string, number>();
   readonly ttlMs: number;
 
   constructor(ttlMs = defaultTtlMs) {
@@ -62,8 +90,17 @@ export class PlacerNodeCache {
     return { cached, missing };
   }
 
-  /** Stores nodes just read with their bookings over `horizon`. */
-  store(poolId: string, deviceClass: string, nodes: readonly PlacerNode[], horizon: Interval): void {
+  /**
+   * Stores nodes just read with their bookings over `horizon`; they become the pool's warm nodes
+   * unless `warm` is false (a whole pool's read, whose nodes are found through the room instead).
+   */
+  store(
+    poolId: string,
+    deviceClass: string,
+    nodes: readonly PlacerNode[],
+    horizon: Interval,
+    warm = true,
+  ): void {
     const key = `${poolId}/${deviceClass}`;
     let entries = this.#entries.get(key);
     if (!entries) {
@@ -73,10 +110,90 @@ export class PlacerNodeCache {
     // wall time: when the entries were read, for their TTL
     const at = Date.now();
     for (const node of nodes) entries.set(node.id, { node, horizon, at });
-    this.#touch(
-      poolId,
-      nodes.map((n) => n.id),
+    if (warm)
+      this.#touch(
+        poolId,
+        nodes.map((n) => n.id),
+      );
+  }
+
+  /**
+   * Shares a whole read of the pool while it runs: a caller that finds no fit among its samples
+   * meanwhile plans from it instead of reading the pool again (`wholeReadCovering`). Once read,
+   * the nodes are cached and their free atoms over `window` become the pool's room.
+   */
+  shareWholeRead(
+    poolId: string,
+    deviceClass: string,
+    read: WholeRead & { window: Interval },
+    freeAtoms: (node: PlacerNode, window: Interval) => number,
+  ): void {
+    const key = `${poolId}/${deviceClass}`;
+    const shared: WholeRead = { startedAt: read.startedAt, horizon: read.horizon, nodes: read.nodes };
+    this.#wholeReads.set(key, shared);
+    const done = () => {
+      if (this.#wholeReads.get(key) === shared) this.#wholeReads.delete(key);
+    };
+    read.nodes.then(
+      (nodes) => {
+        done();
+        if ((this.#storedWholeRead.get(key) ?? -Infinity) > read.startedAt) return;
+        this.#storedWholeRead.set(key, read.startedAt);
+        this.store(poolId, deviceClass, nodes, read.horizon, false);
+        const free = new Map<string, number>();
+        for (const node of nodes) {
+          const n = freeAtoms(node, read.window);
+          if (n > 0) free.set(node.id, n);
+        }
+        // wall time: the TTL of a heuristic hint, which decides no booking
+        this.#room.set(key, { window: read.window, at: Date.now(), free, ids: [...free.keys()] });
+      },
+      // The reader answers its own failure; the callers sharing it read for themselves.
+      done,
     );
+  }
+
+  /** The whole read of the pool running now whose bookings cover `window`, if any. */
+  wholeReadCovering(poolId: string, deviceClass: string, window: Interval): WholeRead | undefined {
+    const shared = this.#wholeReads.get(`${poolId}/${deviceClass}`);
+    if (!shared || shared.horizon.start > window.start || window.end > shared.horizon.end) return undefined;
+    return shared;
+  }
+
+  /**
+   * Up to `size` random nodes that the pool's last whole read found with at least `atLeast` free
+   * atoms (less this process's bookings since) over a window starting near `window`'s; [] when it
+   * found none left; undefined without such a read in the last 15 s (sample the whole pool then).
+   */
+  roomSample(
+    poolId: string,
+    deviceClass: string,
+    window: Interval,
+    atLeast: number,
+    size: number,
+  ): string[] | undefined {
+    const room = this.#room.get(`${poolId}/${deviceClass}`);
+    // wall time: the TTL of a heuristic hint, which decides no booking
+    const now = Date.now();
+    if (!room || now - room.at >= roomTtlMs || Math.abs(window.start - room.window.start) >= roomTtlMs)
+      return undefined;
+    const picked = new Set<string>();
+    // Random probes, so concurrent placements spread over the room; a room mostly used up by
+    // this process's bookings since the read is swept once for what is left.
+    for (let probe = 0; probe < size * 4 && picked.size < size && room.ids.length > 0; probe++) {
+      const id = room.ids[Math.floor(Math.random() * room.ids.length)]!;
+      if ((room.free.get(id) ?? 0) >= atLeast) picked.add(id);
+    }
+    if (picked.size < size) {
+      room.ids = room.ids.filter((id) => room.free.has(id));
+      const left = room.ids.filter((id) => room.free.get(id)! >= atLeast && !picked.has(id));
+      for (let i = left.length - 1; i >= 0 && picked.size < size; i--) {
+        const j = Math.floor(Math.random() * (i + 1));
+        [left[i], left[j]] = [left[j]!, left[i]!];
+        picked.add(left[i]!);
+      }
+    }
+    return [...picked];
   }
 
   /** Puts `nodeIds` first among the pool's warm nodes. */
@@ -98,6 +215,12 @@ export class PlacerNodeCache {
     },
   ): void {
     this.#touch(poolId, [booking.nodeId]);
+    const room = this.#room.get(`${poolId}/${deviceClass}`);
+    const free = room?.free.get(booking.nodeId);
+    if (room && free !== undefined) {
+      if (free > booking.deviceIds.length) room.free.set(booking.nodeId, free - booking.deviceIds.length);
+      else room.free.delete(booking.nodeId);
+    }
     const node = this.#entries.get(`${poolId}/${deviceClass}`)?.get(booking.nodeId)?.node;
     if (!node) return;
     const booked = new Set(booking.deviceIds);
@@ -111,6 +234,7 @@ export class PlacerNodeCache {
   /** Forgets a node whose booking found it changed. */
   forget(poolId: string, deviceClass: string, nodeId: string): void {
     this.#entries.get(`${poolId}/${deviceClass}`)?.delete(nodeId);
+    this.#room.get(`${poolId}/${deviceClass}`)?.free.delete(nodeId);
   }
 
   /**

@@ -1,7 +1,9 @@
 import { describe, expect, it } from 'vitest';
 import { placerNode } from '../tests/support/placer-node.ts';
 import {
+  candidateStarts,
   earliestStart,
+  fitNode,
   type PlacementRequest,
   type PlacerNode,
   planPlacement,
@@ -100,5 +102,61 @@ describe('the placer', () => {
     expect(earliestStart([busy], request(), hour, hour, 14 * 24 * hour)).toBe(10 * hour);
     expect(earliestStart([busy], request(), hour, hour, 5 * hour)).toBeNull();
     expect(earliestStart([node('free')], request(), hour, hour, 5 * hour)).toBe(hour);
+  });
+
+  it("finds, node by node, the same earliest start as trying every node at every instant of the pool's bookings", () => {
+    // The reference: every instant of every node's bookings, in order, each tried on every node.
+    const everyNodeEveryInstant = (
+      nodes: PlacerNode[],
+      r: PlacementRequest,
+      durationMs: number,
+      from: number,
+    ) => {
+      for (const start of candidateStarts(nodes, from, 14 * 24 * hour, 10_000)) {
+        if (nodes.some((n) => 'fit' in fitNode(n, r, { start, end: start + durationMs }))) return start;
+      }
+      return null;
+    };
+    let seed = 7;
+    const random = () => {
+      seed = (seed * 1_103_515_245 + 12_345) % 2_147_483_648;
+      return seed / 2_147_483_648;
+    };
+    const int = (n: number) => Math.floor(random() * n);
+    const span = () => {
+      const start = int(72) * hour + int(4) * 900_000;
+      return { start, end: start + (1 + int(30)) * hour };
+    };
+    let found = 0;
+    for (let round = 0; round < 3_000; round++) {
+      const nodes = Array.from({ length: 1 + int(5) }, (_, n) => {
+        const domains = 1 + int(2);
+        const base = placerNode(`n${n}`, {
+          attributes: (i) => ({ index: i, nvlinkDomain: `nvl-${Math.floor((i * domains) / 8)}` }),
+          bookings: () => Array.from({ length: int(3) }, span),
+        });
+        if (random() < 0.5)
+          base.host = {
+            vcpu: {
+              allocatable: 64,
+              bookings: Array.from({ length: int(4) }, () => ({ ...span(), amount: 16 * (1 + int(3)) })),
+            },
+          };
+        return base;
+      });
+      const r = request({
+        count: 1 + int(8),
+        topology: random() < 0.5 ? 'nvlink-all' : 'any',
+        resources: { vcpu: 8 * int(6), memoryGiB: 0, hugepages1Gi: 0 },
+      });
+      const durationMs = (1 + int(24)) * hour;
+      const from = int(10) * 1_800_000;
+      const expected = everyNodeEveryInstant(nodes, r, durationMs, from);
+      if (expected !== null) found++;
+      expect(earliestStart(nodes, r, durationMs, from, 14 * 24 * hour)).toBe(expected);
+    }
+    // Both answers occur often: the cases are neither all free nor all full.
+    expect(found).toBeGreaterThan(600);
+    expect(found).toBeLessThan(2_900);
   });
 });

@@ -5,6 +5,7 @@ import { ComputeError } from '../../domain/errors.ts';
 import { newId } from '../../domain/ids.ts';
 import {
   earliestStart,
+  freeAtoms,
   type Interval,
   labelsNeeded,
   type NodeFit,
@@ -26,6 +27,8 @@ type Trx = Transaction<Database>;
 export const counterOfferHorizonMs = 14 * 86_400_000;
 /** Pools up to this many nodes are planned whole; larger ones from a sample first. */
 const wholePoolLimit = 256;
+/** How many nodes a large pool's sampled round reads beside its warm ones. */
+const sampleSize = 8;
 
 /**
  * The releases of the node claims (PlacerNodeCache.claim) each open placement transaction holds,
@@ -112,6 +115,40 @@ function noFitOutcome(
   return { message: withCounterOffer(summary, earliest, input.window.start), earliestStart: earliest };
 }
 
+/**
+ * The NoFit outcomes answered from each whole read of a large pool (one array, whoever planned
+ * from it), per request shape: the window's start they were answered for and the outcome.
+ */
+const noFitsOfRead = new WeakMap<
+  readonly PlacerNode[],
+  Map<string, { from: number; outcome: { message: string; earliestStart: number | null } }>
+>();
+
+/**
+ * noFitOutcome over every node of a whole read, once per request shape for all the placements
+ * that plan from that read. An outcome answered for an earlier start holds for a later one before
+ * its counter-offer: no fit begins in between, since none begins between the earlier start and the
+ * earliest start found (earliestStart tries every instant a fit can begin at).
+ */
+function sharedNoFitOutcome(
+  nodes: readonly PlacerNode[],
+  plan: ReturnType<typeof planPlacement>,
+  input: { request: PlacementRequest; window: Interval; durationMs: number },
+): { message: string; earliestStart: number | null } {
+  let byShape = noFitsOfRead.get(nodes);
+  if (!byShape) {
+    byShape = new Map();
+    noFitsOfRead.set(nodes, byShape);
+  }
+  const shape = JSON.stringify([input.request, input.durationMs]);
+  const known = byShape.get(shape);
+  const start = input.window.start;
+  if (known && known.from <= start && (known.outcome.earliestStart ?? Infinity) > start) return known.outcome;
+  const outcome = noFitOutcome(nodes, plan, input);
+  byShape.set(shape, { from: start, outcome });
+  return outcome;
+}
+
 /** A NoFit summary with its counter-offer: the earliest start within 14 days, or that none fits. */
 export function withCounterOffer(summary: string, earliest: number | null, start: number): string {
   return earliest !== null && earliest > start
@@ -185,7 +222,12 @@ async function sampledNodes(
   const { poolId, request, window, caches } = input;
   const warm = caches.placerNodes.warmNodes(poolId);
   if (round === 'warm') return caches.placerNodes.lookup(poolId, request.deviceClass, warm, window).cached;
-  const ids = [...new Set([...(await sampleNodeIds(db, poolId, caches)), ...warm])];
+  // Where the pool's last whole read found room, when it was lately: in a mostly booked pool a
+  // sample of every schedulable node would rarely hold a fit.
+  const sample =
+    caches.placerNodes.roomSample(poolId, request.deviceClass, window, request.count, sampleSize) ??
+    (await sampleNodeIds(db, poolId, caches, sampleSize));
+  const ids = [...new Set([...sample, ...warm])];
   const { cached, missing } = caches.placerNodes.lookup(poolId, request.deviceClass, ids, window);
   if (missing.length === 0) return cached;
   const readHorizon = { start: window.start, end: window.end + cachedHorizonMs };
@@ -246,6 +288,8 @@ export async function findAndBook(
 ): Promise<
   { placed: true; fit: NodeFit } | { placed: false; message: string; earliestStart: number | null }
 > {
+  // monotonic: orders this placement against the whole reads of the pool that others began
+  const began = performance.now();
   const caches = input.caches ?? createAdmissionCaches();
   const atOnce = input.atOnce;
   const notPlacedAtOnce = { placed: false as const, message: '', earliestStart: null };
@@ -257,19 +301,47 @@ export async function findAndBook(
   };
   const excluded = new Set(input.excludeNodeIds ?? []);
   let contended = false;
-  // A large pool: the warm nodes from the cache, two samples, then the whole pool (read fresh).
-  const rounds = !large
-    ? (['whole'] as const)
+  // A large pool: the warm nodes from the cache, two samples, a whole read of the pool that a
+  // concurrent placement is making, then the whole pool (read fresh, and shared while it runs).
+  const rounds: ReadonlyArray<'warm' | 'sample' | 'shared' | 'whole'> = !large
+    ? ['whole']
     : atOnce
-      ? (['warm', 'sample'] as const)
-      : (['warm', 'sample', 'sample', 'whole'] as const);
+      ? ['warm', 'sample']
+      : ['warm', 'sample', 'sample', 'shared', 'whole'];
   // A statement of its own holds its locks only while it runs: its claims end with it.
   const claims = atOnce ? [] : openClaims.get(trx);
   for (const round of rounds) {
-    const whole = round === 'whole';
-    const loaded = whole
-      ? await loadPlacerNodes(trx, { poolId: input.poolId, deviceClass: input.request.deviceClass, horizon })
-      : await sampledNodes(trx, { ...input, caches }, round);
+    let whole = round === 'whole';
+    let loaded: PlacerNode[];
+    if (round === 'shared') {
+      const shared = caches.placerNodes.wholeReadCovering(
+        input.poolId,
+        input.request.deviceClass,
+        input.window,
+      );
+      // Its failure is the placement's that reads it: this one reads the pool for itself then.
+      const nodes = shared ? await shared.nodes.catch(() => null) : null;
+      if (!shared || !nodes) continue;
+      loaded = nodes;
+      // Begun after this placement began, the read saw every booking its own would have seen:
+      // it stands for the whole round, NoFit included. An older one is planned as a sample.
+      whole = shared.startedAt >= began;
+    } else if (round === 'whole') {
+      const startedAt = performance.now();
+      const read = loadPlacerNodes(trx, {
+        poolId: input.poolId,
+        deviceClass: input.request.deviceClass,
+        horizon,
+      });
+      if (large)
+        caches.placerNodes.shareWholeRead(
+          input.poolId,
+          input.request.deviceClass,
+          { startedAt, horizon, window: input.window, nodes: read },
+          (node, window) => freeAtoms(node, input.request, window),
+        );
+      loaded = await read;
+    } else loaded = await sampledNodes(trx, { ...input, caches }, round);
     // Nodes this process is booking in other open transactions are left to them (choosing the
     // same best fit would only lose the race for its locks), except where a NoFit is answered.
     const claimedElsewhere = (nodeId: string) =>
@@ -283,7 +355,10 @@ export async function findAndBook(
     if (fits.length === 0) {
       if (!plan) continue;
       if (contended || atOnce) break;
-      const outcome = noFitOutcome(nodes, plan, input);
+      const outcome =
+        nodes.length === loaded.length
+          ? sharedNoFitOutcome(loaded, plan, input)
+          : noFitOutcome(nodes, plan, input);
       return { placed: false, message: outcome.message, earliestStart: outcome.earliestStart };
     }
     const byId = new Map(nodes.map((n) => [n.id, n]));
@@ -298,8 +373,8 @@ export async function findAndBook(
         window: input.window,
         reservationId: input.reservationId,
         allocationId: input.allocationId,
-        // A sampled node may come from the cache: the booking re-checks what the plan relied on.
-        ...(whole ? {} : { verify: verification(node, fit, input.request) }),
+        // A node not read by this transaction: the booking re-checks what the plan relied on.
+        ...(round === 'whole' ? {} : { verify: verification(node, fit, input.request) }),
         ...(atOnce ? { alsoWhenBooked: atOnce(fit) } : {}),
       }).catch((error: unknown) => {
         if (!atOnce) throw error;

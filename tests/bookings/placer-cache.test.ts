@@ -1,12 +1,13 @@
 import { sql } from 'kysely';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { createAdmissionCaches } from '../../core/admission-caches.ts';
-import { findAndBook } from '../../db/allocations/placement.ts';
+import { counterOfferHorizonMs, findAndBook } from '../../db/allocations/placement.ts';
+import { loadPlacerNodes } from '../../db/allocations/placement-load.ts';
 import { newId } from '../../domain/ids.ts';
-import type { PlacementRequest } from '../../domain/placer.ts';
+import type { PlacementRequest, PlacerNode } from '../../domain/placer.ts';
 import type { NormalizedRequest } from '../../domain/reservation-request.ts';
 import { useTestDatabase } from '../support/database.ts';
-import { type SeededPool, seedPool } from '../support/fleet.ts';
+import { type SeededPool, seedPool, smallShape } from '../support/fleet.ts';
 
 const hour = 3_600_000;
 const base = new Date('2030-01-01T00:00:00Z').getTime();
@@ -23,18 +24,18 @@ const t = useTestDatabase();
 let pool: SeededPool;
 
 /** A pending reservation row for the placer to book (the booking layer below admission). */
-async function pendingReservation(): Promise<string> {
+async function pendingReservation(poolId = pool.poolId): Promise<string> {
   const id = newId('rsv');
   await t.db
     .insertInto('reservations')
     .values({
       id,
       tenant_id: 'tnt_test',
-      pool_id: pool.poolId,
+      pool_id: poolId,
       owner_identity_id: 'idn_test',
       idempotency_key: id,
       request: JSON.stringify({
-        poolId: pool.poolId,
+        poolId,
         devices: [{ class: 'gpu', count: 1, topology: 'any' }],
         duration: '1h',
         durationMs: hour,
@@ -84,5 +85,129 @@ describe("the placer's node cache in a large pool", () => {
       expect(outcome.placed).toBe(true);
       if (outcome.placed) expect(outcome.fit.nodeId).toBe(open.id);
     }
+  });
+});
+
+describe('a large pool booked but for a few nodes', () => {
+  // Nodes of two GPUs each, all of them asked for: a node either fits or is full.
+  const whole: PlacementRequest = { ...request, count: 2 };
+  const later = { start: base + 30 * 86_400_000, end: base + 30 * 86_400_000 + hour };
+  let full: SeededPool;
+  let free: Set<string>;
+
+  const placeWhole = (caches: ReturnType<typeof createAdmissionCaches>) =>
+    pendingReservation(full.poolId).then((reservationId) =>
+      t.db.transaction().execute((trx) =>
+        findAndBook(trx, {
+          poolId: full.poolId,
+          request: whole,
+          window: later,
+          durationMs: hour,
+          reservationId,
+          caches,
+        }),
+      ),
+    );
+
+  beforeAll(async () => {
+    full = await seedPool(t.db, {
+      site: 'room-site',
+      name: 'h100-room',
+      nodes: 300,
+      shape: smallShape,
+      namePrefix: 'room',
+    });
+    const caches = createAdmissionCaches();
+    const booked = new Set<string>();
+    for (let i = 0; i < 296; i++) {
+      const outcome = await placeWhole(caches);
+      if (!outcome.placed) throw new Error(`the pool was filled short: ${outcome.message}`);
+      booked.add(outcome.fit.nodeId);
+    }
+    free = new Set(full.nodes.map((n) => n.id).filter((id) => !booked.has(id)));
+    expect(free.size).toBe(4);
+  });
+
+  it('samples where a whole read found room: the last free nodes are found without reading the pool again', async () => {
+    const caches = createAdmissionCaches();
+    expect(caches.placerNodes.roomSample(full.poolId, 'gpu', later, 2, 8)).toBeUndefined();
+    // A fresh process: its samples of 300 nodes rarely hold one of the 4 free ones; once it read
+    // the pool whole, the room holds exactly the free nodes it has not booked since.
+    const first = await placeWhole(caches);
+    expect(first.placed).toBe(true);
+    if (!first.placed) return;
+    expect(free.has(first.fit.nodeId)).toBe(true);
+    const room = caches.placerNodes.roomSample(full.poolId, 'gpu', later, 2, 8);
+    if (room !== undefined) {
+      expect(new Set(room)).toEqual(new Set([...free].filter((id) => id !== first.fit.nodeId)));
+    }
+    const second = await placeWhole(caches);
+    expect(second.placed && free.has(second.fit.nodeId)).toBe(true);
+    if (second.placed) free.delete(second.fit.nodeId);
+    free.delete(first.fit.nodeId);
+  });
+
+  it('plans from a concurrent whole read: NoFit from one begun after the placement, never from an older one', async () => {
+    const horizon = { start: later.start, end: later.start + counterOfferHorizonMs + hour };
+    // A whole read of the pool as another placement would share it, showing every node full.
+    const seenFull = (await t.db.transaction().execute(async (trx) => {
+      const nodes = await loadPlacerNodes(trx, { poolId: full.poolId, deviceClass: 'gpu', horizon });
+      for (const node of nodes) for (const d of node.devices) d.bookings.push(later);
+      return nodes;
+    })) as PlacerNode[];
+    /** Caches whose room is empty (a whole read found none), so the samples look at nothing. */
+    const noRoom = async () => {
+      const caches = createAdmissionCaches();
+      const read = Promise.resolve(seenFull);
+      caches.placerNodes.shareWholeRead(
+        full.poolId,
+        'gpu',
+        { startedAt: 0, horizon, window: later, nodes: read },
+        () => 0,
+      );
+      await read;
+      await Promise.resolve();
+      expect(caches.placerNodes.roomSample(full.poolId, 'gpu', later, 2, 8)).toEqual([]);
+      return caches;
+    };
+    /** A whole read running in `caches` begun at `startedAt`, answering once a placement awaits it. */
+    const running = (caches: ReturnType<typeof createAdmissionCaches>, startedAt: number) => {
+      let resolve!: (nodes: PlacerNode[]) => void;
+      const nodes = new Promise<PlacerNode[]>((r) => {
+        resolve = r;
+      });
+      const then = nodes.then.bind(nodes);
+      let awaited = 0;
+      // The first `then` is the cache's own; the second, the placement planning from it.
+      nodes.then = ((onFulfilled, onRejected) => {
+        if (++awaited === 2) resolve(seenFull);
+        return then(onFulfilled, onRejected);
+      }) as typeof nodes.then;
+      caches.placerNodes.shareWholeRead(
+        full.poolId,
+        'gpu',
+        { startedAt, horizon, window: later, nodes },
+        () => 0,
+      );
+    };
+
+    // Begun before the placement: planned as a sample only, then the pool is read afresh.
+    const before = await noRoom();
+    running(before, performance.now() - 1);
+    const placed = await placeWhole(before);
+    expect(placed.placed && free.has(placed.fit.nodeId)).toBe(true);
+    if (placed.placed) free.delete(placed.fit.nodeId);
+    expect(free.size).toBe(1);
+
+    // Begun after it (as a read that started while this placement sampled): its NoFit stands.
+    const after = await noRoom();
+    running(after, performance.now() + 60_000);
+    const answered = await placeWhole(after);
+    expect(answered.placed).toBe(false);
+    if (!answered.placed) expect(answered.message).toMatch(/^0 of 300 nodes fit/);
+
+    // Read by the placement itself, the last free node is found.
+    const last = await placeWhole(await noRoom());
+    expect(last.placed && free.has(last.fit.nodeId)).toBe(true);
   });
 });
