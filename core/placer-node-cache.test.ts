@@ -122,4 +122,26 @@ describe('PlacerNodeCache room', () => {
     await Promise.resolve();
     expect(cache.roomSample('pool', 'gpu', window, 1, 8)).toEqual(['b']);
   });
+
+  it('keeps what this process read or booked since a whole read began over what that read saw', async () => {
+    const cache = new PlacerNodeCache();
+    cache.store('pool', 'gpu', [node('a', 8), node('b', 8)], horizon);
+    const began = performance.now();
+    // While the read runs, this process books 6 atoms of a; b is untouched since before it.
+    cache.recordBooking('pool', 'gpu', {
+      nodeId: 'a',
+      deviceIds: ['a-gpu0', 'a-gpu1', 'a-gpu2', 'a-gpu3', 'a-gpu4', 'a-gpu5'],
+      window,
+      resources: {},
+    });
+    const read = Promise.resolve([node('a', 8), node('b', 3)]);
+    cache.shareWholeRead('pool', 'gpu', { startedAt: began, horizon, window, nodes: read }, free);
+    await read;
+    await Promise.resolve();
+    const [a, b] = cache.lookup('pool', 'gpu', ['a', 'b'], window).cached;
+    expect(free(a!, window)).toBe(2);
+    expect(free(b!, window)).toBe(3);
+    expect(cache.roomSample('pool', 'gpu', window, 3, 8)).toEqual(['b']);
+    expect(new Set(cache.roomSample('pool', 'gpu', window, 2, 8))).toEqual(new Set(['a', 'b']));
+  });
 });

@@ -38,6 +38,8 @@ interface Entry {
   /** The bookings loaded cover this span; a window outside it is read afresh. */
   horizon: Interval;
   at: number;
+  /** When (performance.now()) it was read or this process booked on it: a whole read begun before does not replace it. */
+  since: number;
 }
 
 /**
@@ -57,6 +59,8 @@ export class PlacerNodeCache {
   readonly #room = new Map<string, Room>();
   /** Whole reads of a pool running now, per pool and class, for callers that arrive meanwhile. */
   readonly #wholeReads = new Map<string, WholeRead>();
+  /** Samples read from the database since the last whole read was stored, per pool and class. */
+  readonly #sampleReads = new Map<string, number>();
   /** When the whole read last stored began, per pool and class: an older one ending later is not stored. */
   readonly #storedWholeRead = new Map<string, number>();
   readonly ttlMs: number;
@@ -100,7 +104,8 @@ export class PlacerNodeCache {
     nodes: readonly PlacerNode[],
     horizon: Interval,
     warm = true,
-  ): void {
+    readStartedAt?: number,
+  ): PlacerNode[] {
     const key = `${poolId}/${deviceClass}`;
     let entries = this.#entries.get(key);
     if (!entries) {
@@ -109,12 +114,23 @@ export class PlacerNodeCache {
     }
     // wall time: when the entries were read, for their TTL
     const at = Date.now();
-    for (const node of nodes) entries.set(node.id, { node, horizon, at });
+    const since = performance.now();
+    const stored: PlacerNode[] = [];
+    for (const node of nodes) {
+      // A node read or booked on since a long read began is known better than that read knew it.
+      const known = readStartedAt === undefined ? undefined : entries.get(node.id);
+      if (known && known.since > readStartedAt! && at - known.at < this.ttlMs) stored.push(known.node);
+      else {
+        entries.set(node.id, { node, horizon, at, since });
+        stored.push(node);
+      }
+    }
     if (warm)
       this.#touch(
         poolId,
         nodes.map((n) => n.id),
       );
+    return stored;
   }
 
   /**
@@ -139,9 +155,10 @@ export class PlacerNodeCache {
         done();
         if ((this.#storedWholeRead.get(key) ?? -Infinity) > read.startedAt) return;
         this.#storedWholeRead.set(key, read.startedAt);
-        this.store(poolId, deviceClass, nodes, read.horizon, false);
+        this.#sampleReads.delete(key);
+        const stored = this.store(poolId, deviceClass, nodes, read.horizon, false, read.startedAt);
         const free = new Map<string, number>();
-        for (const node of nodes) {
+        for (const node of stored) {
           const n = freeAtoms(node, read.window);
           if (n > 0) free.set(node.id, n);
         }
@@ -151,6 +168,14 @@ export class PlacerNodeCache {
       // The reader answers its own failure; the callers sharing it read for themselves.
       done,
     );
+  }
+
+  /** Counts a sample read from the database; answers how many were read since the last whole read. */
+  countSampleRead(poolId: string, deviceClass: string): number {
+    const key = `${poolId}/${deviceClass}`;
+    const count = (this.#sampleReads.get(key) ?? 0) + 1;
+    this.#sampleReads.set(key, count);
+    return count;
   }
 
   /** The whole read of the pool running now whose bookings cover `window`, if any. */
@@ -221,8 +246,10 @@ export class PlacerNodeCache {
       if (free > booking.deviceIds.length) room.free.set(booking.nodeId, free - booking.deviceIds.length);
       else room.free.delete(booking.nodeId);
     }
-    const node = this.#entries.get(`${poolId}/${deviceClass}`)?.get(booking.nodeId)?.node;
-    if (!node) return;
+    const entry = this.#entries.get(`${poolId}/${deviceClass}`)?.get(booking.nodeId);
+    if (!entry) return;
+    entry.since = performance.now();
+    const node = entry.node;
     const booked = new Set(booking.deviceIds);
     for (const device of node.devices) if (booked.has(device.id)) device.bookings.push(booking.window);
     for (const [resource, amount] of Object.entries(booking.resources)) {

@@ -29,6 +29,8 @@ export const counterOfferHorizonMs = 14 * 86_400_000;
 const wholePoolLimit = 256;
 /** How many nodes a large pool's sampled round reads beside its warm ones. */
 const sampleSize = 8;
+/** A whole read of a pool costs about as much as sample reads of one node in this many (see readRoom). */
+const sampleReadsPerWholeRead = 16;
 
 /**
  * The releases of the node claims (PlacerNodeCache.claim) each open placement transaction holds,
@@ -238,7 +240,44 @@ async function sampledNodes(
     sample: missing,
   });
   caches.placerNodes.store(poolId, request.deviceClass, read, readHorizon);
+  // Once this process has read as many samples as a whole read costs (a statement's overhead is
+  // most of a small read's), the pool is read whole in the background: its room then serves the
+  // samples from the cache. Not from a transaction, whose connection is the caller's.
+  const reads = caches.placerNodes.countSampleRead(poolId, request.deviceClass);
+  if (
+    !db.isTransaction &&
+    reads >= (await schedulableNodeIds(db, poolId, caches)).length / sampleReadsPerWholeRead
+  ) {
+    readRoom(db, { ...input, horizon: readHorizon });
+  }
   return [...cached, ...read];
+}
+
+/**
+ * Reads a large pool whole for its room (a statement of its own, in the background), unless a
+ * whole read of it runs already. Its failure only leaves the pool without a room for now: the
+ * samples go on without it, and the next one that counts enough reads tries again.
+ */
+function readRoom(
+  db: Db,
+  input: {
+    poolId: string;
+    request: PlacementRequest;
+    window: Interval;
+    horizon: Interval;
+    caches: AdmissionCaches;
+  },
+): void {
+  const { poolId, request, window, horizon, caches } = input;
+  if (caches.placerNodes.wholeReadCovering(poolId, request.deviceClass, window)) return;
+  const nodes = loadPlacerNodes(db, { poolId, deviceClass: request.deviceClass, horizon });
+  caches.placerNodes.shareWholeRead(
+    poolId,
+    request.deviceClass,
+    { startedAt: performance.now(), horizon, window, nodes },
+    (node, w) => freeAtoms(node, request, w),
+  );
+  nodes.catch(() => undefined);
 }
 
 /** What a booking from a possibly cached node re-checks: the atoms as seen and the labels needed. */
@@ -323,9 +362,10 @@ export async function findAndBook(
       const nodes = shared ? await shared.nodes.catch(() => null) : null;
       if (!shared || !nodes) continue;
       loaded = nodes;
-      // Begun after this placement began, the read saw every booking its own would have seen:
-      // it stands for the whole round, NoFit included. An older one is planned as a sample.
-      whole = shared.startedAt >= began;
+      // Begun after this placement began, a read over the counter-offer's horizon saw every
+      // booking its own would have seen: it stands for the whole round, NoFit included. An older
+      // one, or a room's read (a day past the window), is planned as a sample.
+      whole = shared.startedAt >= began && shared.horizon.end - shared.horizon.start >= counterOfferHorizonMs;
     } else if (round === 'whole') {
       const startedAt = performance.now();
       const read = loadPlacerNodes(trx, {

@@ -211,3 +211,56 @@ describe('a large pool booked but for a few nodes', () => {
     expect(last.placed && free.has(last.fit.nodeId)).toBe(true);
   });
 });
+
+describe('a large pool placed in single statements', () => {
+  it('is read whole in the background once its samples have cost as much, and then sampled from that room', async () => {
+    const busy = await seedPool(t.db, {
+      site: 'room-read-site',
+      name: 'h100-room-read',
+      nodes: 300,
+      shape: smallShape,
+      namePrefix: 'read',
+    });
+    const caches = createAdmissionCaches();
+    const one: PlacementRequest = { ...request, count: 1 };
+    // A single statement per try, as admission's first try (placeDraftAtOnce) makes it.
+    const placeAtOnce = async () =>
+      findAndBook(t.db, {
+        poolId: busy.poolId,
+        request: one,
+        window,
+        durationMs: hour,
+        reservationId: await pendingReservation(busy.poolId),
+        caches,
+        atOnce: () => ({ ctes: sql`nothing AS (SELECT 1)`, holds: sql<boolean>`true`, reason: 'none' }),
+      });
+    let placements = 0;
+    while (caches.placerNodes.roomSample(busy.poolId, 'gpu', window, 1, 8) === undefined) {
+      const running = caches.placerNodes.wholeReadCovering(busy.poolId, 'gpu', window);
+      if (running) {
+        await running.nodes;
+        await Promise.resolve();
+        continue;
+      }
+      expect((await placeAtOnce()).placed).toBe(true);
+      // 300 nodes: a whole read after 300 / 16 sample reads, fewer placements than 300.
+      expect(++placements).toBeLessThan(300);
+    }
+    // Not at once: only after the samples read (one or two a placement) added up.
+    expect(placements).toBeGreaterThanOrEqual(10);
+    // The room: exactly the nodes with a free GPU (this process booked every one since the read).
+    const room = caches.placerNodes.roomSample(busy.poolId, 'gpu', window, 1, 1_000)!;
+    const { rows } = await sql<{ id: string }>`
+      SELECT n.id FROM nodes n WHERE n.pool_id = ${busy.poolId} AND (
+        SELECT count(*) FROM devices d JOIN device_bookings b ON b.device_id = d.id
+        WHERE d.node_id = n.id AND b.during && tstzrange(${new Date(window.start)}, ${new Date(window.end)}, '[)')) < 2`.execute(
+      t.db,
+    );
+    expect(room.length).toBeGreaterThan(0);
+    expect(new Set(room)).toEqual(new Set(rows.map((r) => r.id)));
+    const { cached, missing } = caches.placerNodes.lookup(busy.poolId, 'gpu', room, window);
+    expect(missing).toEqual([]);
+    expect(cached).toHaveLength(room.length);
+    expect((await placeAtOnce()).placed).toBe(true);
+  });
+});
