@@ -14,6 +14,8 @@ const claimLimitMs = 5_000;
  * whole every few seconds at most, short enough that room freed elsewhere is not overlooked long.
  */
 const roomTtlMs = 15_000;
+/** How far short of a caller's horizon a shared whole read may end (a counter-offer's far edge). */
+const horizonEdgeMs = 60_000;
 
 /**
  * The free atoms per node a whole read of the pool found over `window`, less this process's
@@ -176,6 +178,47 @@ export class PlacerNodeCache {
     const count = (this.#sampleReads.get(key) ?? 0) + 1;
     this.#sampleReads.set(key, count);
     return count;
+  }
+
+  /**
+   * A whole read of the pool begun after `began` (performance.now()) whose bookings cover
+   * `horizon` (to a minute at its end, a counter-offer's far edge): the running one if it began
+   * after; else, once the running one has ended, the next one, which the first caller to get there
+   * begins with `read` and shares (`own`). So however many placements need the pool whole at once,
+   * it is read once at a time, and each answer reflects every booking made before it was asked.
+   */
+  async wholeReadSince(
+    poolId: string,
+    deviceClass: string,
+    input: {
+      began: number;
+      window: Interval;
+      horizon: Interval;
+      read: () => Promise<PlacerNode[]>;
+      freeAtoms: (node: PlacerNode, window: Interval) => number;
+    },
+  ): Promise<{ nodes: Promise<PlacerNode[]>; own: boolean }> {
+    const key = `${poolId}/${deviceClass}`;
+    for (;;) {
+      const running = this.#wholeReads.get(key);
+      const covers =
+        running &&
+        running.horizon.start <= input.horizon.start &&
+        running.horizon.end >= input.horizon.end - horizonEdgeMs;
+      if (!running || !covers) break;
+      if (running.startedAt >= input.began) return { nodes: running.nodes, own: false };
+      // Its end removes it (shareWholeRead's handler runs first): the next one is begun below.
+      await running.nodes.catch(() => undefined);
+    }
+    const startedAt = performance.now();
+    const nodes = input.read();
+    this.shareWholeRead(
+      poolId,
+      deviceClass,
+      { startedAt, horizon: input.horizon, window: input.window, nodes },
+      input.freeAtoms,
+    );
+    return { nodes, own: true };
   }
 
   /** The whole read of the pool running now whose bookings cover `window`, if any. */

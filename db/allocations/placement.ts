@@ -126,12 +126,27 @@ const noFitsOfRead = new WeakMap<
   Map<string, { from: number; outcome: { message: string; earliestStart: number | null } }>
 >();
 
+const shapeOf = (input: { request: PlacementRequest; durationMs: number }) =>
+  JSON.stringify([input.request, input.durationMs]);
+
 /**
- * noFitOutcome over every node of a whole read, once per request shape for all the placements
- * that plan from that read. An outcome answered for an earlier start holds for a later one before
- * its counter-offer: no fit begins in between, since none begins between the earlier start and the
- * earliest start found (earliestStart tries every instant a fit can begin at).
+ * The NoFit outcome already answered from this whole read for the request's shape, when it holds
+ * for this window too: the window starts after the start it was answered for and before its
+ * counter-offer, and no fit begins in between (earliestStart tried every instant one can begin at
+ * and found none before the counter-offer). Bookings this process made since only take room away.
  */
+function knownNoFit(
+  nodes: readonly PlacerNode[],
+  input: { request: PlacementRequest; window: Interval; durationMs: number },
+): { message: string; earliestStart: number | null } | undefined {
+  const known = noFitsOfRead.get(nodes)?.get(shapeOf(input));
+  const start = input.window.start;
+  return known && known.from <= start && (known.outcome.earliestStart ?? Infinity) > start
+    ? known.outcome
+    : undefined;
+}
+
+/** noFitOutcome over every node of a whole read, kept for the placements that plan from it next (knownNoFit). */
 function sharedNoFitOutcome(
   nodes: readonly PlacerNode[],
   plan: ReturnType<typeof planPlacement>,
@@ -142,12 +157,8 @@ function sharedNoFitOutcome(
     byShape = new Map();
     noFitsOfRead.set(nodes, byShape);
   }
-  const shape = JSON.stringify([input.request, input.durationMs]);
-  const known = byShape.get(shape);
-  const start = input.window.start;
-  if (known && known.from <= start && (known.outcome.earliestStart ?? Infinity) > start) return known.outcome;
   const outcome = noFitOutcome(nodes, plan, input);
-  byShape.set(shape, { from: start, outcome });
+  byShape.set(shapeOf(input), { from: input.window.start, outcome });
   return outcome;
 }
 
@@ -340,47 +351,40 @@ export async function findAndBook(
   };
   const excluded = new Set(input.excludeNodeIds ?? []);
   let contended = false;
-  // A large pool: the warm nodes from the cache, two samples, a whole read of the pool that a
-  // concurrent placement is making, then the whole pool (read fresh, and shared while it runs).
-  const rounds: ReadonlyArray<'warm' | 'sample' | 'shared' | 'whole'> = !large
-    ? ['whole']
+  // A large pool: the warm nodes from the cache, two samples, then the whole pool, read once for
+  // all the placements that need it at the same time (PlacerNodeCache.wholeReadSince).
+  const rounds = !large
+    ? (['whole'] as const)
     : atOnce
-      ? ['warm', 'sample']
-      : ['warm', 'sample', 'sample', 'shared', 'whole'];
+      ? (['warm', 'sample'] as const)
+      : (['warm', 'sample', 'sample', 'whole'] as const);
   // A statement of its own holds its locks only while it runs: its claims end with it.
   const claims = atOnce ? [] : openClaims.get(trx);
   for (const round of rounds) {
-    let whole = round === 'whole';
+    const whole = round === 'whole';
     let loaded: PlacerNode[];
-    if (round === 'shared') {
-      const shared = caches.placerNodes.wholeReadCovering(
-        input.poolId,
-        input.request.deviceClass,
-        input.window,
-      );
-      // Its failure is the placement's that reads it: this one reads the pool for itself then.
-      const nodes = shared ? await shared.nodes.catch(() => null) : null;
-      if (!shared || !nodes) continue;
-      loaded = nodes;
-      // Begun after this placement began, a read over the counter-offer's horizon saw every
-      // booking its own would have seen: it stands for the whole round, NoFit included. An older
-      // one, or a room's read (a day past the window), is planned as a sample.
-      whole = shared.startedAt >= began && shared.horizon.end - shared.horizon.start >= counterOfferHorizonMs;
-    } else if (round === 'whole') {
-      const startedAt = performance.now();
-      const read = loadPlacerNodes(trx, {
-        poolId: input.poolId,
-        deviceClass: input.request.deviceClass,
-        horizon,
-      });
-      if (large)
-        caches.placerNodes.shareWholeRead(
-          input.poolId,
-          input.request.deviceClass,
-          { startedAt, horizon, window: input.window, nodes: read },
-          (node, window) => freeAtoms(node, input.request, window),
-        );
-      loaded = await read;
+    // Read by this transaction (not from the cache, nor by a concurrent placement).
+    let readHere = false;
+    if (whole) {
+      const read = () =>
+        loadPlacerNodes(trx, { poolId: input.poolId, deviceClass: input.request.deviceClass, horizon });
+      const shared = large
+        ? await caches.placerNodes.wholeReadSince(input.poolId, input.request.deviceClass, {
+            began,
+            window: input.window,
+            horizon,
+            read,
+            freeAtoms: (node, window) => freeAtoms(node, input.request, window),
+          })
+        : { nodes: read(), own: true };
+      readHere = shared.own;
+      // A concurrent placement's read that failed is its own to answer: this one reads for itself.
+      const nodes = shared.own ? await shared.nodes : await shared.nodes.catch(() => null);
+      if (nodes) loaded = nodes;
+      else {
+        loaded = await read();
+        readHere = true;
+      }
     } else loaded = await sampledNodes(trx, { ...input, caches }, round);
     // Nodes this process is booking in other open transactions are left to them (choosing the
     // same best fit would only lose the race for its locks), except where a NoFit is answered.
@@ -389,6 +393,12 @@ export async function findAndBook(
       claims !== undefined &&
       caches.placerNodes.claimed(input.poolId, nodeId);
     const nodes = loaded.filter((n) => !excluded.has(n.id) && !claimedElsewhere(n.id));
+    // A whole read another placement of the same shape found no fit in answers this one alike.
+    const known =
+      whole && !atOnce && !contended && nodes.length === loaded.length
+        ? knownNoFit(loaded, input)
+        : undefined;
+    if (known) return { placed: false, message: known.message, earliestStart: known.earliestStart };
     // A sampled round books one of the first fits and explains nothing: its tightest nodes suffice.
     const plan = whole ? planPlacement(nodes, input.request, input.window, input.reservationId) : null;
     const fits = plan ? plan.fits : tightestFits(nodes, input.request, input.window, input.reservationId);
@@ -414,7 +424,7 @@ export async function findAndBook(
         reservationId: input.reservationId,
         allocationId: input.allocationId,
         // A node not read by this transaction: the booking re-checks what the plan relied on.
-        ...(round === 'whole' ? {} : { verify: verification(node, fit, input.request) }),
+        ...(readHere ? {} : { verify: verification(node, fit, input.request) }),
         ...(atOnce ? { alsoWhenBooked: atOnce(fit) } : {}),
       }).catch((error: unknown) => {
         if (!atOnce) throw error;

@@ -170,17 +170,17 @@ describe('a large pool booked but for a few nodes', () => {
       expect(caches.placerNodes.roomSample(full.poolId, 'gpu', later, 2, 8)).toEqual([]);
       return caches;
     };
-    /** A whole read running in `caches` begun at `startedAt`, answering once a placement awaits it. */
-    const running = (caches: ReturnType<typeof createAdmissionCaches>, startedAt: number) => {
+    /** A whole read running in `caches` begun at `startedAt`, answering once `placements` await it. */
+    const running = (caches: ReturnType<typeof createAdmissionCaches>, startedAt: number, placements = 1) => {
       let resolve!: (nodes: PlacerNode[]) => void;
       const nodes = new Promise<PlacerNode[]>((r) => {
         resolve = r;
       });
       const then = nodes.then.bind(nodes);
       let awaited = 0;
-      // The first `then` is the cache's own; the second, the placement planning from it.
+      // The first `then` is the cache's own; the next ones, the placements planning from it.
       nodes.then = ((onFulfilled, onRejected) => {
-        if (++awaited === 2) resolve(seenFull);
+        if (++awaited === 1 + placements) resolve(seenFull);
         return then(onFulfilled, onRejected);
       }) as typeof nodes.then;
       caches.placerNodes.shareWholeRead(
@@ -201,10 +201,12 @@ describe('a large pool booked but for a few nodes', () => {
 
     // Begun after it (as a read that started while this placement sampled): its NoFit stands.
     const after = await noRoom();
-    running(after, performance.now() + 60_000);
-    const answered = await placeWhole(after);
+    running(after, performance.now() + 60_000, 2);
+    // Two placements planning from it: one explains the NoFit, the other is answered alike.
+    const [answered, alike] = await Promise.all([placeWhole(after), placeWhole(after)]);
     expect(answered.placed).toBe(false);
     if (!answered.placed) expect(answered.message).toMatch(/^0 of 300 nodes fit/);
+    expect(alike).toEqual(answered);
 
     // Read by the placement itself, the last free node is found.
     const last = await placeWhole(await noRoom());
