@@ -17,10 +17,6 @@ const roomTtlMs = 15_000;
 /** How far short of a caller's horizon a shared whole read may end (a counter-offer's far edge). */
 const horizonEdgeMs = 60_000;
 
-/**
- * The free atoms per node a whole read of the pool found over `window`, less this process's
- * bookings since: where a sample looks first once most of a pool is booked.
- */
 /** A whole read of a pool: when it began (performance.now()), the span its bookings cover, its nodes. */
 export interface WholeRead {
   startedAt: number;
@@ -28,6 +24,10 @@ export interface WholeRead {
   nodes: Promise<PlacerNode[]>;
 }
 
+/**
+ * The free atoms per node a whole read of the pool found over `window`, less this process's
+ * bookings since: where a sample looks first once most of a pool is booked.
+ */
 interface Room {
   window: Interval;
   at: number;
@@ -136,9 +136,9 @@ export class PlacerNodeCache {
   }
 
   /**
-   * Shares a whole read of the pool while it runs: a caller that finds no fit among its samples
-   * meanwhile plans from it instead of reading the pool again (`wholeReadCovering`). Once read,
-   * the nodes are cached and their free atoms over `window` become the pool's room.
+   * Shares a whole read of the pool while it runs (`wholeReadSince`, `wholeReadCovering`). Once
+   * read, the nodes are cached (keeping what this process read or booked since it began) and their
+   * free atoms over `window` become the pool's room.
    */
   shareWholeRead(
     poolId: string,
