@@ -6,6 +6,7 @@
  * pre-check, the draft transaction, one IAM decision, the placement transaction with quota, outbox
  * and audit. No lifecycle workflows are started (admission never waits on Temporal).
  * Usage: node --import tsx bench/placement.ts [--seconds 20] [--nodes 10000] [--clients 50]
+ *        [--warm-up-seconds 3] (placements not counted, then ANALYZE: see warmUpStatistics)
  */
 import { parseArgs } from 'node:util';
 import { createLogger } from '../core/logger.ts';
@@ -19,6 +20,7 @@ import {
   postmasterPidOf,
   runLoad,
   startPlacementApi,
+  warmUpStatistics,
 } from './support.ts';
 
 const { values } = parseArgs({
@@ -28,6 +30,7 @@ const { values } = parseArgs({
     clients: { type: 'string', default: '50' },
     gpus: { type: 'string', default: '4' },
     connections: { type: 'string', default: '20' },
+    'warm-up-seconds': { type: 'string', default: '3' },
   },
 });
 const seconds = Number(values.seconds);
@@ -48,6 +51,9 @@ try {
   );
 
   const api = await startPlacementApi(bench.db, { poolId, quotaGpus: nodeCount * 8, log });
+  await warmUpStatistics(bench.pool, Number(values['warm-up-seconds']), (s) =>
+    runLoad(clients, s, (worker) => api.place(worker, { gpus, duration: '8h' })),
+  );
   const postmasterPid = await postmasterPidOf(bench.pool);
   const cpuBefore = { node: nodeCpuSeconds(), postgres: postgresCpuSeconds(postmasterPid) };
   const result = await runLoad(clients, seconds, (worker) => api.place(worker, { gpus, duration: '8h' }));

@@ -30,11 +30,13 @@
  *       have no started workflow yet;
  *   with `--commands N`, command p50/p99 at the node count: bench/gateway.ts run as a child
  *       (`--provision direct`: N simulated agents in one process, `diag.nvml` at `--command-rate`).
+ * Before P1, `--warm-up-seconds` of P1's load (not counted) and ANALYZE give the tables the
+ * statistics of a fleet in service (bench/support.ts, warmUpStatistics).
  * Progress lines while it runs; the last line is one JSON object.
  * Usage: node --import tsx bench/scale.ts [--nodes 10000] [--clients 50] [--seconds 15]
  *        [--booking-seconds 10] [--booking-slices 5] [--gpus 4] [--connections 20] [--commands 0] [--command-rate 50]
  *        [--sequential 200] [--open-loop-seconds 10] [--live 0] [--live-seconds 15]
- *        [--lifecycle-seconds 0]   (0 turns a part off)
+ *        [--lifecycle-seconds 0] [--warm-up-seconds 3]   (0 turns a part off)
  */
 import { spawn } from 'node:child_process';
 import { loadavg } from 'node:os';
@@ -61,6 +63,7 @@ import {
   runLoad,
   runOpenLoop,
   startPlacementApi,
+  warmUpStatistics,
 } from './support.ts';
 
 const { values } = parseArgs({
@@ -79,6 +82,7 @@ const { values } = parseArgs({
     live: { type: 'string', default: '0' },
     'live-seconds': { type: 'string' },
     'lifecycle-seconds': { type: 'string', default: '0' },
+    'warm-up-seconds': { type: 'string', default: '3' },
   },
 });
 const nodeCount = Number(values.nodes);
@@ -93,6 +97,7 @@ const openLoopSeconds = Number(values['open-loop-seconds']);
 const liveCount = Number(values.live);
 const liveSeconds = Number(values['live-seconds'] ?? values.seconds);
 const lifecycleSeconds = Number(values['lifecycle-seconds']);
+const warmUpSeconds = Number(values['warm-up-seconds']);
 
 const started = performance.now();
 const load = () =>
@@ -227,6 +232,10 @@ try {
 
   // P1: inline placements through HTTP.
   const api = await startPlacementApi(bench.db, { poolId, quotaGpus: nodeCount * 8, log });
+  progress(`warm-up: ${warmUpSeconds} s of inline placements, then ANALYZE (not measured)`);
+  await warmUpStatistics(bench.pool, warmUpSeconds, (s) =>
+    api.loadInChild(clients, s, { gpus, duration: '8h' }),
+  );
   const postmasterPid = await postmasterPidOf(bench.pool);
   const cpu0 = { node: nodeCpuSeconds(), postgres: postgresCpuSeconds(postmasterPid) };
   const ticker = setInterval(() => progress('P1: inline placements running'), 5_000);
