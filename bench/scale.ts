@@ -1,9 +1,11 @@
 /**
  * Placement at fleet scale in one run (issue 14), every figure a ratio to this machine's own
  * guarded booking rate measured in the same run (machines here differ by 2 to 3 times):
- *   B   guarded bookings/s at 8 connections, alternating with the unguarded load in
+ *   B   guarded bookings/s at 8 connections, alternating with the unguarded load (a bare copy of
+ *       the table) and the keyed load (a copy with its primary and foreign keys) in
  *       `--booking-slices` slices (bench/bookings.ts's load: per-device locks in order,
- *       the EXCLUDE constraint), and the unguarded rate beside it (their ratio: the guard's cost);
+ *       the EXCLUDE constraint), and both other rates beside it (their ratios to it: what the
+ *       guarded insert costs over a bare insert, and what the guard alone costs over the keys);
  *   P1  inline placements/s through HTTP (bench/placement.ts's load: `reservations.create` of 4
  *       GPUs in one NVLink domain by `--clients` clients of ten tenants, sent from a process of
  *       their own, bench/load-child.ts), with the CPU per placement of the control plane: this
@@ -213,17 +215,31 @@ try {
   // alternate in slices, so a neighbour's burst (or the tables' growth) weighs on both alike.
   const guardedSlices: LoadResult[] = [];
   const unguardedSlices: LoadResult[] = [];
+  const keyedSlices: LoadResult[] = [];
+  // One short slice of each first, not counted: the first load after loading the fleet and its
+  // VACUUM ANALYZE ran slower whichever it was (its slice's factor 1.6 to 2.1 where the rest
+  // measured 1.1 to 1.5), which charged the guard with the machine settling.
+  await bookings.guarded(8, 1);
+  await bookings.unguarded(8, 1);
+  await bookings.keyed(8, 1);
   for (let i = 0; i < bookingSlices; i++) {
     guardedSlices.push(await bookings.guarded(8, bookingSeconds / bookingSlices));
     unguardedSlices.push(await bookings.unguarded(8, bookingSeconds / bookingSlices));
+    keyedSlices.push(await bookings.keyed(8, bookingSeconds / bookingSlices));
   }
   const guarded = mergeSlices(guardedSlices);
   const unguarded = mergeSlices(unguardedSlices);
+  const keyed = mergeSlices(keyedSlices);
   const sliceFactors = guardedSlices.map((g, i) => ratio(unguardedSlices[i]!.perSecond, g.perSecond));
+  const keyedSliceFactors = guardedSlices.map((g, i) => ratio(keyedSlices[i]!.perSecond, g.perSecond));
   progress(`B: guarded bookings at 8 connections: ${guarded.perSecond}/s (p99 ${guarded.p99Ms} ms)`);
   progress(
     `unguarded inserts at 8 connections: ${unguarded.perSecond}/s (p99 ${unguarded.p99Ms} ms); ` +
       `${bookingSlices} alternating slices, cost factor by slice ${sliceFactors.join(', ')}`,
+  );
+  progress(
+    `keyed inserts (primary and foreign keys, no guard) at 8 connections: ${keyed.perSecond}/s ` +
+      `(p99 ${keyed.p99Ms} ms); the guard's own cost factor by slice ${keyedSliceFactors.join(', ')}`,
   );
   const bookingOverlaps = (await checkBookingInvariants(bench.db)).deviceOverlaps;
   // The placements below start on an empty pool.
@@ -347,6 +363,12 @@ try {
     // The rate with none live is measured on the pool emptied of the parts above, so that both
     // rates are measured with room to spare (50 clients place about 6,000 in 15 s).
     const endedBefore = await endPlacedReservations(bench.db);
+    // Both rates are measured on a settled database: the rows just ended or written in bulk
+    // vacuumed and analyzed and their pages written out, as in a fleet whose reservations came
+    // and went over days (else the second rate pays autovacuum, the hint bits of 50,000 fresh
+    // rows and a checkpoint that the first one does not).
+    const settle = () => bench.pool.query('VACUUM ANALYZE').then(() => bench.pool.query('CHECKPOINT'));
+    await settle();
     const before = await startPlacementApi(bench.db, {
       poolId,
       quotaGpus: nodeCount * 8,
@@ -370,7 +392,7 @@ try {
       templateIds: before.warmUpIds,
       count: liveCount,
     });
-    await bench.pool.query('ANALYZE');
+    await settle();
     // wall time: how long the bulk write takes (a progress figure only)
     progress(
       `live: ${written.written} live reservations written on ${written.nodes} nodes in ${Date.now() - w0} ms`,
@@ -443,6 +465,11 @@ try {
       // How many times a guarded booking costs an unguarded insert (goal: at most 1.3).
       guardedCostFactor: ratio(unguarded.perSecond, guarded.perSecond),
       guardedCostFactorBySlice: sliceFactors,
+      // The same against a copy with the table's keys (primary key, both foreign keys) and
+      // without the guard: what the EXCLUDE constraint and the per-device lock cost on their own.
+      keyedBookingsPerSecond: keyed.perSecond,
+      guardOnlyCostFactor: ratio(keyed.perSecond, guarded.perSecond),
+      guardOnlyCostFactorBySlice: keyedSliceFactors,
       inlinePerSecond: inline.perSecond,
       inlineP50Ms: inline.p50Ms,
       inlineP99Ms: inline.p99Ms,

@@ -2,7 +2,7 @@ import { spawn } from 'node:child_process';
 import { readdirSync, readFileSync, rmSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { sql } from 'kysely';
+import { type RawBuilder, sql } from 'kysely';
 import pg from 'pg';
 import { parseConfig } from '../core/config.ts';
 import type { Db } from '../core/database.ts';
@@ -13,7 +13,7 @@ import { startLocalPostgres } from '../db/local-postgres.ts';
 import { migrateToLatest } from '../db/migrate.ts';
 import { enqueueNodeCommand } from '../db/nodes/commands.ts';
 import { insertPool, insertSite, offerPool } from '../db/nodes/fleet.ts';
-import { createDb, type DbHandle } from '../db/pool.ts';
+import { createDb, type DbHandle, preparedMarker } from '../db/pool.ts';
 import { bootstrapPlatform } from '../iam/bootstrap.ts';
 import { createEmbeddedIam } from '../iam/embedded/index.ts';
 import { createCompute } from '../server/compute.ts';
@@ -235,6 +235,13 @@ export async function prepareBookingLoad(
            compute_now()
     FROM generate_series(1, ${count}) AS g`.execute(db);
   await sql`CREATE TABLE device_bookings_unguarded (LIKE device_bookings INCLUDING DEFAULTS)`.execute(db);
+  // The same table with its keys (the primary key and both foreign keys) but without the guard.
+  await sql`
+    CREATE TABLE device_bookings_keyed (
+      LIKE device_bookings INCLUDING DEFAULTS,
+      PRIMARY KEY (allocation_id, device_id),
+      FOREIGN KEY (allocation_id) REFERENCES allocations (id) ON DELETE CASCADE,
+      FOREIGN KEY (device_id) REFERENCES devices (id))`.execute(db);
   let next = 1;
   const allocation = () => `alloc_${next++}`;
   const devices = input.deviceIds;
@@ -243,6 +250,20 @@ export async function prepareBookingLoad(
   // Random device, random one-hour slot in a year: almost never a conflict.
   const slot = () => new Date(epoch + Math.floor(Math.random() * 8760) * hour);
   const device = () => devices[Math.floor(Math.random() * devices.length)]!;
+  /** Inserts of one booking each into `table`, prepared as the guarded statement is. */
+  const unguardedLoad = (table: RawBuilder<unknown>, workers: number, seconds: number) =>
+    runLoad(workers, seconds, async () => {
+      const start = slot();
+      await db.transaction().execute((trx) =>
+        sql`${sql.raw(preparedMarker)}
+          INSERT INTO ${table} (device_id, allocation_id, during)
+          VALUES (${device()}::text, ${allocation()}::text,
+                  tstzrange(${start.toISOString()}::timestamptz, ${new Date(start.getTime() + hour).toISOString()}::timestamptz, '[)'))`.execute(
+          trx,
+        ),
+      );
+      return true;
+    });
   return {
     allocation,
     /** Guarded bookings (per-device locks in order, the EXCLUDE constraint), no contention. */
@@ -263,18 +284,11 @@ export async function prepareBookingLoad(
           throw error;
         }
       }),
-    /** The same inserts into the copy without the constraint and without locks. */
+    /** The same inserts into the bare copy: no constraint, no keys, no locks. */
     unguarded: (workers: number, seconds: number) =>
-      runLoad(workers, seconds, async () => {
-        const start = slot();
-        await db.transaction().execute((trx) =>
-          sql`INSERT INTO device_bookings_unguarded (device_id, allocation_id, during)
-              VALUES (${device()}, ${allocation()}, tstzrange(${start}, ${new Date(start.getTime() + hour)}, '[)'))`.execute(
-            trx,
-          ),
-        );
-        return true;
-      }),
+      unguardedLoad(sql`device_bookings_unguarded`, workers, seconds),
+    /** The same inserts into the copy with the keys but without the guard (constraint and locks). */
+    keyed: (workers: number, seconds: number) => unguardedLoad(sql`device_bookings_keyed`, workers, seconds),
     /** Deletes the bookings, allocations, reservation and table it made. */
     remove: async () => {
       await sql`DELETE FROM device_bookings WHERE allocation_id IN (SELECT id FROM allocations WHERE reservation_id = 'rsv_bench')`.execute(
@@ -282,7 +296,7 @@ export async function prepareBookingLoad(
       );
       await sql`DELETE FROM allocations WHERE reservation_id = 'rsv_bench'`.execute(db);
       await sql`DELETE FROM reservations WHERE id = 'rsv_bench'`.execute(db);
-      await sql`DROP TABLE device_bookings_unguarded`.execute(db);
+      await sql`DROP TABLE device_bookings_unguarded, device_bookings_keyed`.execute(db);
     },
   };
 }
@@ -527,30 +541,44 @@ export async function insertLiveReservations(
 ): Promise<{ written: number; nodes: number }> {
   return db.transaction().execute(async (trx) => {
     // The plan, on the transaction's connection: one row per live reservation with its template,
-    // node, GPU and window, on the nodes with nothing booked in the next two days.
+    // node, GPU and window, on the nodes with nothing booked in the next two days. The free nodes
+    // and their GPUs are numbered in tables of their own, analyzed, so the plan joins them by
+    // hash (in one statement the planner guessed one free node and nested 50,000 rows over all).
+    await sql`
+      CREATE TEMP TABLE bench_live_nodes ON COMMIT DROP AS
+      SELECT n.id AS node_id, (row_number() OVER (ORDER BY n.name) - 1)::int AS i FROM nodes n
+      WHERE n.pool_id = ${input.poolId} AND NOT EXISTS (
+        SELECT 1 FROM devices d JOIN device_bookings b ON b.device_id = d.id
+        WHERE d.node_id = n.id AND b.during && tstzrange(compute_now(), compute_now() + interval '2 days'))`.execute(
+      trx,
+    );
+    await sql`
+      CREATE TEMP TABLE bench_live_devices ON COMMIT DROP AS
+      SELECT d.node_id, d.id AS device_id, (row_number() OVER (PARTITION BY d.node_id ORDER BY d.id) - 1)::int AS j
+      FROM devices d JOIN bench_live_nodes n USING (node_id) WHERE d.class = 'gpu' AND d.removed_at IS NULL`.execute(
+      trx,
+    );
+    await sql`ANALYZE bench_live_nodes`.execute(trx);
+    await sql`ANALYZE bench_live_devices`.execute(trx);
     await sql`
       CREATE TEMP TABLE bench_live ON COMMIT DROP AS
       WITH t AS (
-        SELECT r.id, r.tenant_id, x.k - 1 AS k
+        SELECT r.id, r.tenant_id, (x.k - 1)::int AS k
         FROM unnest(${input.templateIds as string[]}::text[]) WITH ORDINALITY AS x(id, k) JOIN reservations r USING (id)),
-      n AS (
-        SELECT n.id AS node_id, row_number() OVER (ORDER BY n.name) - 1 AS i FROM nodes n
-        WHERE n.pool_id = ${input.poolId} AND NOT EXISTS (
-          SELECT 1 FROM devices d JOIN device_bookings b ON b.device_id = d.id
-          WHERE d.node_id = n.id AND b.during && tstzrange(compute_now(), compute_now() + interval '2 days'))),
-      c AS (SELECT count(*) AS nodes FROM n),
-      d AS (SELECT node_id, id AS device_id, row_number() OVER (PARTITION BY node_id ORDER BY id) - 1 AS j
-            FROM devices WHERE class = 'gpu' AND removed_at IS NULL AND node_id IN (SELECT node_id FROM n))
-      SELECT g, 'rsv_live' || g AS id, 'alloc_live' || g AS allocation_id, t.id AS template_id, t.tenant_id,
+      c AS (SELECT count(*)::int AS nodes FROM bench_live_nodes),
+      p AS (SELECT g, g % c.nodes AS i, g / c.nodes AS j, c.nodes
+            FROM generate_series(0, ${input.count - 1}) AS g CROSS JOIN c WHERE c.nodes > 0)
+      SELECT p.g, 'rsv_live' || p.g AS id, 'alloc_live' || p.g AS allocation_id, t.id AS template_id, t.tenant_id,
              n.node_id, d.device_id,
-             CASE WHEN g / c.nodes = 0
+             CASE WHEN p.j = 0
                THEN tstzrange(compute_now(), compute_now() + interval '1 day', '[)')
-               ELSE tstzrange(compute_now() + interval '9 hours' + ((g % 12) * interval '1 hour'),
-                              compute_now() + interval '11 hours' + ((g % 12) * interval '1 hour'), '[)') END AS during
-      FROM generate_series(0, ${input.count - 1}) AS g CROSS JOIN c
-      JOIN t ON t.k = g % ${input.templateIds.length}
-      JOIN n ON n.i = g % c.nodes
-      JOIN d ON d.node_id = n.node_id AND d.j = g / c.nodes`.execute(trx);
+               ELSE tstzrange(compute_now() + interval '9 hours' + ((p.g % 12) * interval '1 hour'),
+                              compute_now() + interval '11 hours' + ((p.g % 12) * interval '1 hour'), '[)') END AS during
+      FROM p
+      JOIN t ON t.k = p.g % ${input.templateIds.length}
+      JOIN bench_live_nodes n ON n.i = p.i
+      JOIN bench_live_devices d ON d.node_id = n.node_id AND d.j = p.j`.execute(trx);
+    await sql`ANALYZE bench_live`.execute(trx);
     await sql`
       INSERT INTO reservations
       SELECT (jsonb_populate_record(NULL::reservations, to_jsonb(r) || jsonb_build_object(

@@ -61,8 +61,8 @@ export class PlacerNodeCache {
   readonly #room = new Map<string, Room>();
   /** Whole reads of a pool running now, per pool and class, for callers that arrive meanwhile. */
   readonly #wholeReads = new Map<string, WholeRead>();
-  /** Samples read from the database since the last whole read was stored, per pool and class. */
-  readonly #sampleReads = new Map<string, number>();
+  /** Samples that found no fit since the last whole read was stored, per pool and class. */
+  readonly #emptySamples = new Map<string, number>();
   /** When the whole read last stored began, per pool and class: an older one ending later is not stored. */
   readonly #storedWholeRead = new Map<string, number>();
   readonly ttlMs: number;
@@ -157,7 +157,7 @@ export class PlacerNodeCache {
         done();
         if ((this.#storedWholeRead.get(key) ?? -Infinity) > read.startedAt) return;
         this.#storedWholeRead.set(key, read.startedAt);
-        this.#sampleReads.delete(key);
+        this.#emptySamples.delete(key);
         const stored = this.store(poolId, deviceClass, nodes, read.horizon, false, read.startedAt);
         const free = new Map<string, number>();
         for (const node of stored) {
@@ -172,11 +172,11 @@ export class PlacerNodeCache {
     );
   }
 
-  /** Counts a sample read from the database; answers how many were read since the last whole read. */
-  countSampleRead(poolId: string, deviceClass: string): number {
+  /** Counts a sample that found no fit; answers how many did since the last whole read. */
+  countEmptySample(poolId: string, deviceClass: string): number {
     const key = `${poolId}/${deviceClass}`;
-    const count = (this.#sampleReads.get(key) ?? 0) + 1;
-    this.#sampleReads.set(key, count);
+    const count = (this.#emptySamples.get(key) ?? 0) + 1;
+    this.#emptySamples.set(key, count);
     return count;
   }
 

@@ -29,8 +29,11 @@ export const counterOfferHorizonMs = 14 * 86_400_000;
 const wholePoolLimit = 256;
 /** How many nodes a large pool's sampled round reads beside its warm ones. */
 const sampleSize = 8;
-/** A whole read of a pool costs about as much as sample reads of one node in this many (see readRoom). */
-const sampleReadsPerWholeRead = 16;
+/**
+ * A large pool is read whole for its room once samples found no fit as many times as one node in
+ * this many (see readRoom): samples that found room are no sign that the pool is mostly booked.
+ */
+const emptySamplesPerWholeRead = 16;
 
 /**
  * The releases of the node claims (PlacerNodeCache.claim) each open placement transaction holds,
@@ -251,23 +254,32 @@ async function sampledNodes(
     sample: missing,
   });
   caches.placerNodes.store(poolId, request.deviceClass, read, readHorizon);
-  // Once this process has read as many samples as a whole read costs (a statement's overhead is
-  // most of a small read's), the pool is read whole in the background: its room then serves the
-  // samples from the cache. Not from a transaction, whose connection is the caller's.
-  const reads = caches.placerNodes.countSampleRead(poolId, request.deviceClass);
-  if (
-    !db.isTransaction &&
-    reads >= (await schedulableNodeIds(db, poolId, caches)).length / sampleReadsPerWholeRead
-  ) {
-    readRoom(db, { ...input, horizon: readHorizon });
-  }
   return [...cached, ...read];
+}
+
+/**
+ * A sample that found no fit. Once samples came back empty often enough (the pool is mostly
+ * booked: random nodes rarely have room), the pool is read whole in the background and its room
+ * then steers the samples. Counting every sample read instead read a pool with room to spare whole
+ * every few seconds (one whole read of 10,000 nodes costs about as much PostgreSQL time as 1,500
+ * sample reads; bench/README.md, 2026-12-05). Not from a transaction, whose connection is the caller's.
+ */
+async function noteEmptySample(
+  db: Db,
+  input: { poolId: string; request: PlacementRequest; window: Interval; caches: AdmissionCaches },
+): Promise<void> {
+  const { poolId, request, window, caches } = input;
+  const empty = caches.placerNodes.countEmptySample(poolId, request.deviceClass);
+  if (db.isTransaction) return;
+  if (empty >= (await schedulableNodeIds(db, poolId, caches)).length / emptySamplesPerWholeRead) {
+    readRoom(db, { ...input, horizon: { start: window.start, end: window.end + cachedHorizonMs } });
+  }
 }
 
 /**
  * Reads a large pool whole for its room (a statement of its own, in the background), unless a
  * whole read of it runs already. Its failure only leaves the pool without a room for now: the
- * samples go on without it, and the next one that counts enough reads tries again.
+ * samples go on without it, and the next empty sample past the count tries again.
  */
 function readRoom(
   db: Db,
@@ -403,6 +415,7 @@ export async function findAndBook(
     const plan = whole ? planPlacement(nodes, input.request, input.window, input.reservationId) : null;
     const fits = plan ? plan.fits : tightestFits(nodes, input.request, input.window, input.reservationId);
     if (fits.length === 0) {
+      if (round === 'sample') await noteEmptySample(trx, { ...input, caches });
       if (!plan) continue;
       if (contended || atOnce) break;
       const outcome =
