@@ -201,12 +201,13 @@ try {
   const { siteId, poolId } = await insertBenchPool(bench.db);
   const nodes = await registerReadyNodes(bench.db, { siteId, poolId, count: nodeCount });
   const deviceIds = nodes.flatMap((n) => n.deviceIds);
-  // Enough allocations for every booking attempt of both runs at a generous rate.
+  // Enough allocations for every booking attempt of the three loads and their first slices at a
+  // generous rate (the keyed copy's foreign key refuses a booking of an allocation not made).
   const bookings = await prepareBookingLoad(bench.db, {
     poolId,
     nodeId: nodes[0]!.id,
     deviceIds,
-    count: Math.max(50_000, bookingSeconds * 2 * 10_000),
+    count: Math.max(50_000, (bookingSeconds + 1) * 3 * 15_000),
   });
   await bench.pool.query('VACUUM ANALYZE');
   progress(`loaded ${nodeCount} nodes, ${deviceIds.length} GPUs`);
