@@ -494,7 +494,7 @@ export async function findAndBook(
 export async function withPlacementTransaction<T>(
   db: Db,
   fn: (trx: Trx) => Promise<T>,
-  attempts = 8,
+  attempts = 12,
 ): Promise<T> {
   for (let attempt = 1; ; attempt++) {
     const claims: Array<() => void> = [];
@@ -520,7 +520,11 @@ export async function withPlacementTransaction<T>(
               `the placement met ${attempts} deadlocks or serialization conflicts in a row`,
             );
       }
-      await new Promise((resolve) => setTimeout(resolve, 2 + Math.random() * 8 * attempt));
+      // Doubling from 4 ms to 250 ms, each wait between half and all of its step: a lock holder
+      // slow to commit (a release on a loaded machine) is waited out for about a second in all,
+      // where eight short pauses (about 130 ms) answered contention to a lone create.
+      const step = Math.min(250, 4 * 2 ** (attempt - 1));
+      await new Promise((resolve) => setTimeout(resolve, step / 2 + (Math.random() * step) / 2));
     }
   }
 }
