@@ -10,7 +10,9 @@
  *   - CPU per Join: the gateway process's CPU (process.cpuUsage over IPC) plus PostgreSQL's
  *     (/proc of the postmaster and its backends) over the herd, divided by the joins. It is the
  *     whole cost of a machine arriving: Join (CSR, token, node row, certificate), the TLS
- *     handshakes, the first session's Hello, inventory and NodeSpec;
+ *     handshakes, the first session's Hello, inventory and NodeSpec; and the same without the
+ *     heartbeats of the nodes already in (their idle cost a session a second, measured over 20 s
+ *     at N sessions after the herd, times the session-seconds the herd held);
  *   - commands at N connected nodes: `diag.nvml` to random nodes at a steady rate, enqueue commit
  *     → result stored, p50 and p99 (`probeCommands`);
  *   - the gateway's RSS, and the load average before and after.
@@ -145,6 +147,10 @@ try {
   }
   let last = await gatewaySample();
   let complete = true;
+  // The sessions held, integrated over the herd: what the heartbeats of the nodes already in cost
+  // is this times the idle cost of a session a second (measured at N after the herd).
+  let sessionSeconds = 0;
+  let lastAt = performance.now();
   for (let tick = 1; last.sessions < nodes; tick++) {
     if (performance.now() - spawned > connectTimeoutMs) {
       // The figures below are then those of the nodes that made it (joins counted in the database).
@@ -153,7 +159,11 @@ try {
       break;
     }
     await sleep(250);
+    const before = last;
     last = await gatewaySample();
+    const now = performance.now();
+    sessionSeconds += (((before.sessions + last.sessions) / 2) * (now - lastAt)) / 1000;
+    lastAt = now;
     if (tick % 40 === 0) {
       console.error(
         `  ${((performance.now() - spawned) / 1000).toFixed(0)} s: ${last.sessions} sessions, ` +
@@ -202,6 +212,25 @@ try {
   );
   // The fleet settles (each first inventory, NodeSpec) before the commands.
   await sleep(5_000);
+  // N sessions idle (heartbeats, the 1-s flush, the sweep, the certificate re-check): the cost a
+  // connected node adds each second, to tell the herd's Joins from the heartbeats around them.
+  const idleSeconds = 20;
+  const idle0 = await gatewaySample();
+  const idlePg0 = postgresCpuSeconds(postmaster);
+  const idleStarted = performance.now();
+  await sleep(idleSeconds * 1000);
+  const idle1 = await gatewaySample();
+  const idleCpu = idle1.cpuSeconds - idle0.cpuSeconds + postgresCpuSeconds(postmaster) - idlePg0;
+  const idleCpuMsPerSessionSecond =
+    (idleCpu * 1000) / ((idle1.sessions * (performance.now() - idleStarted)) / 1000);
+  const heartbeatCpuSeconds = (idleCpuMsPerSessionSecond * sessionSeconds) / 1000;
+  const cpuMsPerJoinNet = ((gatewayCpu + postgresCpu - heartbeatCpuSeconds) * 1000) / joins;
+  console.error(
+    `idle at ${idle1.sessions} sessions: ${((idleCpu / idleSeconds) * 100).toFixed(1)} % of a core ` +
+      `(${(idleCpuMsPerSessionSecond * 1000).toFixed(1)} µs a session a second); the herd held ` +
+      `${Math.round(sessionSeconds)} session-seconds, about ${heartbeatCpuSeconds.toFixed(1)} CPU-s of heartbeats: ` +
+      `CPU per Join without them ${cpuMsPerJoinNet.toFixed(2)} ms; load ${load()}`,
+  );
   const nodeIds = (
     await bench.db.selectFrom('nodes').select('id').where('connectivity', '=', 'connected').execute()
   ).map((n) => n.id);
@@ -237,6 +266,9 @@ try {
       joinsPerSecond: Math.round(joins / connectSeconds),
       joinsThrottled: last.joinsThrottled,
       cpuMsPerJoin: Number(cpuMsPerJoin.toFixed(2)),
+      cpuMsPerJoinWithoutHeartbeats: Number(cpuMsPerJoinNet.toFixed(2)),
+      idleCpuUsPerSessionSecond: Number((idleCpuMsPerSessionSecond * 1000).toFixed(1)),
+      heartbeatCpuSecondsDuringHerd: Number(heartbeatCpuSeconds.toFixed(1)),
       cpuSeconds: {
         gateway: Number(gatewayCpu.toFixed(1)),
         postgres: Number(postgresCpu.toFixed(1)),
