@@ -227,19 +227,22 @@ describe('a large pool placed in single statements', () => {
       caches,
       atOnce: () => ({ ctes: sql`nothing AS (SELECT 1)`, holds: sql<boolean>`true`, reason: 'none' }),
     });
+  /** A pool of 300 nodes of 2 GPUs, above the whole-read limit. */
+  const largePool = (name: string) =>
+    seedPool(t.db, {
+      site: `${name}-site`,
+      name: `h100-${name}`,
+      nodes: 300,
+      shape: smallShape,
+      namePrefix: name,
+    });
   /** Whether a whole read of the pool ran or runs for these caches. */
   const readWhole = (poolId: string, caches: ReturnType<typeof createAdmissionCaches>) =>
     caches.placerNodes.roomSample(poolId, 'gpu', window, 1, 8) !== undefined ||
     caches.placerNodes.wholeReadCovering(poolId, 'gpu', window) !== undefined;
 
   it('is not read whole while its samples find room, however many it reads', async () => {
-    const roomy = await seedPool(t.db, {
-      site: 'roomy-site',
-      name: 'h100-roomy',
-      nodes: 300,
-      shape: smallShape,
-      namePrefix: 'roomy',
-    });
+    const roomy = await largePool('roomy');
     const caches = createAdmissionCaches();
     // As admission places: a statement at once, and where its one sample found no fit (all 8
     // random nodes full, a few percent of the time once most are), the transactional way, whose
@@ -248,9 +251,18 @@ describe('a large pool placed in single statements', () => {
       const atOnce = await placeAtOnce(roomy.poolId, caches);
       if (atOnce.placed) return atOnce;
       const reservationId = await pendingReservation(roomy.poolId);
-      return t.db.transaction().execute((trx) =>
-        findAndBook(trx, { poolId: roomy.poolId, request, window, durationMs: hour, reservationId, caches }),
-      );
+      return t.db
+        .transaction()
+        .execute((trx) =>
+          findAndBook(trx, {
+            poolId: roomy.poolId,
+            request,
+            window,
+            durationMs: hour,
+            reservationId,
+            caches,
+          }),
+        );
     };
     // 400 of its 600 GPUs: dozens of sample reads (counting those read it whole before).
     for (let i = 0; i < 400; i++) {
@@ -260,13 +272,7 @@ describe('a large pool placed in single statements', () => {
   });
 
   it('is read whole in the background once its samples keep finding no fit, and then sampled from that room', async () => {
-    const busy = await seedPool(t.db, {
-      site: 'room-read-site',
-      name: 'h100-room-read',
-      nodes: 300,
-      shape: smallShape,
-      namePrefix: 'read',
-    });
+    const busy = await largePool('read');
     // 280 of its 300 nodes booked whole by another process (caches of their own).
     const filler = createAdmissionCaches();
     for (let i = 0; i < 280; i++) {
