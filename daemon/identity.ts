@@ -1,6 +1,7 @@
 import { existsSync, mkdirSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { Metadata, status } from '@grpc/grpc-js';
+import { jitteredBackoffMs } from '../domain/backoff.ts';
 import { ComputeError } from '../domain/errors.ts';
 import { certificateNotAfter, createCsr, generateKeyPairPem } from '../domain/pki.ts';
 import { signReclaimProof } from '../domain/reclaim-proof.ts';
@@ -187,9 +188,7 @@ export async function joinWithToken(input: {
           // Up to twice the pushback, at random: a herd refused together comes back spread out.
           wait = pushback + Math.floor(Math.random() * pushback);
         } else if (isTransient(error) && !identityRefused) {
-          // Equal jitter: half the capped exponential step, plus up to as much again at random.
-          const step = Math.min(backoff.maxMs, backoff.minMs * 2 ** Math.min(failures++, 20));
-          wait = Math.floor(step / 2 + Math.random() * (step / 2));
+          wait = jitteredBackoffMs(++failures, backoff);
         } else {
           throw error;
         }

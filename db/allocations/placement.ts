@@ -1,6 +1,7 @@
 import type { Transaction } from 'kysely';
 import { type AdmissionCaches, createAdmissionCaches } from '../../core/admission-caches.ts';
 import type { Database, Db } from '../../core/database.ts';
+import { jitteredBackoffMs } from '../../domain/backoff.ts';
 import { ComputeError } from '../../domain/errors.ts';
 import { newId } from '../../domain/ids.ts';
 import {
@@ -485,8 +486,11 @@ export async function findAndBook(
   throw new PlacementContention();
 }
 
+/** The pauses between a placement's attempts (withPlacementTransaction). */
+const contentionBackoff = { minMs: 4, maxMs: 250 };
+
 /**
- * Runs `fn` in a transaction, again (up to `attempts` times, with a short random pause) when it
+ * Runs `fn` in a transaction, again (up to `attempts` times, after a pause doubling to 250 ms) when it
  * lost a placement race (PlacementContention) or PostgreSQL broke a deadlock or a serialization
  * conflict. Any other error ends it. Out of attempts, contention is answered as UNAVAILABLE with
  * `retryAfterSeconds` (PlacementContention), never INTERNAL.
@@ -520,11 +524,10 @@ export async function withPlacementTransaction<T>(
               `the placement met ${attempts} deadlocks or serialization conflicts in a row`,
             );
       }
-      // Doubling from 4 ms to 250 ms, each wait between half and all of its step: a lock holder
-      // slow to commit (a release on a loaded machine) is waited out for about a second in all,
-      // where eight short pauses (about 130 ms) answered contention to a lone create.
-      const step = Math.min(250, 4 * 2 ** (attempt - 1));
-      await new Promise((resolve) => setTimeout(resolve, step / 2 + (Math.random() * step) / 2));
+      // Doubling from 4 ms to 250 ms: a lock holder slow to commit (a release on a loaded
+      // machine) is waited out for about a second in all, where eight short pauses (about
+      // 130 ms) answered contention to a lone create.
+      await new Promise((resolve) => setTimeout(resolve, jitteredBackoffMs(attempt, contentionBackoff)));
     }
   }
 }

@@ -227,6 +227,24 @@ describe('a large pool placed in single statements', () => {
       caches,
       atOnce: () => ({ ctes: sql`nothing AS (SELECT 1)`, holds: sql<boolean>`true`, reason: 'none' }),
     });
+  /** The transactional way, as admission places where its statement at once did not. */
+  const placeInTransaction = async (
+    poolId: string,
+    caches: ReturnType<typeof createAdmissionCaches>,
+    count = request.count,
+  ) => {
+    const reservationId = await pendingReservation(poolId);
+    return t.db.transaction().execute((trx) =>
+      findAndBook(trx, {
+        poolId,
+        request: { ...request, count },
+        window,
+        durationMs: hour,
+        reservationId,
+        caches,
+      }),
+    );
+  };
   /** A pool of 300 nodes of 2 GPUs, above the whole-read limit. */
   const largePool = (name: string) =>
     seedPool(t.db, {
@@ -249,20 +267,7 @@ describe('a large pool placed in single statements', () => {
     // two more samples find room long before a whole read (three empty in a row: about 1 in 10^4).
     const place = async () => {
       const atOnce = await placeAtOnce(roomy.poolId, caches);
-      if (atOnce.placed) return atOnce;
-      const reservationId = await pendingReservation(roomy.poolId);
-      return t.db
-        .transaction()
-        .execute((trx) =>
-          findAndBook(trx, {
-            poolId: roomy.poolId,
-            request,
-            window,
-            durationMs: hour,
-            reservationId,
-            caches,
-          }),
-        );
+      return atOnce.placed ? atOnce : placeInTransaction(roomy.poolId, caches);
     };
     // 400 of its 600 GPUs: dozens of sample reads (counting those read it whole before).
     for (let i = 0; i < 400; i++) {
@@ -276,17 +281,7 @@ describe('a large pool placed in single statements', () => {
     // 280 of its 300 nodes booked whole by another process (caches of their own).
     const filler = createAdmissionCaches();
     for (let i = 0; i < 280; i++) {
-      const reservationId = await pendingReservation(busy.poolId);
-      const outcome = await t.db.transaction().execute((trx) =>
-        findAndBook(trx, {
-          poolId: busy.poolId,
-          request: { ...request, count: 2 },
-          window,
-          durationMs: hour,
-          reservationId,
-          caches: filler,
-        }),
-      );
+      const outcome = await placeInTransaction(busy.poolId, filler, 2);
       if (!outcome.placed) throw new Error(`the pool was filled short: ${outcome.message}`);
     }
     const caches = createAdmissionCaches();
