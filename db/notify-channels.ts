@@ -1,4 +1,4 @@
-import { sql, type Transaction } from 'kysely';
+import { type RawBuilder, sql, type Transaction } from 'kysely';
 import type { Database, Db } from '../core/database.ts';
 
 type Trx = Transaction<Database>;
@@ -66,10 +66,16 @@ export function notifyPoolQueuedAfterCommit(db: Db, poolId: string, onError: (er
  */
 export async function notifyReservationsSettled(trx: Trx, reservationIds: readonly string[]): Promise<void> {
   if (reservationIds.length === 0) return;
+  await sql`SELECT ${reservationsSettledNotice(reservationIds)}`.execute(trx);
+}
+
+/**
+ * notifyReservationsSettled as an SQL expression (the number of notifications), for a statement
+ * that writes the settling itself: uncorrelated, so it is evaluated once where it is selected.
+ */
+export function reservationsSettledNotice(reservationIds: readonly string[]): RawBuilder<number> {
   const payloads: string[] = [];
   for (let i = 0; i < reservationIds.length; i += 200)
     payloads.push(reservationIds.slice(i, i + 200).join(','));
-  await sql`SELECT pg_notify(${reservationsSettledChannel}, p) FROM unnest(${payloads}::text[]) AS p`.execute(
-    trx,
-  );
+  return sql<number>`(SELECT count(pg_notify(${reservationsSettledChannel}, p)) FROM unnest(${payloads}::text[]) AS p)`;
 }

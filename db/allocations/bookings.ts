@@ -118,6 +118,27 @@ export async function lockDevices(trx: Trx, deviceIds: readonly string[]): Promi
   );
 }
 
+/**
+ * lockDevices after the host-resource rows `resources` of the nodes `nodeIds` (every pair), in
+ * one statement and in the global order: the host rows FOR UPDATE by node, then resource (the
+ * guard trigger's order) in an uncorrelated subquery of the one-time filter, which PostgreSQL
+ * evaluates before the first lock key is read, even when there is none; then the per-device locks
+ * in their fixed order. For a writer that books on many nodes at once and holds no lock yet.
+ */
+export async function lockHostRowsAndDevices(
+  trx: Trx,
+  host: { nodeIds: readonly string[]; resources: readonly string[] },
+  deviceIds: readonly string[],
+): Promise<void> {
+  if (host.nodeIds.length === 0 || host.resources.length === 0) return lockDevices(trx, deviceIds);
+  await sql`${sql.raw(preparedMarker)}
+    SELECT count(pg_advisory_xact_lock(${deviceLockSpace}, k)) FROM ${deviceLockKeys(deviceIds)}
+    WHERE (SELECT count(*) FROM (
+             SELECT 1 FROM host_resources
+             WHERE node_id = ANY(${host.nodeIds as string[]}::text[]) AND resource = ANY(${host.resources as string[]}::text[])
+             ORDER BY node_id COLLATE "C", resource COLLATE "C" FOR UPDATE) AS host_rows) >= 0`.execute(trx);
+}
+
 function isPgError(error: unknown, code: string): error is { code: string; message: string } {
   return typeof error === 'object' && error !== null && (error as { code?: unknown }).code === code;
 }

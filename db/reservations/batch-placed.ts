@@ -2,6 +2,7 @@ import { sql, type Transaction } from 'kysely';
 import type { Database, Reservation } from '../../core/database.ts';
 import { ComputeError } from '../../domain/errors.ts';
 import { newId } from '../../domain/ids.ts';
+import { reservationsSettledNotice } from '../notify-channels.ts';
 import { preparedMarker } from '../pool.ts';
 import { reservationStateEvent } from './lifecycle-events.ts';
 
@@ -23,7 +24,8 @@ export const poolPlacerAuditAction = 'compute:pool-placer:placed';
  * unnest): each one's window, conditions cleared, `pending_since` cleared, its lease deadline set
  * from `lease_seconds`, version raised; with one `reservation.placed` outbox event each (the data
  * the inline placer writes: `nodeIds`, `start`, `end`) and one audit row each (action
- * compute:pool-placer:placed, no identity: the context names the lease holder and its epoch). For
+ * compute:pool-placer:placed, no identity: the context names the lease holder and its epoch), and
+ * their waiting creates notified at commit (reservationsSettledNotice). For
  * rows the caller locked and still `pending`; answers each reservation's new version. Codes:
  * INTERNAL when a row is gone.
  */
@@ -76,7 +78,9 @@ export async function markBatchPlaced(
       SELECT u.tenant_id, NULL, ${poolPlacerAuditAction}, 'compute-reservation', u.id, 'allowed', NULL, p.ctx
       FROM p JOIN u ON u.id = p.id
     )
-    SELECT id, version FROM u`.execute(trx);
+    SELECT id, version, ${reservationsSettledNotice(placements.map((p) => p.row.id))} AS notified FROM u`.execute(
+    trx,
+  );
   for (const r of rows) versions.set(r.id, r.version);
   if (versions.size !== placements.length)
     throw new ComputeError('INTERNAL', 'a reservation the pool-lease batch placed is gone');

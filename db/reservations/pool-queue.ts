@@ -70,18 +70,18 @@ const candidateRounds = 2;
  *    it lacks read; a larger sample once more when some request fits none), and every request
  *    planned in memory in the fair order (planBatch: the inline placer's best fit, each plan booked
  *    in memory before the next);
- * 3. the plans booked together (bookPlannedAllocations: host rows and per-device locks each in one
- *    statement in the global order, the room, the atoms' bookings and the node as the plan saw it
- *    re-checked under them, one INSERT per table through the
- *    EXCLUDE constraint and the scalar guard) and their reservations marked `placed` with their
- *    events and audit rows in one statement (markBatchPlaced);
+ * 3. the plans booked together in two statements (bookPlannedAllocations: the host rows and the
+ *    per-device locks in the global order; then, under them, the room, the atoms' bookings and the
+ *    node as the plan saw it re-checked and the plans it kept inserted through the EXCLUDE
+ *    constraint and the scalar guard) and their reservations marked `placed` with their events,
+ *    audit rows and waiters' notifications in one statement (markBatchPlaced);
  * 4. what that could not place — gangs, whole machines, a request that fit no candidate, a plan the
  *    re-check refused — goes through the inline placer's own code one by one
  *    (placeLockedReservation: the whole pool, spot preemption, and for a request that does not fit
- *    the `Unschedulable`/`NoFit` condition with its counter-offer and `reservation.pending`, once);
+ *    the `Unschedulable`/`NoFit` condition with its counter-offer and `reservation.pending`, once),
+ *    and those ids are notified at commit for waiting creates;
  * 5. `fence` runs last in the same transaction (the lease's epoch check: it throws when the caller
- *    lost the lease, and the whole batch rolls back), and the decided ids are notified at commit
- *    for waiting creates.
+ *    lost the lease, and the whole batch rolls back, its notifications with it).
  * Idempotent: a reservation no longer queued is not taken.
  */
 export async function placeQueuedBatch(
@@ -108,8 +108,9 @@ export async function placeQueuedBatch(
     LIMIT ${input.batchSize}
     FOR UPDATE OF r SKIP LOCKED`.execute(trx);
   const batch: QueuedBatch = { taken: rows.length, placed: [], pending: [] };
+  // The batch's own placements (booked together, marked placed together).
+  const placedAt = new Map<string, { nodeId: string; start: number; end: number }>();
   if (rows.length > 0) {
-    const placedAt = new Map<string, { nodeId: string; start: number; end: number }>();
     // The batch's own placements: every request the set-based path can place, by device class.
     const byClass = new Map<DeviceClass, BatchRequest[]>();
     for (const row of rows) {
@@ -203,10 +204,11 @@ export async function placeQueuedBatch(
       }
     }
   }
-  await input.fence(trx);
+  // The batch's own placements were notified with their marking; the rest are notified here.
   await notifyReservationsSettled(trx, [
-    ...batch.placed.map((p) => p.reservationId),
+    ...batch.placed.filter((p) => !placedAt.has(p.reservationId)).map((p) => p.reservationId),
     ...batch.pending.map((p) => p.reservationId),
   ]);
+  await input.fence(trx);
   return batch;
 }

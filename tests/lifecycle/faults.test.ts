@@ -3,6 +3,7 @@ import { sql } from 'kysely';
 import pg from 'pg';
 import { afterAll, describe, expect, it, vi } from 'vitest';
 import { checkBookingInvariants } from '../../db/allocations/invariants.ts';
+import { waitForSessionsOnLock } from '../support/database.ts';
 import { killChild, spawnChildWorker } from './children.ts';
 import {
   eventTypes,
@@ -31,21 +32,7 @@ afterAll(async () => {
 });
 
 /** Waits until some session of the test database waits on a lock (the child's activity is stuck). */
-async function waitForBlockedSession(): Promise<void> {
-  await expect
-    .poll(
-      async () => {
-        const { rows } = await sql<{ n: number }>`
-          SELECT count(*)::int AS n FROM pg_stat_activity
-          WHERE datname = current_database() AND application_name = 'worker-child' AND wait_event_type = 'Lock'`.execute(
-          h.db,
-        );
-        return rows[0]!.n;
-      },
-      { timeout: 30_000, interval: 100 },
-    )
-    .toBeGreaterThan(0);
-}
+const waitForBlockedSession = () => waitForSessionsOnLock(h.db, 'worker-child');
 
 describe('faults', () => {
   it('a worker SIGKILLed in the middle of an activity: the step runs once on the next worker', async () => {

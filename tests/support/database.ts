@@ -1,6 +1,8 @@
 import { randomBytes } from 'node:crypto';
+import { sql } from 'kysely';
 import pg from 'pg';
-import { inject } from 'vitest';
+import { expect, inject } from 'vitest';
+import type { Db } from '../../core/database.ts';
 import { createDb, type DbHandle } from '../../db/pool.ts';
 import { useFixture } from './hooks.ts';
 
@@ -49,4 +51,27 @@ export function useTestDatabase(options: { max?: number } = {}): TestDatabase {
     () => createTestDatabase(options),
     (database) => database.drop(),
   );
+}
+
+/**
+ * Waits until `count` sessions of the test database named `applicationName` wait on a lock (a
+ * transaction blocked where the test means it to be), polling pg_stat_activity.
+ */
+export async function waitForSessionsOnLock(
+  db: Db,
+  applicationName: string,
+  options: { count?: number; timeoutMs?: number } = {},
+): Promise<void> {
+  await expect
+    .poll(
+      async () => {
+        const { rows } = await sql<{ n: number }>`
+          SELECT count(*)::int AS n FROM pg_stat_activity
+          WHERE datname = current_database() AND application_name = ${applicationName}
+            AND wait_event_type = 'Lock'`.execute(db);
+        return rows[0]!.n;
+      },
+      { timeout: options.timeoutMs ?? 30_000, interval: 50 },
+    )
+    .toBeGreaterThanOrEqual(options.count ?? 1);
 }
