@@ -169,37 +169,71 @@ export function startPoolPlacer(deps: PoolPlacerDeps, options: PoolPlacerOptions
       return lease;
     }
 
+    /**
+     * Drains the queue while this process holds the lease: batch after batch, each next one begun
+     * as soon as the one before has booked (see placeQueuedBatch's onBooked) when that one was full
+     * or more requests were queued meanwhile, so a batch's commit overlaps the next one's reads and
+     * planning; at most two batches at once. Returns once a batch took less than a full batch and
+     * nothing more was queued, after every batch begun has ended; throws the first failure.
+     */
     private async tick() {
       const lease = await this.ensureLease();
       if (!lease) return;
-      for (;;) {
+      let previous: Promise<unknown> = Promise.resolve();
+      let failure: { error: unknown } | null = null;
+      while (!failure) {
         this.kicked = false;
-        const batch = await withPlacementTransaction(deps.db, (trx) =>
+        let booked: (taken: number) => void = () => {};
+        const bookedOrEnded = new Promise<number>((resolve) => {
+          booked = resolve;
+        });
+        const running = withPlacementTransaction(deps.db, (trx) =>
           placeQueuedBatch(trx, {
             poolId: this.poolId,
             batchSize: this.batchSize,
             ...(deps.caches ? { caches: deps.caches } : {}),
             fence: (t) => fenceLease(t, { ...lease, ttlMs: leaseTtlMs }),
             placer: { holder, epoch: lease.epoch },
+            onBooked: booked,
           }),
+        ).then(
+          (batch) => {
+            // wall time: the fence renewed the lease in the batch's commit
+            this.renewedAt = Date.now();
+            if (batch.taken > 0) {
+              batches++;
+              log.debug(
+                {
+                  poolId: this.poolId,
+                  epoch: lease.epoch,
+                  placed: batch.placed.length,
+                  pending: batch.pending.length,
+                },
+                'pool-lease batch committed',
+              );
+              wakeLifecycles(batch);
+            }
+            booked(batch.taken);
+          },
+          (error: unknown) => {
+            failure ??= { error };
+            booked(0);
+          },
         );
-        // wall time: the fence renewed the lease in the batch's commit
-        this.renewedAt = Date.now();
-        if (batch.taken > 0) {
-          batches++;
-          log.debug(
-            {
-              poolId: this.poolId,
-              epoch: lease.epoch,
-              placed: batch.placed.length,
-              pending: batch.pending.length,
-            },
-            'pool-lease batch committed',
-          );
-          wakeLifecycles(batch);
+        const earlier = previous;
+        previous = Promise.all([earlier, running]);
+        const taken = await bookedOrEnded;
+        // The batch before this one has ended before a third would begin.
+        await earlier;
+        if (stopped || this.done || failure) break;
+        if (taken < this.batchSize && !this.kicked) {
+          // Not full: the next batch only for requests queued while this one ran.
+          await running;
+          if (stopped || this.done || failure || !this.kicked) break;
         }
-        if (stopped || this.done || (batch.taken < this.batchSize && !this.kicked)) return;
       }
+      await previous;
+      if (failure) throw (failure as { error: unknown }).error;
     }
 
     async stop() {

@@ -93,6 +93,14 @@ export async function placeQueuedBatch(
     fence: (trx: Trx) => Promise<unknown>;
     /** The lease holder placing (named in the audit rows). */
     placer?: { holder: string; epoch: number };
+    /**
+     * Called once the batch will take no more lock a later batch could hold (its bookings made and
+     * known to the placer's node cache; what is left: marking them placed, the fence and the
+     * commit), with how many requests it took: from here a next batch may run beside it (it skips
+     * this one's requests, plans around its bookings, and its fence waits for this one's commit).
+     * Called again when the transaction is retried.
+     */
+    onBooked?: (taken: number) => void;
   },
 ): Promise<QueuedBatch> {
   const { rows } = await sql<Reservation & { now: Date }>`
@@ -177,6 +185,8 @@ export async function placeQueuedBatch(
         });
     }
     const byId = new Map(rows.map((row) => [row.id, row]));
+    // With nothing left for the inline placer's code (which locks node by node), booked already.
+    if (placedAt.size === rows.length) input.onBooked?.(rows.length);
     await markBatchPlaced(
       trx,
       [...placedAt].map(([id, at]) => ({ row: byId.get(id)!, ...at })),
@@ -204,6 +214,7 @@ export async function placeQueuedBatch(
       }
     }
   }
+  if (placedAt.size !== rows.length) input.onBooked?.(rows.length);
   // The batch's own placements were notified with their marking; the rest are notified here.
   await notifyReservationsSettled(trx, [
     ...batch.placed.filter((p) => !placedAt.has(p.reservationId)).map((p) => p.reservationId),
