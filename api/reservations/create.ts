@@ -7,7 +7,7 @@ import { type PoolForTenant, poolForTenant, writeDraft } from '../../db/reservat
 import { placeDraftAtOnce, queueDraftAtOnce } from '../../db/reservations/place-draft-at-once.ts';
 import { placeDraft } from '../../db/reservations/placement.ts';
 import { type SettledWatch, watchSettled } from '../../db/reservations/settled-watch.ts';
-import { readReservationView } from '../../db/reservations/view.ts';
+import { readReservationView, readReservationViewSoon } from '../../db/reservations/view.ts';
 import { ComputeError, isComputeError } from '../../domain/errors.ts';
 import { poolPlacer, readPoolPolicy } from '../../domain/pool-policy.ts';
 import { normalizeRequest, requestHash } from '../../domain/reservation-request.ts';
@@ -61,7 +61,8 @@ export async function waitForOperation(
       // wall time: the pause before the next read, within the same bounded wait
       await settled.next(Math.min(pause, Math.max(0, deadline - Date.now())), ctx.signal);
       delay = Math.min(delay * 2, settled.listening ? 5_000 : 1_000);
-      current = (await readReservationView(ctx.deps.db, reservationId)) ?? current;
+      // A batch's commit wakes its creates together: their reads go as one statement.
+      current = (await readReservationViewSoon(ctx.deps.db, reservationId)) ?? current;
     }
     if (!current) current = (await readReservationView(ctx.deps.db, reservationId)) ?? null;
   } finally {

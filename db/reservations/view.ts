@@ -1,3 +1,4 @@
+import DataLoader from 'dataloader';
 import { sql } from 'kysely';
 import type { Db } from '../../core/database.ts';
 import type { Condition } from '../../domain/reservation-lifecycle.ts';
@@ -112,6 +113,29 @@ export function reservationViewOf(r: ReservationViewRow): ReservationView {
 /** One reservation as the API shows it; undefined when there is none. */
 export async function readReservationView(db: Db, id: string): Promise<ReservationView | undefined> {
   return (await readReservationViews(db, [id]))[0];
+}
+
+/** Per database handle: the loader that coalesces concurrent view reads (readReservationViewSoon). */
+const viewLoaders = new WeakMap<Db, DataLoader<string, ReservationView | undefined>>();
+
+/**
+ * readReservationView for a caller among many reading at the same moment, such as the creates a
+ * pool-lease batch's commit wakes together: every id asked for before the event loop's next turn
+ * is read in one statement. Nothing is cached; each call reads afresh.
+ */
+export function readReservationViewSoon(db: Db, id: string): Promise<ReservationView | undefined> {
+  let loader = viewLoaders.get(db);
+  if (!loader) {
+    loader = new DataLoader(
+      async (ids: readonly string[]) => {
+        const views = new Map((await readReservationViews(db, ids)).map((view) => [view.id, view]));
+        return ids.map((id) => views.get(id));
+      },
+      { cache: false, batchScheduleFn: (flush) => setImmediate(flush) },
+    );
+    viewLoaders.set(db, loader);
+  }
+  return loader.load(id);
 }
 
 /**

@@ -6,6 +6,7 @@ import { advanceComputeClock } from '../../db/clock.ts';
 import { fenceLease, findLease, LeaseLost, poolLeaseName, takeLease } from '../../db/leases.ts';
 import { placeReservation } from '../../db/reservations/placement.ts';
 import { countQueued, placeQueuedBatch } from '../../db/reservations/pool-queue.ts';
+import { readReservationView, readReservationViewSoon } from '../../db/reservations/view.ts';
 import { eventually } from '../support/eventually.ts';
 import { usePoolLeaseHarness } from './harness.ts';
 
@@ -266,4 +267,14 @@ describe('the pool-lease placer', () => {
     expect(Number(twice.rows[0]!.n)).toBe(0);
     expect(await checkBookingInvariants(h.db)).toEqual({ deviceOverlaps: 0, scalarOverbookings: 0 });
   }, 180_000);
+
+  it("the views a batch's waiters read together are each one's own, a missing id none", async () => {
+    const wanted = [...Object.values(ids), 'rsv_missing', Object.values(ids)[0]!];
+    const together = await Promise.all(wanted.map((id) => readReservationViewSoon(h.db, id)));
+    const alone = [];
+    for (const id of wanted) alone.push(await readReservationView(h.db, id));
+    expect(together).toEqual(alone);
+    expect(together.filter((v) => v === undefined)).toHaveLength(1);
+    expect(together.map((v) => v?.id)).toEqual(wanted.map((id) => (id === 'rsv_missing' ? undefined : id)));
+  });
 });
