@@ -96,9 +96,10 @@ export async function bookPlannedAllocations(
                              ${plans.map((p) => JSON.stringify(p.verify.attributes))}::jsonb[],
                              ${plans.map((p) => JSON.stringify(p.verify.labels))}::jsonb[]) AS v(rid, aid, n, s, e, res, ids, c, a, l)
       ), stale AS MATERIALIZED (
+        -- Each lookup a correlated subquery, so each is an index probe: joined as sets, they were
+        -- planned as scans of every host row and every device booking. A missing host row: -1.
         SELECT p.rid FROM p
-        LEFT JOIN host_resources h ON h.node_id = p.n AND h.resource = p.r
-        WHERE h.node_id IS NULL OR h.allocatable <
+        WHERE COALESCE((SELECT h.allocatable FROM host_resources h WHERE h.node_id = p.n AND h.resource = p.r), -1) <
             (SELECT sum(q.m) FROM p q WHERE q.n = p.n AND q.r = p.r AND ${range('q.s', 'q.e')} && ${range('p.s', 'p.e')})
           + COALESCE((SELECT sum(amount) FROM scalar_bookings b
                        WHERE ${hostBookingOfNode('b', sql.ref('p.n'), sql.ref('p.s'))} AND b.resource = p.r AND b.during && ${range('p.s', 'p.e')}), 0)
@@ -106,7 +107,8 @@ export async function bookPlannedAllocations(
                        WHERE ${hostBookingOfNode('b', sql.ref('p.n'), sql.ref('p.s'))} AND b.resource = p.r AND b.during && ${range('p.s', 'p.e')}), 0)
         UNION
         SELECT t.rid FROM t
-        JOIN device_bookings b ON ${bookingOfDevice('b', sql.ref('t.d'))} AND b.during && ${range('t.s', 't.e')}
+        CROSS JOIN LATERAL (SELECT 1 FROM device_bookings b
+                            WHERE ${bookingOfDevice('b', sql.ref('t.d'))} AND b.during && ${range('t.s', 't.e')} LIMIT 1) AS hit
         UNION
         SELECT v.rid FROM v
         WHERE NOT ${nodeAsPlanned({

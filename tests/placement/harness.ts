@@ -1,6 +1,7 @@
 import { parseConfig } from '../../core/config.ts';
 import type { Db } from '../../core/database.ts';
 import type { Logger } from '../../core/logger.ts';
+import type { NodeShape } from '../../db/nodes/fleet.ts';
 import { bootstrapPlatform } from '../../iam/bootstrap.ts';
 import { createEmbeddedIam, type EmbeddedIam } from '../../iam/embedded/index.ts';
 import { type Compute, createCompute } from '../../server/compute.ts';
@@ -36,6 +37,8 @@ export interface PoolLeaseHarnessOptions {
   name: string;
   nodes: number;
   batchSize?: number;
+  /** The nodes' shape (default smallShape: two H100s, no host resources). */
+  shape?: NodeShape;
   /** Start the in-process worker (and its pool placer) at once (default true). */
   worker?: boolean;
   poolPlacer?: PoolPlacerOptions;
@@ -52,7 +55,7 @@ export async function startPoolLeaseHarness(options: PoolLeaseHarnessOptions): P
     const pool = await seedPool(t.db, {
       site: `site-${options.name}`,
       nodes: options.nodes,
-      shape: smallShape,
+      shape: options.shape ?? smallShape,
       policy: {
         placer: 'pool-lease',
         ...(options.batchSize ? { poolLease: { batchSize: options.batchSize } } : {}),
