@@ -11,8 +11,8 @@
  *       their own, bench/load-child.ts), with the CPU per placement of the control plane: this
  *       process (API and admission) plus PostgreSQL's processes; the load generator's CPU per
  *       create is reported apart (`loadGeneratorCpuMsPerCreate`);
- *   P2  pool-lease placements/s through HTTP at the same fleet (the pool's policy switched to
- *       `placer: 'pool-lease'`, the placing loop of temporal/pool-placer.ts in this process, each
+ *   P2  pool-lease placements/s through HTTP at the same fleet, emptied of the parts before (the
+ *       pool's policy switched to `placer: 'pool-lease'`, the placing loop of temporal/pool-placer.ts in this process, each
  *       `create` with `wait` answering once its batch committed, the clients again in a process of
  *       their own), with its CPU per placement;
  *   overlaps after the run (two bookings of one device overlapping; must be 0);
@@ -190,6 +190,18 @@ const benchLifecycle: ReservationLifecycle = {
 };
 
 const bench = await benchDatabase('scale', { max: Math.max(8, Number(values.connections)) });
+/**
+ * Ends every placed reservation of the parts before, then settles the database: the rows just
+ * ended (or written in bulk) vacuumed and analyzed and their pages written out, as in a fleet whose
+ * reservations came and went over days (else the next part pays autovacuum, the hint bits of
+ * thousands of fresh rows and a checkpoint that the one before did not). Answers how many ended.
+ */
+const settleEmptied = async () => {
+  const ended = await endPlacedReservations(bench.db);
+  await settle();
+  return ended;
+};
+const settle = () => bench.pool.query('VACUUM ANALYZE').then(() => bench.pool.query('CHECKPOINT'));
 const log = createLogger({ level: 'warn', name: 'bench-scale' });
 const placedCount = async () => {
   const { rows } = await sql<{ n: number }>`
@@ -300,7 +312,11 @@ try {
   }
 
   // P2: the same API and fleet, the pool switched to the pool-lease placer (admission's pool
-  // cache holds the old policy for up to 5 s), its loop in this process as in a worker.
+  // cache holds the old policy for up to 5 s), its loop in this process as in a worker; on the
+  // pool emptied of the parts above, as P1 had it (at these rates P1, its open loop and P2 would
+  // otherwise fill all 80,000 GPUs, and P2's open loop would measure a full pool's NoFit path).
+  const endedBeforeP2 = await settleEmptied();
+  progress(`P2: ${endedBeforeP2} placed reservations of the parts above ended`);
   await sql`UPDATE pools SET policy = policy || '{"placer":"pool-lease","poolLease":{"batchSize":64}}'::jsonb
             WHERE id = ${poolId}`.execute(bench.db);
   // wall time: outliving admission's pool cache (a bench pause, not a decision)
@@ -363,13 +379,7 @@ try {
   if (liveCount > 0) {
     // The rate with none live is measured on the pool emptied of the parts above, so that both
     // rates are measured with room to spare (50 clients place about 6,000 in 15 s).
-    const endedBefore = await endPlacedReservations(bench.db);
-    // Both rates are measured on a settled database: the rows just ended or written in bulk
-    // vacuumed and analyzed and their pages written out, as in a fleet whose reservations came
-    // and went over days (else the second rate pays autovacuum, the hint bits of 50,000 fresh
-    // rows and a checkpoint that the first one does not).
-    const settle = () => bench.pool.query('VACUUM ANALYZE').then(() => bench.pool.query('CHECKPOINT'));
-    await settle();
+    const endedBefore = await settleEmptied();
     const before = await startPlacementApi(bench.db, {
       poolId,
       quotaGpus: nodeCount * 8,
