@@ -359,6 +359,14 @@ export interface JoinTokensTable {
   created_at: TimestampDefault;
 }
 
+/** One use of a join token: the node that joined with it. Its insert spends the use at commit. */
+export interface JoinTokenUsesTable {
+  id: Generated<string>;
+  token_id: string;
+  node_id: string;
+  used_at: TimestampDefault;
+}
+
 export interface CertificateAuthoritiesTable {
   name: string;
   trust_domain: string;
@@ -426,6 +434,7 @@ export interface Database {
   outbox_events: OutboxEventsTable;
   node_commands: NodeCommandsTable;
   join_tokens: JoinTokensTable;
+  join_token_uses: JoinTokenUsesTable;
   certificate_authorities: CertificateAuthoritiesTable;
   node_certificates: NodeCertificatesTable;
 }

@@ -11,7 +11,7 @@ import {
   lockUnrevokedCertificate,
   revokeNodeCertificates,
 } from '../db/nodes/certificates.ts';
-import { beginJoin, joinTokenUsedUp, spendJoinToken } from '../db/nodes/join-tokens.ts';
+import { beginJoin, joinTokenUsedUp, refusedAtCommit, spendJoinToken } from '../db/nodes/join-tokens.ts';
 import {
   insertJoinedNode,
   type JoinClaimedNode,
@@ -166,7 +166,8 @@ async function proofVerifies(
 /**
  * Join: bounds every field first, checks the token, computes the hardware key, reclaims the node
  * the machine proves it is (`decideJoinClaim`; its old certificates revoked) or creates a new one,
- * signs the node certificate and spends one use of the token, all in one transaction.
+ * signs the node certificate and records the token's use, all in one transaction whose commit spends
+ * the use (a token used up meanwhile fails the commit: UNAUTHENTICATED, nothing of it kept).
  * INVALID_INPUT naming an oversized field; UNAUTHENTICATED for a bad token.
  */
 export async function joinNode(options: JoinServiceOptions, request: JoinRequest): Promise<JoinResponse> {
@@ -181,101 +182,115 @@ export async function joinNode(options: JoinServiceOptions, request: JoinRequest
     macs: evidence?.macs,
     gpuUuids: evidence?.gpuUuids,
   });
-  return options.db.transaction().execute(async (trx) => {
-    // One round trip for the key lock, the token, its pool and the clock. The token is spent
-    // last: its row lock lasts only from that statement to the commit, so concurrent joins with
-    // one token do not queue behind each other's certificate signing.
-    const start = await beginJoin(trx, request.token, csr.keyId);
-    // The same key again (a retry whose reply was lost after the commit, under the key lock so a
-    // duplicate in flight waits for the first): the node and certificate already made, answered
-    // again without spending another use of the token.
-    // The node holding the machine's hardware key is locked in the same round trip.
-    const { repeat, holder } = await lockJoinCandidates(trx, { keyId: csr.keyId, hardwareKey: hardware.key });
-    if (repeat && repeat.poolId === start.poolId && repeat.provisionState !== 'retired') {
-      options.log.info(
-        { nodeId: repeat.nodeId, nodeName: repeat.nodeName, poolId: repeat.poolId },
-        'join repeated with the same key: answered with the certificate already issued',
+  // Logged once the commit, which spends the token's use, has succeeded.
+  const joined: { announce?: () => void } = {};
+  const response = await options.db
+    .transaction()
+    .execute(async (trx) => {
+      // One round trip for the key lock, the token, its pool and the clock. The token's use is
+      // spent by the commit itself (spendJoinToken), so concurrent joins with one token do not
+      // queue behind each other's certificate signing or round trips.
+      const start = await beginJoin(trx, request.token, csr.keyId);
+      // The same key again (a retry whose reply was lost after the commit, under the key lock so a
+      // duplicate in flight waits for the first): the node and certificate already made, answered
+      // again without spending another use of the token.
+      // The node holding the machine's hardware key is locked in the same round trip.
+      const { repeat, holder } = await lockJoinCandidates(trx, {
+        keyId: csr.keyId,
+        hardwareKey: hardware.key,
+      });
+      if (repeat && repeat.poolId === start.poolId && repeat.provisionState !== 'retired') {
+        options.log.info(
+          { nodeId: repeat.nodeId, nodeName: repeat.nodeName, poolId: repeat.poolId },
+          'join repeated with the same key: answered with the certificate already issued',
+        );
+        return {
+          nodeId: repeat.nodeId,
+          nodeName: repeat.nodeName,
+          siteId: repeat.siteId,
+          poolId: repeat.poolId,
+          spiffeId: repeat.spiffeId,
+          certificatePem: repeat.certificatePem,
+          caCertificatePem: options.ca.certificatePem,
+          notAfterMs: repeat.notAfter.getTime(),
+          reclaimed: repeat.reclaimed,
+        };
+      }
+      if (start.usedUp) throw joinTokenUsedUp();
+      const pool = start.pool;
+      if (!pool) throw new ComputeError('INTERNAL', `the join token names a missing pool ${start.poolId}`);
+      if (pool.archived) throw new ComputeError('INVALID_STATE', 'the join token names an archived pool');
+      const claim = await decideJoinClaim(trx, options.log, {
+        pool,
+        hardwareKey: hardware.key,
+        holder,
+        proof: request.reclaimProof,
+        csrPem: request.csrPem,
+      });
+      let node: { id: string; name: string; siteId: string; poolId: string };
+      if (claim.kind === 'reclaim') {
+        await reclaimJoinedNode(trx, {
+          nodeId: claim.node.id,
+          reason: claim.by === 'proof' ? 'superseded' : 'reclaimed',
+          ...(claim.hardwareKey ? { hardwareKey: claim.hardwareKey } : {}),
+        });
+        node = { id: claim.node.id, name: claim.node.name, siteId: claim.node.siteId, poolId: pool.id };
+      } else {
+        const inserted = await insertJoinedNode(trx, {
+          siteId: pool.siteId,
+          poolId: pool.id,
+          name: normalizeNodeName(request.requestedName, evidence?.hostname ?? ''),
+          hardwareKey: claim.conflict ? null : hardware.key,
+        });
+        if (claim.conflict) await markHardwareKeyConflict(trx, inserted.id, claim.conflict);
+        node = { ...inserted, siteId: pool.siteId, poolId: pool.id };
+      }
+      const spiffeId = nodeSpiffeId(options.trustDomain, node.siteId, node.id);
+      const cert = await issueStoredNodeCertificate(
+        trx,
+        options,
+        {
+          nodeId: node.id,
+          nodeName: node.name,
+          role: 'node',
+          spiffeId,
+          ...csr,
+        },
+        start.now,
       );
+      await spendJoinToken(trx, { tokenId: start.tokenId, nodeId: node.id });
+      const reclaimed = claim.kind === 'reclaim';
+      const conflict = claim.kind === 'new' && claim.conflict;
+      joined.announce = () =>
+        options.log[conflict ? 'warn' : 'info'](
+          {
+            nodeId: node.id,
+            nodeName: node.name,
+            poolId: node.poolId,
+            reclaimed,
+            ...(reclaimed ? { reclaimedBy: claim.by } : {}),
+            ...(conflict ? { hardwareKeyConflictWith: conflict.id } : {}),
+            identifiers: hardware.identifiers,
+          },
+          conflict ? 'node joined with a hardware key conflict' : 'node joined',
+        );
       return {
-        nodeId: repeat.nodeId,
-        nodeName: repeat.nodeName,
-        siteId: repeat.siteId,
-        poolId: repeat.poolId,
-        spiffeId: repeat.spiffeId,
-        certificatePem: repeat.certificatePem,
-        caCertificatePem: options.ca.certificatePem,
-        notAfterMs: repeat.notAfter.getTime(),
-        reclaimed: repeat.reclaimed,
-      };
-    }
-    if (start.usedUp) throw joinTokenUsedUp();
-    const pool = start.pool;
-    if (!pool) throw new ComputeError('INTERNAL', `the join token names a missing pool ${start.poolId}`);
-    if (pool.archived) throw new ComputeError('INVALID_STATE', 'the join token names an archived pool');
-    const claim = await decideJoinClaim(trx, options.log, {
-      pool,
-      hardwareKey: hardware.key,
-      holder,
-      proof: request.reclaimProof,
-      csrPem: request.csrPem,
-    });
-    let node: { id: string; name: string; siteId: string; poolId: string };
-    if (claim.kind === 'reclaim') {
-      await reclaimJoinedNode(trx, {
-        nodeId: claim.node.id,
-        reason: claim.by === 'proof' ? 'superseded' : 'reclaimed',
-        ...(claim.hardwareKey ? { hardwareKey: claim.hardwareKey } : {}),
-      });
-      node = { id: claim.node.id, name: claim.node.name, siteId: claim.node.siteId, poolId: pool.id };
-    } else {
-      const inserted = await insertJoinedNode(trx, {
-        siteId: pool.siteId,
-        poolId: pool.id,
-        name: normalizeNodeName(request.requestedName, evidence?.hostname ?? ''),
-        hardwareKey: claim.conflict ? null : hardware.key,
-      });
-      if (claim.conflict) await markHardwareKeyConflict(trx, inserted.id, claim.conflict);
-      node = { ...inserted, siteId: pool.siteId, poolId: pool.id };
-    }
-    const spiffeId = nodeSpiffeId(options.trustDomain, node.siteId, node.id);
-    const cert = await issueStoredNodeCertificate(
-      trx,
-      options,
-      {
         nodeId: node.id,
         nodeName: node.name,
-        role: 'node',
-        spiffeId,
-        ...csr,
-      },
-      start.now,
-    );
-    await spendJoinToken(trx, start.tokenId);
-    const reclaimed = claim.kind === 'reclaim';
-    options.log[claim.kind === 'new' && claim.conflict ? 'warn' : 'info'](
-      {
-        nodeId: node.id,
-        nodeName: node.name,
+        siteId: node.siteId,
         poolId: node.poolId,
+        spiffeId,
+        certificatePem: cert.certificatePem,
+        caCertificatePem: options.ca.certificatePem,
+        notAfterMs: cert.notAfter.getTime(),
         reclaimed,
-        ...(reclaimed ? { reclaimedBy: claim.by } : {}),
-        ...(claim.kind === 'new' && claim.conflict ? { hardwareKeyConflictWith: claim.conflict.id } : {}),
-        identifiers: hardware.identifiers,
-      },
-      claim.kind === 'new' && claim.conflict ? 'node joined with a hardware key conflict' : 'node joined',
-    );
-    return {
-      nodeId: node.id,
-      nodeName: node.name,
-      siteId: node.siteId,
-      poolId: node.poolId,
-      spiffeId,
-      certificatePem: cert.certificatePem,
-      caCertificatePem: options.ca.certificatePem,
-      notAfterMs: cert.notAfter.getTime(),
-      reclaimed,
-    };
-  });
+      };
+    })
+    .catch((error: unknown) => {
+      throw refusedAtCommit(error);
+    });
+  joined.announce?.();
+  return response;
 }
 
 /**

@@ -55,39 +55,6 @@ const refused = (why: string) =>
     reason: why,
   });
 
-/**
- * Checks a token without locking it and answers its pool. UNAUTHENTICATED for a token that is
- * malformed, unknown, revoked, expired or used up (one answer for all, so it tells nothing).
- */
-export async function checkJoinToken(
-  db: Db | Transaction<Database>,
-  token: string,
-): Promise<{ tokenId: string; poolId: string }> {
-  const match = tokenPattern.exec(token.trim());
-  if (!match) throw refused('malformed');
-  const id = `jt_${match[1]}`;
-  const row = await db
-    .selectFrom('join_tokens')
-    .where('id', '=', id)
-    .select([
-      'pool_id',
-      'secret_hash',
-      'max_uses',
-      'uses',
-      'revoked_at',
-      sql<boolean>`expires_at <= compute_now()`.as('expired'),
-    ])
-    .executeTakeFirst();
-  if (!row) throw refused('unknown');
-  const given = Buffer.from(hashSecret(match[2]!), 'hex');
-  const stored = Buffer.from(row.secret_hash, 'hex');
-  if (given.length !== stored.length || !timingSafeEqual(given, stored)) throw refused('secret');
-  if (row.revoked_at) throw refused('revoked');
-  if (row.expired) throw refused('expired');
-  if (row.uses >= row.max_uses) throw refused('used');
-  return { tokenId: id, poolId: row.pool_id };
-}
-
 /** What a Join reads first, in one statement: its token, the token's pool and the clock. */
 export interface JoinStart {
   tokenId: string;
@@ -158,29 +125,22 @@ export function joinTokenUsedUp(): ComputeError {
 }
 
 /**
- * Spends one use of a checked token, atomically: only while it is still unrevoked, unexpired and
- * not used up (the row lock lasts from this statement to the commit, so callers run it last).
+ * Records that `nodeId` joined with a checked token, spending one use of it when the caller's
+ * transaction commits (the deferred trigger of migrations/2026-12-06T00-join-token-uses.ts): the
+ * commit fails, and nothing of the transaction stays, when the token was revoked, expired or used
+ * up meanwhile; run the caller's commit through `refusedAtCommit`. The token's row is locked only
+ * while the commit runs, so concurrent Joins with one token do not wait on each other's round trips.
  */
-export async function spendJoinToken(trx: Transaction<Database>, tokenId: string): Promise<void> {
-  const spent = await trx
-    .updateTable('join_tokens')
-    .set({ uses: sql<number>`uses + 1` })
-    .where('id', '=', tokenId)
-    .where('revoked_at', 'is', null)
-    .where(sql<boolean>`expires_at > compute_now()`)
-    .where(sql<boolean>`uses < max_uses`)
-    .executeTakeFirst();
-  if (Number(spent.numUpdatedRows) === 0) throw refused('used');
+export async function spendJoinToken(
+  trx: Transaction<Database>,
+  use: { tokenId: string; nodeId: string },
+): Promise<void> {
+  await trx.insertInto('join_token_uses').values({ token_id: use.tokenId, node_id: use.nodeId }).execute();
 }
 
-/** Checks and spends one use of a token in the caller's transaction. */
-export async function consumeJoinToken(
-  trx: Transaction<Database>,
-  token: string,
-): Promise<{ tokenId: string; poolId: string }> {
-  const checked = await checkJoinToken(trx, token);
-  await spendJoinToken(trx, checked.tokenId);
-  return checked;
+/** A commit that failed because its token could not be spent (see spendJoinToken) as the refusal. */
+export function refusedAtCommit(error: unknown): unknown {
+  return (error as { code?: unknown } | null)?.code === 'BC003' ? refused('used') : error;
 }
 
 function view(row: {

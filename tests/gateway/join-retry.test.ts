@@ -29,6 +29,18 @@ describe('a Join whose reply is lost', () => {
     return rows[0]!;
   };
 
+  /** What the gateway's JoinService runs with, for calling joinNode directly. */
+  const joinOptions = async () => ({
+    db: fx.database.db,
+    log: gatewayTestLog,
+    ca: await loadSigningCertificateAuthority(fx.database.db, {
+      trustDomain: 'better-compute.local',
+      sealer: createSealer(testDeploymentSecret),
+    }),
+    trustDomain: 'better-compute.local',
+    certificateTtlMs: 3600_000,
+  });
+
   it('bcd join retries through a gateway restart after the commit, and the node joins exactly once', async () => {
     const db = fx.database.db;
     const token = await fx.token(1);
@@ -112,20 +124,9 @@ describe('a Join whose reply is lost', () => {
   });
 
   it('two Joins with one CSR at once make one node and spend one use', async () => {
-    const db = fx.database.db;
     const token = await fx.token(5);
     const tokenId = `jt_${/^bcjt_([0-9a-z]{26})\./.exec(token)![1]}`;
-    const ca = await loadSigningCertificateAuthority(db, {
-      trustDomain: 'better-compute.local',
-      sealer: createSealer(testDeploymentSecret),
-    });
-    const options = {
-      db,
-      log: gatewayTestLog,
-      ca,
-      trustDomain: 'better-compute.local',
-      certificateTtlMs: 3600_000,
-    };
+    const options = await joinOptions();
     const request = {
       token,
       csrPem: await createCsr(await generateKeyPairPem(), 'twice'),
@@ -151,5 +152,41 @@ describe('a Join whose reply is lost', () => {
     });
     expect(other.nodeId).not.toBe(first.nodeId);
     expect((await counts(tokenId)).uses).toBe(2);
+  });
+
+  it('eight machines joining at once with a token of three uses: three join, five are refused and leave nothing', async () => {
+    const db = fx.database.db;
+    const token = await fx.token(3);
+    const tokenId = `jt_${/^bcjt_([0-9a-z]{26})\./.exec(token)![1]}`;
+    const options = await joinOptions();
+    const before = await counts(tokenId);
+    const requests = await Promise.all(
+      Array.from({ length: 8 }, async (_, i) => ({
+        token,
+        csrPem: await createCsr(await generateKeyPairPem(), `herd-${i}`),
+        evidence: new SimHardware(`herd-${i}`).evidence(),
+        requestedName: `herd-${i}`,
+        agentVersion: 'test',
+        reclaimProof: undefined,
+      })),
+    );
+    const outcomes = await Promise.allSettled(requests.map((request) => joinNode(options, request)));
+    const joined = outcomes.flatMap((o) => (o.status === 'fulfilled' ? [o.value.nodeId] : []));
+    const refused = outcomes.flatMap((o) => (o.status === 'rejected' ? [o.reason] : []));
+    expect(joined).toHaveLength(3);
+    expect(refused).toHaveLength(5);
+    for (const error of refused)
+      expect(error).toMatchObject({ code: 'UNAUTHENTICATED', details: { reason: 'used' } });
+    const after = await counts(tokenId);
+    expect(after.uses).toBe(3);
+    // The refused ones' nodes and certificates were rolled back with their commits.
+    expect(after.nodes.length).toBe(before.nodes.length + 3);
+    expect(after.certificates.length).toBe(before.certificates.length + 3);
+    const uses = await db
+      .selectFrom('join_token_uses')
+      .select('node_id')
+      .where('token_id', '=', tokenId)
+      .execute();
+    expect(uses.map((u) => u.node_id).sort()).toEqual([...joined].sort());
   });
 });
