@@ -3,13 +3,7 @@ import type { Database } from '../../core/database.ts';
 import type { HostResource } from '../../domain/fleet.ts';
 import type { HostResourceAmounts } from '../../domain/reservation-request.ts';
 import { preparedMarker } from '../pool.ts';
-import {
-  BookingConflict,
-  bookingConflictOf,
-  bookingOfDevice,
-  hostBookingOfNode,
-  lockHostRowsAndDevices,
-} from './bookings.ts';
+import { bookingOfDevice, hostBookingOfNode, isBookingRefusal, lockHostRowsAndDevices } from './bookings.ts';
 import { nodeAsPlanned } from './node-as-planned.ts';
 import { PlacementContention } from './placement.ts';
 import type { NodeVerification } from './try-book.ts';
@@ -139,8 +133,7 @@ export async function bookPlannedAllocations(
     for (const r of rows) stale.add(r.rid);
   } catch (error) {
     // Locked and re-checked, so not expected; the statement failed, so the transaction is over.
-    if (bookingConflictOf(error, { nodeId: 'of the batch' }) instanceof BookingConflict)
-      throw new PlacementContention('a batch booking was refused under its locks');
+    if (isBookingRefusal(error)) throw new PlacementContention('a batch booking was refused under its locks');
     throw error;
   }
   return stale;

@@ -84,6 +84,14 @@ export function hostBookingOfNode(
 }
 
 /**
+ * Whether a statement that wrote device and scalar bookings was refused by the database's guards:
+ * the EXCLUDE constraint (23P01), the scalar guard (BC001) or a missing resource row (23503).
+ */
+export function isBookingRefusal(error: unknown): boolean {
+  return isPgError(error, '23P01') || isPgError(error, 'BC001') || isPgError(error, '23503');
+}
+
+/**
  * An exclusion refusal (23P01) as BookingConflict and, for writers of a node's scalar resources
  * (`nodeId` given), a guard refusal (BC001, or 23503 for a missing resource row); anything else as is.
  */
