@@ -1,12 +1,7 @@
 import type { Db } from '../core/database.ts';
 import { completeSiteAgentCommand } from '../db/metal/site-leases.ts';
 import { completeDeliveredCommand, findNodeCommandSeq } from '../db/nodes/commands.ts';
-import {
-  findNodeEpoch,
-  markNodeReadyIfConverged,
-  type SessionFence,
-  setObservedGeneration,
-} from '../db/nodes/sessions.ts';
+import { findNodeEpoch, type SessionFence, setObservedGeneration } from '../db/nodes/sessions.ts';
 import { ComputeError } from '../domain/errors.ts';
 import type { NodeRole } from '../domain/fleet.ts';
 import { CommandOutcome, type CommandResult } from '../proto/gen/agent/v1/agent.ts';
@@ -21,14 +16,16 @@ const outcomeState: Partial<Record<CommandOutcome, 'succeeded' | 'failed' | 'exp
   [CommandOutcome.COMMAND_OUTCOME_INTERRUPTED]: 'failed',
 };
 
-/** Records the converged spec generation; a fenced session changes nothing (INVALID_STATE). */
+/**
+ * Records the converged spec generation (a joined node that sent its inventory becomes `ready`
+ * with it); a fenced session changes nothing (INVALID_STATE).
+ */
 export async function recordObservedGeneration(
   db: Db,
   session: SessionFence,
   generation: number,
 ): Promise<void> {
   if (!(await setObservedGeneration(db, session, generation))) throw sessionFenced();
-  await markNodeReadyIfConverged(db, session);
 }
 
 /**

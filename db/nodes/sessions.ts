@@ -1,8 +1,7 @@
-import { sql, type Transaction } from 'kysely';
+import { type RawBuilder, sql, type Transaction } from 'kysely';
 import type { Database, Db } from '../../core/database.ts';
 import { ComputeError } from '../../domain/errors.ts';
 import { failInFlightCommands, findCommandsToRedeliver, type QueuedCommandRow } from './commands.ts';
-import { setNodeCondition } from './nodes.ts';
 
 /**
  * A node's session on a gateway, as the database keeps it: the node's `epoch` (each new session
@@ -83,17 +82,18 @@ export async function openNodeSession(
     failedInFlight = await failInFlightCommands(trx, nodeId, 'the node lost its journal');
   }
   // The capability labels replaced in one statement: the old ones not reported any more go, the
-  // reported ones are (re)written.
+  // reported ones are (re)written; and the node, heard again, loses `NodeUnreachable`.
   const keys = input.capabilities.map((c) => `bc.dev/cap.${c}`);
   await sql`
     WITH gone AS (
       DELETE FROM node_labels
       WHERE node_id = ${nodeId} AND source = 'system' AND key LIKE 'bc.dev/cap.%' AND NOT (key = ANY(${keys}::text[]))
+    ), reachable AS (
+      DELETE FROM node_conditions WHERE node_id = ${nodeId} AND type = 'NodeUnreachable'
     )
     INSERT INTO node_labels (node_id, key, value, source)
     SELECT ${nodeId}, key, 'true', 'system' FROM unnest(${keys}::text[]) AS key
     ON CONFLICT (node_id, source, key) DO UPDATE SET value = EXCLUDED.value`.execute(trx);
-  await setNodeCondition(trx, nodeId, null, 'NodeUnreachable');
   const redeliver = await findCommandsToRedeliver(trx, nodeId, input.journalId);
   return {
     epoch: Number(row.epoch),
@@ -134,28 +134,40 @@ export async function findNodeEpoch(db: Db, nodeId: string): Promise<number | nu
   return row ? Number(row.epoch) : null;
 }
 
-/** Records the spec generation the node converged; false (nothing written) for a fenced session. */
+/**
+ * Whether a joined (`enrolling`) node is ready once its converged generation is `observed`: a spec
+ * converged and an inventory sent. An SQL condition over the `nodes` row being updated.
+ */
+const readyOnceObserved = (observed: RawBuilder<unknown>) =>
+  sql<boolean>`(nodes.provision_state = 'enrolling' AND ${observed} >= 1
+    AND EXISTS (SELECT 1 FROM inventory_snapshots s WHERE s.node_id = nodes.id))`;
+
+/**
+ * Records the spec generation the node converged, and makes a joined node `ready` when that was
+ * the last thing it lacked (markNodeReadyIfConverged), in one statement; false (nothing written)
+ * for a fenced session.
+ */
 export async function setObservedGeneration(
   db: Db,
   fence: SessionFence,
   generation: number,
 ): Promise<boolean> {
-  const result = await db
-    .updateTable('nodes')
-    .set({ observed_generation: generation })
-    .where('id', '=', fence.nodeId)
-    .where('epoch', '=', String(fence.epoch))
-    .executeTakeFirst();
-  return Number(result.numUpdatedRows) > 0;
+  const ready = readyOnceObserved(sql`${generation}::bigint`);
+  const { rows } = await sql<{ id: string }>`
+    UPDATE nodes SET observed_generation = ${generation}::bigint,
+      provision_state = CASE WHEN ${ready} THEN 'ready' ELSE nodes.provision_state END,
+      updated_at = CASE WHEN ${ready} THEN compute_now() ELSE nodes.updated_at END
+    WHERE id = ${fence.nodeId} AND epoch = ${fence.epoch}
+    RETURNING id`.execute(db);
+  return rows.length > 0;
 }
 
 /** A joined (`enrolling`) node becomes `ready` once it converged a spec and sent its inventory. */
 export async function markNodeReadyIfConverged(db: Db, fence: SessionFence): Promise<void> {
   await sql`
     UPDATE nodes SET provision_state = 'ready', updated_at = compute_now()
-    WHERE id = ${fence.nodeId} AND epoch = ${fence.epoch} AND provision_state = 'enrolling'
-      AND observed_generation >= 1
-      AND EXISTS (SELECT 1 FROM inventory_snapshots s WHERE s.node_id = nodes.id)`.execute(db);
+    WHERE id = ${fence.nodeId} AND epoch = ${fence.epoch}
+      AND ${readyOnceObserved(sql`nodes.observed_generation`)}`.execute(db);
 }
 
 /** A closed session lets go of its node, unless a newer session or another gateway holds it. */
