@@ -53,13 +53,12 @@ import { startPoolPlacer } from '../temporal/pool-placer.ts';
 import { type LifecycleBacklog, measureLifecycleBacklog } from './lifecycle-backlog.ts';
 import {
   benchDatabase,
+  cpuMeter,
   endPlacedReservations,
   insertBenchPool,
   insertLiveReservations,
   type LoadResult,
-  nodeCpuSeconds,
   type OpenLoopResult,
-  postgresCpuSeconds,
   postmasterPidOf,
   prepareBookingLoad,
   runLoad,
@@ -266,19 +265,13 @@ try {
     api.loadInChild(clients, s, { gpus, duration: '8h' }),
   );
   const postmasterPid = await postmasterPidOf(bench.pool);
-  const cpu0 = { node: nodeCpuSeconds(), postgres: postgresCpuSeconds(postmasterPid) };
+  const meterP1 = cpuMeter(postmasterPid);
   const ticker = setInterval(() => progress('P1: inline placements running'), 5_000);
   const inline = await api
     .loadInChild(clients, seconds, { gpus, duration: '8h' })
     .finally(() => clearInterval(ticker));
-  const cpu = {
-    nodeSeconds: nodeCpuSeconds() - cpu0.node,
-    postgresSeconds: postgresCpuSeconds(postmasterPid) - cpu0.postgres,
-  };
-  const cpuMsPerPlacement =
-    inline.committed === 0
-      ? null
-      : Number((((cpu.nodeSeconds + cpu.postgresSeconds) * 1000) / inline.committed).toFixed(2));
+  const cpu = meterP1(inline.committed);
+  const cpuMsPerPlacement = cpu.msPerPlacement;
   progress(
     `P1: ${inline.perSecond} inline placements/s (${inline.committed} placed, ${inline.refused} pending, ` +
       `errors ${JSON.stringify(inline.errors)}), p50 ${inline.p50Ms} ms, p99 ${inline.p99Ms} ms, ` +
@@ -326,15 +319,12 @@ try {
     { db: bench.db, log, lifecycle: benchLifecycle, caches: createAdmissionCaches() },
     { pollMs: 1_000 },
   );
-  const cpu1 = { node: nodeCpuSeconds(), postgres: postgresCpuSeconds(postmasterPid) };
+  const meterP2 = cpuMeter(postmasterPid);
   const ticker2 = setInterval(() => progress('P2: pool-lease placements running'), 5_000);
   const poolLease = await api
     .loadInChild(clients, seconds, { gpus, duration: '8h', waitMs: 30_000 })
     .finally(() => clearInterval(ticker2));
-  const cpu2 = {
-    nodeSeconds: nodeCpuSeconds() - cpu1.node,
-    postgresSeconds: postgresCpuSeconds(postmasterPid) - cpu1.postgres,
-  };
+  const poolLeaseCpuMs = meterP2(poolLease.committed).msPerPlacement;
   const batches = placer.batches;
   // Open loop at half of P2: create with wait, arrivals on schedule.
   let openLoopPoolLease: OpenLoopResult | null = null;
@@ -348,10 +338,6 @@ try {
   }
   await placer.stop();
   await api.stop();
-  const poolLeaseCpuMs =
-    poolLease.committed === 0
-      ? null
-      : Number((((cpu2.nodeSeconds + cpu2.postgresSeconds) * 1000) / poolLease.committed).toFixed(2));
   progress(
     `P2: ${poolLease.perSecond} pool-lease placements/s (${poolLease.committed} placed, ${poolLease.refused} ` +
       `not placed, errors ${JSON.stringify(poolLease.errors)}, ${batches} batches), create+wait p50 ` +
@@ -374,6 +360,8 @@ try {
     p99MsEmpty: number;
     p50MsLive: number;
     p99MsLive: number;
+    cpuMsPerPlacementEmpty: number | null;
+    cpuMsPerPlacementLive: number | null;
     endedBefore: number;
   } | null = null;
   if (liveCount > 0) {
@@ -389,12 +377,12 @@ try {
     progress(
       `live: ${endedBefore} placed reservations of the parts above ended; inline placements for ${liveSeconds} s before the bulk write`,
     );
-    const empty = await runLoad(clients, liveSeconds, (client) =>
-      before.place(client, { gpus, duration: '8h' }),
-    );
+    const meterEmpty = cpuMeter(postmasterPid);
+    const empty = await before.loadInChild(clients, liveSeconds, { gpus, duration: '8h' });
+    const emptyCpuMs = meterEmpty(empty.committed).msPerPlacement;
     await before.stop();
     progress(
-      `live: before, ${empty.perSecond} inline placements/s (p50 ${empty.p50Ms} ms, p99 ${empty.p99Ms} ms, ${empty.refused} not placed)`,
+      `live: before, ${empty.perSecond} inline placements/s (p50 ${empty.p50Ms} ms, p99 ${empty.p99Ms} ms, ${empty.refused} not placed), CPU ${emptyCpuMs} ms per placement`,
     );
     // wall time: how long the bulk write takes (a progress figure only)
     const w0 = Date.now();
@@ -414,9 +402,9 @@ try {
       log,
       tenantPrefix: 'live',
     });
-    const live = await runLoad(clients, liveSeconds, (client) =>
-      after.place(client, { gpus, duration: '8h' }),
-    );
+    const meterLive = cpuMeter(postmasterPid);
+    const live = await after.loadInChild(clients, liveSeconds, { gpus, duration: '8h' });
+    const liveCpuMs = meterLive(live.committed).msPerPlacement;
     await after.stop();
     liveReservations = {
       count: written.written,
@@ -428,11 +416,13 @@ try {
       p99MsEmpty: empty.p99Ms,
       p50MsLive: live.p50Ms,
       p99MsLive: live.p99Ms,
+      cpuMsPerPlacementEmpty: emptyCpuMs,
+      cpuMsPerPlacementLive: liveCpuMs,
       endedBefore,
     };
     progress(
       `live: after, ${live.perSecond} inline placements/s with ${written.written} live reservations ` +
-        `(p50 ${live.p50Ms} ms, p99 ${live.p99Ms} ms, ${live.refused} not placed, errors ${JSON.stringify(live.errors)}); ratio ${liveReservations.ratio}`,
+        `(p50 ${live.p50Ms} ms, p99 ${live.p99Ms} ms, ${live.refused} not placed, errors ${JSON.stringify(live.errors)}), CPU ${liveCpuMs} ms per placement; ratio ${liveReservations.ratio}`,
     );
   }
 

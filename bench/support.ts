@@ -202,6 +202,22 @@ export function nodeCpuSeconds(): number {
   return (user + system) / 1e6;
 }
 
+/**
+ * Starts counting this process's CPU and PostgreSQL's (`postgresCpuSeconds`); the answer, given how
+ * many placements the span made, is the seconds each used and the CPU ms per placement (null for none).
+ */
+export function cpuMeter(postmasterPid: number | null) {
+  const node0 = nodeCpuSeconds();
+  const postgres0 = postgresCpuSeconds(postmasterPid);
+  return (placed: number) => {
+    const nodeSeconds = nodeCpuSeconds() - node0;
+    const postgresSeconds = postgresCpuSeconds(postmasterPid) - postgres0;
+    const msPerPlacement =
+      placed === 0 ? null : Number((((nodeSeconds + postgresSeconds) * 1000) / placed).toFixed(2));
+    return { nodeSeconds, postgresSeconds, msPerPlacement };
+  };
+}
+
 /** The postmaster's pid of the server `pool` reaches (null when its data directory is not readable here). */
 export async function postmasterPidOf(pool: pg.Pool): Promise<number | null> {
   const { rows } = await pool.query('SHOW data_directory');

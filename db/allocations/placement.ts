@@ -6,6 +6,7 @@ import { ComputeError } from '../../domain/errors.ts';
 import { newId } from '../../domain/ids.ts';
 import {
   earliestStart,
+  fitNode,
   freeAtoms,
   type Interval,
   labelsNeeded,
@@ -28,13 +29,18 @@ type Trx = Transaction<Database>;
 export const counterOfferHorizonMs = 14 * 86_400_000;
 /** Pools up to this many nodes are planned whole; larger ones from a sample first. */
 const wholePoolLimit = 256;
-/** How many nodes a large pool's sampled round reads beside its warm ones. */
-const sampleSize = 8;
 /**
- * A large pool is read whole for its room once samples found no fit as many times as one node in
- * this many (see readRoom): samples that found room are no sign that the pool is mostly booked.
+ * How many random nodes a large pool's sampled round reads beside its warm ones: enough for the
+ * dozens of placements that run at once and whose warm nodes have no fit left. With 8, a pool
+ * where each node holds one more request read a sample for one placement in three, and its rate
+ * fell to 0.57 of an empty pool's (bench/README.md, 2026-12-06).
  */
-const emptySamplesPerWholeRead = 16;
+const sampleSize = 24;
+/**
+ * A large pool is read whole for its room once the samples that found no fit looked at this share
+ * of its nodes (see readRoom): samples that found room are no sign that the pool is mostly booked.
+ */
+const emptySampledShareForWholeRead = 0.5;
 
 /**
  * The releases of the node claims (PlacerNodeCache.claim) each open placement transaction holds,
@@ -248,14 +254,18 @@ async function sampledNodes(
   const { cached, missing } = caches.placerNodes.lookup(poolId, request.deviceClass, ids, window);
   if (missing.length === 0) return cached;
   const readHorizon = { start: window.start, end: window.end + cachedHorizonMs };
+  // monotonic: a node this process booked on while the read ran is known better than the read knew it
+  const readStartedAt = performance.now();
   const read = await loadPlacerNodes(db, {
     poolId,
     deviceClass: request.deviceClass,
     horizon: readHorizon,
     sample: missing,
   });
-  caches.placerNodes.store(poolId, request.deviceClass, read, readHorizon);
-  return [...cached, ...read];
+  return [
+    ...cached,
+    ...caches.placerNodes.store(poolId, request.deviceClass, read, readHorizon, true, readStartedAt),
+  ];
 }
 
 /**
@@ -272,7 +282,8 @@ async function noteEmptySample(
   const { poolId, request, window, caches } = input;
   const empty = caches.placerNodes.countEmptySample(poolId, request.deviceClass);
   if (db.isTransaction) return;
-  if (empty >= (await schedulableNodeIds(db, poolId, caches)).length / emptySamplesPerWholeRead) {
+  const nodes = (await schedulableNodeIds(db, poolId, caches)).length;
+  if (empty * sampleSize >= nodes * emptySampledShareForWholeRead) {
     readRoom(db, { ...input, horizon: { start: window.start, end: window.end + cachedHorizonMs } });
   }
 }
@@ -427,10 +438,15 @@ export async function findAndBook(
     }
     const byId = new Map(nodes.map((n) => [n.id, n]));
     const locked: NodeFit[] = [];
-    for (const fit of fits.slice(0, 16)) {
+    for (const planned of fits.slice(0, 16)) {
       // Claimed since the plan, by a placement that ran while this one waited on a statement.
-      if (claimedElsewhere(fit.nodeId)) continue;
-      const node = byId.get(fit.nodeId)!;
+      if (claimedElsewhere(planned.nodeId)) continue;
+      const node = byId.get(planned.nodeId)!;
+      // Booked on by this process since the plan (its bookings are added to the cached node at
+      // once): planned again as the node is now, instead of a try its re-check would refuse.
+      const now = fitNode(node, input.request, input.window);
+      if (!('fit' in now)) continue;
+      const fit = now.fit;
       const release = claims ? caches.placerNodes.claim(input.poolId, fit.nodeId) : undefined;
       const outcome = await tryBook(trx, {
         fit,
