@@ -12,6 +12,9 @@ export interface PoolForTenant {
   on_budget_exceeded: string | null;
 }
 
+/** The share of an entry's life after which a caller's read of it also begins its reload. */
+const refreshAheadShare = 0.75;
+
 /**
  * A small map of entries that expire `ttlMs` after they were stored; cleared whole when it grows
  * past `maxEntries` (keys are pools and tenants, so that only happens on unusual fleets).
@@ -46,13 +49,25 @@ export class TtlCache<V> {
    * The value stored less than `ttlMs` ago, else `loader`'s, stored; callers that ask while a load
    * runs share it (one read when an entry expires under many concurrent callers, not one each).
    * A failed load is every waiting caller's error and stores nothing; a load begun before a
-   * clear() answers its own callers only.
+   * clear() answers its own callers only. An entry asked for in the last quarter of its life is
+   * loaded again in the background while it still answers, so that under steady use callers never
+   * wait for its reload (a background load that fails leaves the entry to expire as it would have).
    */
   load(key: string, loader: () => Promise<V>): Promise<V> {
-    const hit = this.get(key);
-    if (hit !== undefined) return Promise.resolve(hit);
-    const running = this.#loading.get(key);
-    if (running) return running;
+    const hit = this.#entries.get(key);
+    // wall time: a TTL of a heuristic cache, which decides no booking
+    const age = hit ? Date.now() - hit.at : Number.POSITIVE_INFINITY;
+    if (hit && age < this.ttlMs) {
+      if (age >= this.ttlMs * refreshAheadShare && !this.#loading.has(key)) {
+        this.#begin(key, loader).catch(() => undefined);
+      }
+      return Promise.resolve(hit.value);
+    }
+    return this.#loading.get(key) ?? this.#begin(key, loader);
+  }
+
+  /** Runs `loader` as the shared load of `key`, storing its value unless clear() came meanwhile. */
+  #begin(key: string, loader: () => Promise<V>): Promise<V> {
     const generation = this.#generation;
     const loading: Promise<V> = loader()
       .then((value) => {
