@@ -58,6 +58,7 @@ import {
   insertBenchPool,
   insertLiveReservations,
   type LoadResult,
+  machineSpeedProbeMs,
   type OpenLoopResult,
   postmasterPidOf,
   prepareBookingLoad,
@@ -362,6 +363,11 @@ try {
     p99MsLive: number;
     cpuMsPerPlacementEmpty: number | null;
     cpuMsPerPlacementLive: number | null;
+    /** machineSpeedProbeMs() just before each load. */
+    machineSpeedProbeMsEmpty: number;
+    machineSpeedProbeMsLive: number;
+    /** The live load's CPU per placement over the empty one's, each divided by its probe. */
+    cpuFactorAtEqualSpeed: number | null;
     endedBefore: number;
   } | null = null;
   if (liveCount > 0) {
@@ -377,12 +383,14 @@ try {
     progress(
       `live: ${endedBefore} placed reservations of the parts above ended; inline placements for ${liveSeconds} s before the bulk write`,
     );
+    const probeEmpty = machineSpeedProbeMs();
     const meterEmpty = cpuMeter(postmasterPid);
     const empty = await before.loadInChild(clients, liveSeconds, { gpus, duration: '8h' });
-    const emptyCpuMs = meterEmpty(empty.committed).msPerPlacement;
+    const emptyCpu = meterEmpty(empty.committed);
+    const emptyCpuMs = emptyCpu.msPerPlacement;
     await before.stop();
     progress(
-      `live: before, ${empty.perSecond} inline placements/s (p50 ${empty.p50Ms} ms, p99 ${empty.p99Ms} ms, ${empty.refused} not placed), CPU ${emptyCpuMs} ms per placement`,
+      `live: before, ${empty.perSecond} inline placements/s (p50 ${empty.p50Ms} ms, p99 ${empty.p99Ms} ms, ${empty.refused} not placed), CPU ${emptyCpuMs} ms per placement (Node ${emptyCpu.nodeSeconds.toFixed(1)} s, PostgreSQL ${emptyCpu.postgresSeconds.toFixed(1)} s), machine speed probe ${probeEmpty} ms`,
     );
     // wall time: how long the bulk write takes (a progress figure only)
     const w0 = Date.now();
@@ -402,9 +410,11 @@ try {
       log,
       tenantPrefix: 'live',
     });
+    const probeLive = machineSpeedProbeMs();
     const meterLive = cpuMeter(postmasterPid);
     const live = await after.loadInChild(clients, liveSeconds, { gpus, duration: '8h' });
-    const liveCpuMs = meterLive(live.committed).msPerPlacement;
+    const liveCpu = meterLive(live.committed);
+    const liveCpuMs = liveCpu.msPerPlacement;
     await after.stop();
     liveReservations = {
       count: written.written,
@@ -418,11 +428,17 @@ try {
       p99MsLive: live.p99Ms,
       cpuMsPerPlacementEmpty: emptyCpuMs,
       cpuMsPerPlacementLive: liveCpuMs,
+      machineSpeedProbeMsEmpty: probeEmpty,
+      machineSpeedProbeMsLive: probeLive,
+      cpuFactorAtEqualSpeed:
+        emptyCpuMs && liveCpuMs
+          ? Number((liveCpuMs / probeLive / (emptyCpuMs / probeEmpty)).toFixed(3))
+          : null,
       endedBefore,
     };
     progress(
       `live: after, ${live.perSecond} inline placements/s with ${written.written} live reservations ` +
-        `(p50 ${live.p50Ms} ms, p99 ${live.p99Ms} ms, ${live.refused} not placed, errors ${JSON.stringify(live.errors)}), CPU ${liveCpuMs} ms per placement; ratio ${liveReservations.ratio}`,
+        `(p50 ${live.p50Ms} ms, p99 ${live.p99Ms} ms, ${live.refused} not placed, errors ${JSON.stringify(live.errors)}), CPU ${liveCpuMs} ms per placement (Node ${liveCpu.nodeSeconds.toFixed(1)} s, PostgreSQL ${liveCpu.postgresSeconds.toFixed(1)} s), machine speed probe ${probeLive} ms; ratio ${liveReservations.ratio}, CPU factor at equal machine speed ${liveReservations.cpuFactorAtEqualSpeed}`,
     );
   }
 
