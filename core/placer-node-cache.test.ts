@@ -1,4 +1,4 @@
-import { describe, expect, it } from 'vitest';
+import { afterEach, describe, expect, it, vi } from 'vitest';
 import type { PlacerNode } from '../domain/placer.ts';
 import { placerNode } from '../tests/support/placer-node.ts';
 import { PlacerNodeCache } from './placer-node-cache.ts';
@@ -143,5 +143,34 @@ describe('PlacerNodeCache room', () => {
     expect(free(b!, window)).toBe(3);
     expect(cache.roomSample('pool', 'gpu', window, 3, 8)).toEqual(['b']);
     expect(new Set(cache.roomSample('pool', 'gpu', window, 2, 8))).toEqual(new Set(['a', 'b']));
+  });
+});
+
+describe('PlacerNodeCache entries', () => {
+  afterEach(() => {
+    vi.useRealTimers();
+  });
+
+  it('reuses a node read for at most the TTL, and the nodes of one read are not all read again at once', () => {
+    vi.useFakeTimers({ toFake: ['Date'] });
+    const cache = new PlacerNodeCache(10_000);
+    const window = { start: 1_000_000, end: 1_000_000 + 3_600_000 };
+    const horizon = { start: window.start, end: window.end + 86_400_000 };
+    const ids = Array.from({ length: 200 }, (_, i) => `n${i}`);
+    cache.store(
+      'pool',
+      'gpu',
+      ids.map((id) => ({ ...placerNode(id), id })),
+      horizon,
+    );
+    const missing = () => cache.lookup('pool', 'gpu', ids, window).missing.length;
+    vi.advanceTimersByTime(4_999);
+    expect(missing()).toBe(0);
+    // Between half the TTL and the TTL each is read again, spread over that time.
+    vi.advanceTimersByTime(2_500);
+    expect(missing()).toBeGreaterThan(20);
+    expect(missing()).toBeLessThan(180);
+    vi.advanceTimersByTime(2_501);
+    expect(missing()).toBe(200);
   });
 });

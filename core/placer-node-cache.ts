@@ -1,7 +1,14 @@
 import type { Interval, PlacerNode } from '../domain/placer.ts';
 
-/** How long a node read for placement is reused before it is read again. */
+/** How long a node read for placement is reused at most before it is read again. */
 const defaultTtlMs = 10_000;
+/**
+ * The share of the TTL by which each entry's life is shortened at random. Without it, the nodes a
+ * burst of creates read together expired together 10 s later, and every create then read its warm
+ * nodes again at once: the open loop's slowest creates, all in the same 300 ms (bench/README.md,
+ * 2026-12-06).
+ */
+const ttlSpread = 0.5;
 /** How many nodes per pool this process keeps warm: those it booked or read last. */
 const warmPerPool = 128;
 /**
@@ -39,7 +46,8 @@ interface Entry {
   node: PlacerNode;
   /** The bookings loaded cover this span; a window outside it is read afresh. */
   horizon: Interval;
-  at: number;
+  /** When (wall time) it stops being reused: between half the TTL and the TTL after it was read. */
+  freshUntil: number;
   /** When (performance.now()) it was read or this process booked on it: a whole read begun before does not replace it. */
   since: number;
 }
@@ -87,7 +95,7 @@ export class PlacerNodeCache {
       const entry = entries?.get(id);
       const fresh =
         entry &&
-        now - entry.at < this.ttlMs &&
+        now < entry.freshUntil &&
         entry.horizon.start <= window.start &&
         window.end <= entry.horizon.end;
       if (fresh) cached.push(entry.node);
@@ -121,9 +129,11 @@ export class PlacerNodeCache {
     for (const node of nodes) {
       // A node read or booked on since a long read began is known better than that read knew it.
       const known = readStartedAt === undefined ? undefined : entries.get(node.id);
-      if (known && known.since > readStartedAt! && at - known.at < this.ttlMs) stored.push(known.node);
+      if (known && known.since > readStartedAt! && at < known.freshUntil) stored.push(known.node);
       else {
-        entries.set(node.id, { node, horizon, at, since });
+        // Spread: the nodes of one read (and a burst of reads) are not all read again at one moment.
+        const freshUntil = at + this.ttlMs * (1 - ttlSpread * Math.random());
+        entries.set(node.id, { node, horizon, freshUntil, since });
         stored.push(node);
       }
     }
