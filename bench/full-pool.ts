@@ -12,9 +12,8 @@ import { createLogger } from '../core/logger.ts';
 import { registerReadyNodes } from '../db/nodes/fleet.ts';
 import {
   benchDatabase,
+  cpuMeter,
   insertBenchPool,
-  nodeCpuSeconds,
-  postgresCpuSeconds,
   postmasterPidOf,
   runLoad,
   startPlacementApi,
@@ -60,12 +59,12 @@ try {
     if (fill.refused > 0) break;
   }
   const postmasterPid = await postmasterPidOf(bench.pool);
-  const cpuBefore = { node: nodeCpuSeconds(), postgres: postgresCpuSeconds(postmasterPid) };
+  const meter = cpuMeter(postmasterPid);
   const full = await runLoad(clients, seconds, create);
-  const cpuAfter = { node: nodeCpuSeconds(), postgres: postgresCpuSeconds(postmasterPid) };
-  await api.stop();
   const answers = full.committed + full.refused;
-  const cpuMs = ((cpuAfter.node - cpuBefore.node + cpuAfter.postgres - cpuBefore.postgres) * 1000) / answers;
+  // Per answer, placed or not: a full pool's creates mostly answer pending.
+  const cpuMs = meter(answers).msPerPlacement ?? 0;
+  await api.stop();
   progress(
     `full: ${Math.round(answers / full.seconds)} answers/s (${full.refused} pending, ${full.committed} placed, ` +
       `errors ${JSON.stringify(full.errors)}), p50 ${full.p50Ms} ms, p99 ${full.p99Ms} ms, CPU ${cpuMs.toFixed(2)} ms an answer`,

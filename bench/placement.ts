@@ -14,9 +14,8 @@ import { checkBookingInvariants } from '../db/allocations/invariants.ts';
 import { registerReadyNodes } from '../db/nodes/fleet.ts';
 import {
   benchDatabase,
+  cpuMeter,
   insertBenchPool,
-  nodeCpuSeconds,
-  postgresCpuSeconds,
   postmasterPidOf,
   runLoad,
   startPlacementApi,
@@ -55,13 +54,13 @@ try {
     runLoad(clients, s, (worker) => api.place(worker, { gpus, duration: '8h' })),
   );
   const postmasterPid = await postmasterPidOf(bench.pool);
-  const cpuBefore = { node: nodeCpuSeconds(), postgres: postgresCpuSeconds(postmasterPid) };
+  const meter = cpuMeter(postmasterPid);
   const result = await runLoad(clients, seconds, (worker) => api.place(worker, { gpus, duration: '8h' }));
-  const cpuAfter = { node: nodeCpuSeconds(), postgres: postgresCpuSeconds(postmasterPid) };
+  const used = meter(result.committed);
   await api.stop();
   const cpu = {
-    nodeSeconds: Number((cpuAfter.node - cpuBefore.node).toFixed(1)),
-    postgresSeconds: Number((cpuAfter.postgres - cpuBefore.postgres).toFixed(1)),
+    nodeSeconds: Number(used.nodeSeconds.toFixed(1)),
+    postgresSeconds: Number(used.postgresSeconds.toFixed(1)),
   };
   const perCpuSecond = Math.round(result.committed / Math.max(0.1, cpu.nodeSeconds + cpu.postgresSeconds));
   const invariants = await checkBookingInvariants(bench.db);
