@@ -5,17 +5,25 @@
  * tenants. Every create goes the whole admission path: authentication (cached), the tenant
  * pre-check, the draft transaction, one IAM decision, the placement transaction with quota, outbox
  * and audit. No lifecycle workflows are started (admission never waits on Temporal).
+ * With `--placer pool-lease` the pool's policy chooses the pool-lease placer after the warm-up, its
+ * placing loop (temporal/pool-placer.ts) runs in this process as in a worker, and every create
+ * waits for its batch (`wait`): the same figures, for P2 of bench/scale.ts alone (to profile it).
  * Usage: node --import tsx bench/placement.ts [--seconds 20] [--nodes 10000] [--clients 50]
  *        [--warm-up-seconds 3] (placements not counted, then ANALYZE: see warmUpStatistics)
+ *        [--placer inline|pool-lease]
  */
 import { parseArgs } from 'node:util';
+import { sql } from 'kysely';
+import { createAdmissionCaches } from '../core/admission-caches.ts';
 import { createLogger } from '../core/logger.ts';
 import { checkBookingInvariants } from '../db/allocations/invariants.ts';
 import { registerReadyNodes } from '../db/nodes/fleet.ts';
+import { startPoolPlacer } from '../temporal/pool-placer.ts';
 import {
   benchDatabase,
   cpuMeter,
   insertBenchPool,
+  noLifecycle,
   postmasterPidOf,
   runLoad,
   startPlacementApi,
@@ -30,12 +38,17 @@ const { values } = parseArgs({
     gpus: { type: 'string', default: '4' },
     connections: { type: 'string', default: '20' },
     'warm-up-seconds': { type: 'string', default: '3' },
+    placer: { type: 'string', default: 'inline' },
   },
 });
 const seconds = Number(values.seconds);
 const nodeCount = Number(values.nodes);
 const clients = Number(values.clients);
 const gpus = Number(values.gpus);
+if (values.placer !== 'inline' && values.placer !== 'pool-lease') {
+  throw new Error(`--placer ${values.placer}: use inline or pool-lease`);
+}
+const poolLease = values.placer === 'pool-lease';
 
 const bench = await benchDatabase('placement', { max: Number(values.connections) });
 
@@ -49,14 +62,27 @@ try {
     `loaded ${nodeCount} nodes (${nodeCount * 8} GPUs) in ${((performance.now() - t0) / 1000).toFixed(1)} s`,
   );
 
+  const shape = { gpus, duration: '8h', ...(poolLease ? { waitMs: 30_000 } : {}) };
+  // The pool-lease placer from the start, the warm-up included (its statements' plans, too).
+  if (poolLease) {
+    await sql`UPDATE pools SET policy = policy || '{"placer":"pool-lease","poolLease":{"batchSize":64}}'::jsonb
+              WHERE id = ${poolId}`.execute(bench.db);
+  }
   const api = await startPlacementApi(bench.db, { poolId, quotaGpus: nodeCount * 8, log });
+  const placer = poolLease
+    ? startPoolPlacer(
+        { db: bench.db, log, lifecycle: noLifecycle, caches: createAdmissionCaches() },
+        { pollMs: 1_000 },
+      )
+    : undefined;
   await warmUpStatistics(bench.pool, Number(values['warm-up-seconds']), (s) =>
-    runLoad(clients, s, (worker) => api.place(worker, { gpus, duration: '8h' })),
+    runLoad(clients, s, (worker) => api.place(worker, shape)),
   );
   const postmasterPid = await postmasterPidOf(bench.pool);
   const meter = cpuMeter(postmasterPid);
-  const result = await runLoad(clients, seconds, (worker) => api.place(worker, { gpus, duration: '8h' }));
+  const result = await runLoad(clients, seconds, (worker) => api.place(worker, shape));
   const used = meter(result.committed);
+  await placer?.stop();
   await api.stop();
   const cpu = {
     nodeSeconds: Number(used.nodeSeconds.toFixed(1)),
@@ -70,6 +96,8 @@ try {
       gpus: nodeCount * 8,
       clients,
       gpusPerReservation: gpus,
+      placer: values.placer,
+      ...(placer ? { batches: placer.batches } : {}),
       placements: result.committed,
       pending: result.refused,
       errors: result.errors,

@@ -45,7 +45,6 @@ import { loadavg } from 'node:os';
 import { parseArgs } from 'node:util';
 import { sql } from 'kysely';
 import { createAdmissionCaches } from '../core/admission-caches.ts';
-import type { ReservationLifecycle } from '../core/deps.ts';
 import { createLogger } from '../core/logger.ts';
 import { checkBookingInvariants } from '../db/allocations/invariants.ts';
 import { registerReadyNodes } from '../db/nodes/fleet.ts';
@@ -59,6 +58,7 @@ import {
   insertLiveReservations,
   type LoadResult,
   machineSpeedProbeMs,
+  noLifecycle,
   type OpenLoopResult,
   postmasterPidOf,
   prepareBookingLoad,
@@ -177,17 +177,6 @@ async function commandLatency(): Promise<{ p50Ms: number; p99Ms: number; complet
   if (code !== 0 || !last) return null;
   return (JSON.parse(last) as { commands: { p50Ms: number; p99Ms: number; completed: number } }).commands;
 }
-
-/**
- * The bench runs no Temporal: reservation lifecycles are not what it measures (P1 starts none
- * either), so the pool placer's wake-ups after each batch go nowhere.
- */
-const benchLifecycle: ReservationLifecycle = {
-  start: async () => {},
-  running: async () => new Set<string>(),
-  signal: async () => {},
-  wakePool: async () => {},
-};
 
 const bench = await benchDatabase('scale', { max: Math.max(8, Number(values.connections)) });
 /**
@@ -317,7 +306,7 @@ try {
   await new Promise((resolve) => setTimeout(resolve, 5_500));
   // Its own admission caches, as a worker's placer has (the pool's schedulable list, for sampling).
   const placer = startPoolPlacer(
-    { db: bench.db, log, lifecycle: benchLifecycle, caches: createAdmissionCaches() },
+    { db: bench.db, log, lifecycle: noLifecycle, caches: createAdmissionCaches() },
     { pollMs: 1_000 },
   );
   const meterP2 = cpuMeter(postmasterPid);

@@ -716,3 +716,15 @@ export async function probeCommands(
     return { id, nodeId, atMs, ms: done === undefined ? null : done - atMs };
   });
 }
+
+/**
+ * The lifecycles of a bench that runs no Temporal: reservation lifecycles are not what it
+ * measures (inline creates start none either), so the pool placer's wake-ups after each batch go
+ * nowhere.
+ */
+export const noLifecycle: ReservationLifecycle = {
+  start: async () => {},
+  running: async () => new Set<string>(),
+  signal: async () => {},
+  wakePool: async () => {},
+};
