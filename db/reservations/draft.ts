@@ -10,12 +10,11 @@ import {
   authzAttributes,
   type HostResourceAmounts,
   type NormalizedRequest,
-  startGraceMs,
   startOutOfHorizon,
 } from '../../domain/reservation-request.ts';
 import { atomWorth } from '../../domain/sharing.ts';
 import { resolveMachineLeaseRequest } from '../metal/dedicated-admission.ts';
-import { preparedMarker } from '../pool.ts';
+import { insertDraftSoon } from './draft-insert.ts';
 
 type Trx = Transaction<Database>;
 
@@ -165,7 +164,8 @@ export type DraftResult =
     };
 
 /**
- * Transaction 1, as one statement (atomic on its own, so no BEGIN/COMMIT round trips): the pool's
+ * Transaction 1, as one statement (atomic on its own, so no BEGIN/COMMIT round trips; shared with
+ * the drafts of concurrent creates, see insertDraftSoon): the pool's
  * offer and the requested start's horizon (at most the pool's calendar.horizonDays ahead, default
  * 90, at most 5 minutes past, by
  * compute_now()) re-checked, the draft inserted with its deterministic id and its authz projection
@@ -230,61 +230,30 @@ export async function writeDraft(
     region: pool.region,
     resources: booked,
   });
-  const start = request.start !== undefined ? new Date(request.start).toISOString() : null;
   // The pool's calendar horizon (policy calendar.horizonDays, default 90 days).
   const horizonDays = calendarHorizonDays(readPoolPolicy(pool.policy));
-  // In whole milliseconds on both sides, so startOutOfHorizon below judges exactly as this did.
-  const { rows } = await sql<
-    Reservation & { offered: boolean; in_horizon: boolean; checked_at: string }
-  >`${sql.raw(preparedMarker)}
-    WITH clock AS (SELECT floor(extract(epoch FROM compute_now()) * 1000)::bigint AS now_ms),
-    horizon AS (
-      SELECT ${request.start ?? null}::bigint IS NULL
-             OR ${request.start ?? null}::bigint BETWEEN now_ms - ${startGraceMs}::bigint
-                                             AND now_ms + ${horizonDays * 86_400_000}::bigint AS ok
-      FROM clock
-    ), offered AS (
-      SELECT 1 FROM pools p
-      WHERE p.id = ${pool.id} AND p.archived_at IS NULL
-        AND (p.owner_tenant_id = ${input.tenantId}
-             OR EXISTS (SELECT 1 FROM pool_offers o WHERE o.pool_id = p.id AND o.tenant_id = ${input.tenantId}))
-    ), r AS (
-      INSERT INTO reservations (id, tenant_id, pool_id, owner_identity_id, idempotency_key, request, request_hash,
-                                state, requested_start, duration_ms, binding_kind, spot, lease_seconds, project_id,
-                                host_share, gang_size)
-      SELECT ${id}, ${input.tenantId}, ${pool.id}, ${input.principal.identityId}, ${input.idempotencyKey},
-             ${JSON.stringify(request)}::jsonb, ${input.hash}, 'draft', ${start}::timestamptz,
-             ${request.durationMs}::bigint, ${request.binding}, ${request.spot ?? false}::boolean,
-             ${request.leaseSeconds ?? null}::integer, ${request.projectId ?? null}::text, ${JSON.stringify(share)}::jsonb,
-             ${request.gang?.size ?? 1}::integer
-      WHERE EXISTS (SELECT 1 FROM offered) AND (SELECT ok FROM horizon)
-      ON CONFLICT DO NOTHING
-      RETURNING *
-    ), authz AS (
-      INSERT INTO authz_projection (resource_type, resource_id, tenant_id, parent_type, parent_id, owner_identity_id,
-                                    attributes)
-      SELECT 'compute-reservation', r.id, r.tenant_id, 'compute-pool', r.pool_id, r.owner_identity_id,
-             ${JSON.stringify(attributes)}::jsonb
-      FROM r
-      ON CONFLICT (resource_type, resource_id) DO UPDATE
-        SET attributes = EXCLUDED.attributes, updated_at = compute_now()
-    )
-    SELECT r.*, EXISTS (SELECT 1 FROM offered) AS offered, (SELECT ok FROM horizon) AS in_horizon,
-           (SELECT now_ms FROM clock)::text AS checked_at
-    FROM (SELECT 1) AS one LEFT JOIN r ON true`.execute(db);
-  const result = rows[0]!;
-  if (result.id) {
-    const { offered: _offered, in_horizon: _inHorizon, checked_at: checkedAt, ...row } = result;
-    return { kind: 'created', row, attributes, pool, now: Number(checkedAt) };
-  }
+  const result = await insertDraftSoon(db, {
+    id,
+    tenantId: input.tenantId,
+    poolId: pool.id,
+    ownerIdentityId: input.principal.identityId,
+    idempotencyKey: input.idempotencyKey,
+    request,
+    hash: input.hash,
+    horizonMs: horizonDays * 86_400_000,
+    share,
+    attributes,
+  });
+  if (result.row) return { kind: 'created', row: result.row, attributes, pool, now: result.checkedAt };
   const found = await repeated();
   if (found) return found;
   if (!result.offered) {
     caches?.pools.clear();
     throw new ComputeError('NOT_FOUND', `poolId: pool ${pool.id} is not offered to tenant ${input.tenantId}`);
   }
+  // In whole milliseconds on both sides, so startOutOfHorizon judges exactly as the insert did.
   const outside =
-    request.start !== undefined && startOutOfHorizon(request.start, Number(result.checked_at), horizonDays);
-  if (!result.in_horizon && outside) throw outside;
+    request.start !== undefined && startOutOfHorizon(request.start, result.checkedAt, horizonDays);
+  if (!result.inHorizon && outside) throw outside;
   throw new ComputeError('INTERNAL', `reservation ${id} could be neither inserted nor found`);
 }
