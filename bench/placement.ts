@@ -10,7 +10,7 @@
  * waits for its batch (`wait`): the same figures, for P2 of bench/scale.ts alone (to profile it).
  * Usage: node --import tsx bench/placement.ts [--seconds 20] [--nodes 10000] [--clients 50]
  *        [--warm-up-seconds 3] (placements not counted, then ANALYZE: see warmUpStatistics)
- *        [--placer inline|pool-lease]
+ *        [--placer inline|pool-lease] [--batch-size 64] (the pool's poolLease.batchSize)
  */
 import { parseArgs } from 'node:util';
 import { sql } from 'kysely';
@@ -39,6 +39,7 @@ const { values } = parseArgs({
     connections: { type: 'string', default: '20' },
     'warm-up-seconds': { type: 'string', default: '3' },
     placer: { type: 'string', default: 'inline' },
+    'batch-size': { type: 'string', default: '64' },
   },
 });
 const seconds = Number(values.seconds);
@@ -65,7 +66,7 @@ try {
   const shape = { gpus, duration: '8h', ...(poolLease ? { waitMs: 30_000 } : {}) };
   // The pool-lease placer from the start, the warm-up included (its statements' plans, too).
   if (poolLease) {
-    await sql`UPDATE pools SET policy = policy || '{"placer":"pool-lease","poolLease":{"batchSize":64}}'::jsonb
+    await sql`UPDATE pools SET policy = policy || ${JSON.stringify({ placer: 'pool-lease', poolLease: { batchSize: Number(values['batch-size']) } })}::jsonb
               WHERE id = ${poolId}`.execute(bench.db);
   }
   const api = await startPlacementApi(bench.db, { poolId, quotaGpus: nodeCount * 8, log });

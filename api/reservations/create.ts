@@ -4,8 +4,9 @@ import { rethrowRecordingDemand } from '../../db/holds/demand.ts';
 import { readAuthzResource } from '../../db/iam/authz.ts';
 import { awaitConfirmation, denyDraft, expireLateConfirmation } from '../../db/reservations/admission.ts';
 import { type PoolForTenant, poolForTenant, writeDraft } from '../../db/reservations/draft.ts';
-import { placeDraftAtOnce, queueDraftAtOnce } from '../../db/reservations/place-draft-at-once.ts';
+import { placeDraftAtOnce } from '../../db/reservations/place-draft-at-once.ts';
 import { placeDraft } from '../../db/reservations/placement.ts';
+import { queueDraftSoon } from '../../db/reservations/queue-drafts.ts';
 import { type SettledWatch, watchSettled } from '../../db/reservations/settled-watch.ts';
 import { readReservationView, readReservationViewSoon } from '../../db/reservations/view.ts';
 import { ComputeError, isComputeError } from '../../domain/errors.ts';
@@ -167,7 +168,7 @@ export const create = defineMethod({
    * stored reservation for a repeated key); exactly one IAM decision outside any transaction; the
    * budget check; transaction 2 (placement, quota all or nothing, outbox event and audit row with
    * the admission context: for a new draft first as single statements, placeDraftAtOnce and
-   * queueDraftAtOnce, then placeDraft for whatever they did not decide); then the lifecycle is
+   * queueDraftSoon, then placeDraft for whatever they did not decide); then the lifecycle is
    * started.
    */
   handler: async (ctx, input) => {
@@ -227,7 +228,7 @@ export const create = defineMethod({
       if (draft.kind === 'created') {
         const atOnce =
           placer === 'pool-lease'
-            ? await queueDraftAtOnce(ctx.deps.db, {
+            ? await queueDraftSoon(ctx.deps.db, {
                 row,
                 now: draft.now,
                 audit,

@@ -49,8 +49,11 @@ export interface AtOnceInput {
   audit: CallerAudit;
 }
 
-/** What both placers write with the decision: the guards, the records and the quota charge. */
-function admissionWrites(input: AtOnceInput) {
+/**
+ * What both placers write with the decision: the guards, the records and the quota charge; null
+ * when the common case does not apply.
+ */
+export function admissionWrites(input: AtOnceInput) {
   const { row } = input;
   if (row.state !== 'draft') return null;
   const request = parseStoredRequest(row.id, row.request);
@@ -62,6 +65,9 @@ function admissionWrites(input: AtOnceInput) {
   return {
     request,
     extra: admitted.extra,
+    /** The one resource the decision charges, and the audit row of the call. */
+    charge: { resource, amount },
+    audit: admitted.audit,
     /**
      * The CTEs after the guarded update `u` (with its RETURNING): its records, the quota charge
      * made only when `u` changed the draft, and what must then hold.
