@@ -30,6 +30,7 @@ import * as lifecycleWakes from './2026-12-01T04-lifecycle-wakes.ts';
 import * as hostBookingEndIndex from './2026-12-03T00-host-booking-end-index.ts';
 import * as dropAllocationRecencyIndex from './2026-12-05T00-drop-allocation-recency-index.ts';
 import * as joinTokenUses from './2026-12-06T00-join-token-uses.ts';
+import * as outboxHorizon from './2026-12-06T01-outbox-horizon.ts';
 
 /** Every migration in order; names are frozen once released. */
 export const migrations: Record<string, Migration> = {
@@ -64,6 +65,7 @@ export const migrations: Record<string, Migration> = {
   '2026-12-03T00-host-booking-end-index': hostBookingEndIndex,
   '2026-12-05T00-drop-allocation-recency-index': dropAllocationRecencyIndex,
   '2026-12-06T00-join-token-uses': joinTokenUses,
+  '2026-12-06T01-outbox-horizon': outboxHorizon,
 };
 
 export const migrationProvider: MigrationProvider = {

@@ -81,13 +81,13 @@ export async function readOutbox(
   const { rows } = await sql<Row>`
     SELECT seq, id, type, subject, tenant_id, data, created_at, xid::text AS xid
     FROM outbox_events
-    WHERE xid < pg_snapshot_xmin(pg_current_snapshot())
+    WHERE xid < outbox_horizon()
       AND (xid, seq) > (${cursor.xid}::xid8, ${cursor.seq}::bigint)
       AND (${filter.tenantId}::text IS NULL OR tenant_id = ${filter.tenantId})
       AND (${filter.subject ?? null}::text IS NULL OR subject = ${filter.subject ?? null})
       AND ${typeCondition(filter.types)}
       AND ${until ? sql`(xid, seq) <= (${until.xid}::xid8, ${until.seq}::bigint)` : sql`true`}
-    ORDER BY xid, seq
+    ORDER BY outbox_events.xid, seq
     LIMIT ${limit}`.execute(db);
   const last = rows.at(-1);
   return {
@@ -115,8 +115,8 @@ export async function cursorAfterSeq(db: Db, seq: number): Promise<OutboxCursor>
 export async function outboxHead(db: Db): Promise<OutboxCursor> {
   const { rows } = await sql<{ xid: string; seq: string }>`
     SELECT xid::text AS xid, seq FROM outbox_events
-    WHERE xid < pg_snapshot_xmin(pg_current_snapshot())
-    ORDER BY xid DESC, seq DESC LIMIT 1`.execute(db);
+    WHERE xid < outbox_horizon()
+    ORDER BY outbox_events.xid DESC, seq DESC LIMIT 1`.execute(db);
   const row = rows[0];
   return row ? { xid: row.xid, seq: Number(row.seq) } : outboxStart;
 }

@@ -1,4 +1,6 @@
-import { describe, expect, test } from 'vitest';
+import { sql } from 'kysely';
+import pg from 'pg';
+import { describe, expect, inject, test } from 'vitest';
 import {
   type OutboxCursor,
   type OutboxEvent,
@@ -7,6 +9,7 @@ import {
   readOutbox,
 } from '../../db/events/outbox-read.ts';
 import { newId } from '../../domain/ids.ts';
+import { compareCursors } from '../../events/outbox.ts';
 import { createOutboxHub } from '../../events/outbox-hub.ts';
 import { type TestDatabase, useTestDatabase } from '../support/database.ts';
 import { insertOutboxEvent, untilReadable } from '../support/events.ts';
@@ -33,9 +36,8 @@ async function session() {
 }
 
 /**
- * Reads from `cursor` until `count` events arrived. The horizon is the whole cluster's oldest
- * transaction in flight, so another test file's open transaction may hold a committed event back
- * for a moment: what this proves is that it arrives, once and in order, not when.
+ * Reads from `cursor` until `count` events arrived: what this proves is that they arrive, once and
+ * in order, not when.
  */
 async function readAtLeast(db: TestDatabase['db'], cursor: OutboxCursor, count: number) {
   const events: OutboxEvent[] = [];
@@ -102,6 +104,59 @@ describe('reading the outbox', () => {
     }
   });
 
+  test('a transaction open in another database of the server holds nothing back', async () => {
+    const db = database.db;
+    const head = await outboxHead(db);
+    const elsewhere = new pg.Client({ connectionString: inject('postgresAdminUrl') });
+    await elsewhere.connect();
+    try {
+      // A long transaction in another database (a pg_dump, a report): older than the event below.
+      await elsewhere.query('BEGIN');
+      await elsewhere.query('SELECT pg_current_xact_id()');
+      await insertOutboxEvent(db, {
+        type: 'test.beside-elsewhere',
+        subject: 'reservation/rsv_elsewhere',
+        tenantId: 'acme',
+      });
+      const page = await readOutbox(db, head, { tenantId: 'acme' }, 100);
+      expect(page.events.map((e) => e.type)).toEqual(['test.beside-elsewhere']);
+      expect((await outboxHead(db)).seq).toBe(page.events[0]!.seq);
+    } finally {
+      await elsewhere.query('ROLLBACK').catch(() => {});
+      await elsewhere.end();
+    }
+  });
+
+  test('orders by transaction id as a number, also across a power of ten', async () => {
+    const db = database.db;
+    // Transaction ids 10 and 9, long committed: as text '10' sorts before '9'.
+    const [ten, nine] = [newId('evt'), newId('evt')];
+    for (const [id, xid] of [
+      [ten, '10'],
+      [nine, '9'],
+    ] as const) {
+      await db
+        .insertInto('outbox_events')
+        .values({
+          id,
+          type: 'test.digits',
+          subject: 'reservation/rsv_digits',
+          tenant_id: 'digits',
+          data: '{}',
+        })
+        .execute();
+      await sql`UPDATE outbox_events SET xid = ${xid}::xid8 WHERE id = ${id}`.execute(db);
+    }
+    const page = await readOutbox(db, outboxStart, { tenantId: 'digits' }, 100);
+    expect(page.events.map((e) => e.id)).toEqual([nine, ten]);
+    const { rows } = await sql<{ xid: string; seq: string }>`
+      SELECT xid::text AS xid, seq FROM outbox_events WHERE xid < outbox_horizon()`.execute(db);
+    const newest = rows
+      .map((r) => ({ xid: r.xid, seq: Number(r.seq) }))
+      .sort((a, b) => compareCursors(b, a))[0]!;
+    expect(await outboxHead(db)).toEqual(newest);
+  });
+
   test('filters by subject, type pattern and tenant', async () => {
     const db = database.db;
     const ids = [newId('evt'), newId('evt')];
@@ -123,7 +178,6 @@ describe('reading the outbox', () => {
     expect(all.events.map((e) => e.type)).toEqual(['node.cordoned']);
     const globex = await readOutbox(db, outboxStart, { tenantId: 'globex' }, 100);
     expect(globex.events.map((e) => e.subject)).toEqual(['reservation/rsv_y']);
-    // The horizon is the cluster's oldest transaction in flight (another test file's may hold it back).
     await expect
       .poll(
         async () =>

@@ -27,13 +27,12 @@ export async function insertOutboxEvent(
 
 /**
  * Waits until readers are shown these events: a reader shows an event only once every transaction
- * older than its own has ended, cluster-wide, so on a busy machine another test database's open
- * transaction holds it back for a while.
+ * of this database older than its own has ended (outbox_horizon()).
  */
 export async function untilReadable(db: Db, ids: readonly string[], timeoutMs = 60_000): Promise<void> {
   await eventually(async () => {
     const { rows } = await sql<{ readable: boolean }>`
-      SELECT bool_and(xid < pg_snapshot_xmin(pg_current_snapshot())) AS readable
+      SELECT bool_and(xid < outbox_horizon()) AS readable
       FROM outbox_events WHERE id = ANY(${ids}::text[])`.execute(db);
     return rows[0]?.readable === true;
   }, timeoutMs);
