@@ -1,4 +1,3 @@
-import DataLoader from 'dataloader';
 import { sql } from 'kysely';
 import type { Db, Reservation } from '../../core/database.ts';
 import {
@@ -7,6 +6,7 @@ import {
   startGraceMs,
 } from '../../domain/reservation-request.ts';
 import { preparedMarker } from '../pool.ts';
+import { loaderPerDb } from '../soon-loader.ts';
 
 /** One draft to insert, as writeDraft resolved it. */
 export interface DraftInsert {
@@ -140,22 +140,13 @@ async function insertDraftsApart(
   }
 }
 
-/** Per database handle: the loader that gathers concurrent draft inserts (insertDraftSoon). */
-const draftLoaders = new WeakMap<Db, DataLoader<DraftInsert, DraftInserted>>();
+/** The loader that gathers concurrent draft inserts (insertDraftSoon). */
+const draftLoader = loaderPerDb(insertDraftsApart, { maxBatchSize: 100 });
 
 /**
  * A draft inserted together with every other draft asked for before the event loop's next turn,
  * in one statement (insertDrafts): concurrent creates share one round trip and one commit.
  */
 export function insertDraftSoon(db: Db, draft: DraftInsert): Promise<DraftInserted> {
-  let loader = draftLoaders.get(db);
-  if (!loader) {
-    loader = new DataLoader((drafts: readonly DraftInsert[]) => insertDraftsApart(db, drafts), {
-      cache: false,
-      maxBatchSize: 100,
-      batchScheduleFn: (flush) => setImmediate(flush),
-    });
-    draftLoaders.set(db, loader);
-  }
-  return loader.load(draft);
+  return draftLoader(db).load(draft);
 }

@@ -1,9 +1,9 @@
-import DataLoader from 'dataloader';
 import { sql } from 'kysely';
 import type { Db } from '../../core/database.ts';
 import { newId } from '../../domain/ids.ts';
 import { notifyPoolQueuedAfterCommit } from '../notify-channels.ts';
 import { preparedMarker } from '../pool.ts';
+import { loaderPerDb } from '../soon-loader.ts';
 import { type AtOnceInput, admissionWrites, queueDraftAtOnce } from './place-draft-at-once.ts';
 import { type QueuedOutcome, queuedCondition, queuedEvent } from './placement.ts';
 
@@ -141,8 +141,8 @@ async function queueGathered(
   });
 }
 
-/** Per database handle: the loader that gathers concurrent queue decisions (queueDraftSoon). */
-const queueLoaders = new WeakMap<Db, DataLoader<Queued, QueuedOutcome | null>>();
+/** The loader that gathers concurrent queue decisions (queueDraftSoon). */
+const queueLoader = loaderPerDb(queueGathered, { maxBatchSize: 100 });
 
 /**
  * queueDraftAtOnce for a caller among many deciding at the same moment (the creates a pool-lease
@@ -153,14 +153,5 @@ const queueLoaders = new WeakMap<Db, DataLoader<Queued, QueuedOutcome | null>>()
 export function queueDraftSoon(db: Db, input: QueueInput): Promise<QueuedOutcome | null> {
   const writes = admissionWrites(input);
   if (!writes) return Promise.resolve(null);
-  let loader = queueLoaders.get(db);
-  if (!loader) {
-    loader = new DataLoader((drafts: readonly Queued[]) => queueGathered(db, drafts), {
-      cache: false,
-      maxBatchSize: 100,
-      batchScheduleFn: (flush) => setImmediate(flush),
-    });
-    queueLoaders.set(db, loader);
-  }
-  return loader.load({ input, writes });
+  return queueLoader(db).load({ input, writes });
 }

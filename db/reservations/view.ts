@@ -1,10 +1,10 @@
-import DataLoader from 'dataloader';
 import { sql } from 'kysely';
 import type { Db } from '../../core/database.ts';
 import type { Condition } from '../../domain/reservation-lifecycle.ts';
 import { endedStates, type ReservationState } from '../../domain/reservation-states.ts';
 import { operationOf, type ReservationView } from '../../domain/reservation-view.ts';
 import { preparedMarker } from '../pool.ts';
+import { loaderPerDb } from '../soon-loader.ts';
 import { repairRecordOf, type StoredRepair } from './repair.ts';
 
 /** A reservation as the view reads it: its row, its current allocations and its repairs. */
@@ -115,8 +115,11 @@ export async function readReservationView(db: Db, id: string): Promise<Reservati
   return (await readReservationViews(db, [id]))[0];
 }
 
-/** Per database handle: the loader that coalesces concurrent view reads (readReservationViewSoon). */
-const viewLoaders = new WeakMap<Db, DataLoader<string, ReservationView | undefined>>();
+/** The loader that coalesces concurrent view reads (readReservationViewSoon). */
+const viewLoader = loaderPerDb(async (db, ids: readonly string[]) => {
+  const views = new Map((await readReservationViews(db, ids)).map((view) => [view.id, view]));
+  return ids.map((id) => views.get(id));
+});
 
 /**
  * readReservationView for a caller among many reading at the same moment, such as the creates a
@@ -124,18 +127,7 @@ const viewLoaders = new WeakMap<Db, DataLoader<string, ReservationView | undefin
  * is read in one statement. Nothing is cached; each call reads afresh.
  */
 export function readReservationViewSoon(db: Db, id: string): Promise<ReservationView | undefined> {
-  let loader = viewLoaders.get(db);
-  if (!loader) {
-    loader = new DataLoader(
-      async (ids: readonly string[]) => {
-        const views = new Map((await readReservationViews(db, ids)).map((view) => [view.id, view]));
-        return ids.map((id) => views.get(id));
-      },
-      { cache: false, batchScheduleFn: (flush) => setImmediate(flush) },
-    );
-    viewLoaders.set(db, loader);
-  }
-  return loader.load(id);
+  return viewLoader(db).load(id);
 }
 
 /**
