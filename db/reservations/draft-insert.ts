@@ -42,8 +42,8 @@ type InsertedRow = Reservation & { ord: number; offered: boolean; in_horizon: bo
  * to the tenant and the requested start's horizon (at most 5 minutes past, at most `horizonMs`
  * ahead of compute_now()) re-checked, and nothing inserted for a key already taken (a concurrent
  * first call's insert is waited for). Rows are inserted in id order, so two such statements
- * waiting on each other's keys cannot deadlock. When the same draft comes twice, only its first
- * is answered with the row it inserted.
+ * waiting on each other's keys cannot deadlock. When one key comes twice, its first comes first
+ * and only that one is answered with the row it inserted.
  */
 async function insertDrafts(db: Db, drafts: readonly DraftInsert[]): Promise<DraftInserted[]> {
   const input = drafts.map((d, ord) => ({
@@ -92,7 +92,7 @@ async function insertDrafts(db: Db, drafts: readonly DraftInsert[]): Promise<Dra
              'draft', requested_start, duration_ms, binding_kind, spot, lease_seconds, project_id,
              host_share, gang_size
       FROM checked WHERE offered AND in_horizon
-      ORDER BY id
+      ORDER BY id, ord
       ON CONFLICT DO NOTHING
       RETURNING *
     ), authz AS (
@@ -108,9 +108,11 @@ async function insertDrafts(db: Db, drafts: readonly DraftInsert[]): Promise<Dra
     ORDER BY c.ord`.execute(db);
   const answered = new Set<string>();
   return rows.map((found) => {
-    const { ord: _ord, offered, in_horizon: inHorizon, checked_at: checkedAt, ...row } = found;
+    const { ord, offered, in_horizon: inHorizon, checked_at: checkedAt, ...row } = found;
     const id = row.id as string | null;
-    const first = id !== null && !answered.has(id);
+    // The draft that was inserted is the first of its id, and its own request (a second request
+    // under the same key, gathered with it, then answers CONFLICT through the repeated-key path).
+    const first = id !== null && !answered.has(id) && row.request_hash === drafts[ord]!.hash;
     if (first) answered.add(id);
     return { row: first ? row : null, offered, inHorizon, checkedAt: Number(checkedAt) };
   });
