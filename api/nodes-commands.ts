@@ -66,7 +66,9 @@ const command = defineMethod({
   output: commandView,
   handler: async (ctx, input) => {
     const scope = await requireNode(ctx, input.nodeId, 'compute:nodes:command');
-    const id = await ctx.deps.db.transaction().execute(async (trx) => {
+    // The command as this call queued it, read in its own transaction: once committed it may be
+    // delivered at once, and the answer would say so only some of the time.
+    const queued = await ctx.deps.db.transaction().execute(async (trx) => {
       const enqueued = await enqueueNodeCommand(trx, {
         nodeId: input.nodeId,
         kind: input.kind,
@@ -88,9 +90,9 @@ const command = defineMethod({
         requestId: ctx.requestId,
         context: { kind: input.kind, commandId: enqueued.id },
       });
-      return enqueued.id;
+      return (await findNodeCommand(trx, enqueued.id))!;
     });
-    return view((await findNodeCommand(ctx.deps.db, id))!);
+    return view(queued);
   },
 });
 
