@@ -25,3 +25,26 @@ export function loaderPerDb<K, V>(
     return loader;
   };
 }
+
+/**
+ * `together` for several keys, and when it fails (or for one key), `alone` for each: one key a
+ * shared statement cannot take fails by itself, not the keys gathered with it.
+ */
+export async function togetherOrEachAlone<K, V>(
+  keys: readonly K[],
+  together: (keys: readonly K[]) => Promise<V[]>,
+  alone: (key: K) => Promise<V>,
+): Promise<Array<V | Error>> {
+  if (keys.length > 1) {
+    try {
+      return await together(keys);
+    } catch {
+      // Each again by itself: the guard or the value that refused them all answers its own key.
+    }
+  }
+  return Promise.all(
+    keys.map((key) =>
+      alone(key).catch((error: unknown) => (error instanceof Error ? error : new Error(String(error)))),
+    ),
+  );
+}

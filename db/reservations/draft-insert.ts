@@ -6,7 +6,7 @@ import {
   startGraceMs,
 } from '../../domain/reservation-request.ts';
 import { preparedMarker } from '../pool.ts';
-import { loaderPerDb } from '../soon-loader.ts';
+import { loaderPerDb, togetherOrEachAlone } from '../soon-loader.ts';
 
 /** One draft to insert, as writeDraft resolved it. */
 export interface DraftInsert {
@@ -118,36 +118,21 @@ async function insertDrafts(db: Db, drafts: readonly DraftInsert[]): Promise<Dra
   });
 }
 
-/**
- * insertDrafts, and when that statement fails for several drafts, each draft again on its own: one
- * draft the statement cannot take (a value out of its column's range) fails alone, not the
- * concurrent creates it was gathered with.
- */
-async function insertDraftsApart(
-  db: Db,
-  drafts: readonly DraftInsert[],
-): Promise<Array<DraftInserted | Error>> {
-  try {
-    return await insertDrafts(db, drafts);
-  } catch (error) {
-    if (drafts.length === 1) throw error;
-    return Promise.all(
-      drafts.map((draft) =>
-        insertDrafts(db, [draft]).then(
-          ([inserted]) => inserted!,
-          (alone: unknown) => (alone instanceof Error ? alone : new Error(String(alone))),
-        ),
-      ),
-    );
-  }
-}
-
 /** The loader that gathers concurrent draft inserts (insertDraftSoon). */
-const draftLoader = loaderPerDb(insertDraftsApart, { maxBatchSize: 100 });
+const draftLoader = loaderPerDb(
+  (db, drafts: readonly DraftInsert[]) =>
+    togetherOrEachAlone(
+      drafts,
+      (all) => insertDrafts(db, all),
+      async (draft) => (await insertDrafts(db, [draft]))[0]!,
+    ),
+  { maxBatchSize: 100 },
+);
 
 /**
  * A draft inserted together with every other draft asked for before the event loop's next turn,
- * in one statement (insertDrafts): concurrent creates share one round trip and one commit.
+ * in one statement (insertDrafts): concurrent creates share one round trip and one commit. A draft
+ * that statement cannot take (a value out of its column's range) fails alone.
  */
 export function insertDraftSoon(db: Db, draft: DraftInsert): Promise<DraftInserted> {
   return draftLoader(db).load(draft);

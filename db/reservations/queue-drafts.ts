@@ -3,7 +3,7 @@ import type { Db } from '../../core/database.ts';
 import { newId } from '../../domain/ids.ts';
 import { notifyPoolQueuedAfterCommit } from '../notify-channels.ts';
 import { preparedMarker } from '../pool.ts';
-import { loaderPerDb } from '../soon-loader.ts';
+import { loaderPerDb, togetherOrEachAlone } from '../soon-loader.ts';
 import { type AtOnceInput, admissionWrites, queueDraftAtOnce } from './place-draft-at-once.ts';
 import { type QueuedOutcome, queuedCondition, queuedEvent } from './placement.ts';
 
@@ -102,36 +102,21 @@ async function queueDraftsTogether(db: Db, drafts: readonly Queued[]): Promise<M
     SELECT (SELECT json_agg(json_build_object('id', u.id, 'version', u.version)) FROM u) AS versions,
            CASE WHEN (SELECT count(*) FROM u) <> (SELECT count(*) FROM input)
                   OR (SELECT count(*) FROM up) <> (SELECT count(*) FROM need)
-                THEN compute_abort(${'a draft changed, or a quota ran out, while several were queued together'}) END AS aborted,
-           (SELECT count(*) FROM charge) AS charged`.execute(db);
+                THEN compute_abort(${'a draft changed, or a quota ran out, while several were queued together'}) END AS aborted`.execute(
+    db,
+  );
   return new Map((rows[0]?.versions ?? []).map((v) => [v.id, v.version]));
 }
 
 /**
  * queueDraftsTogether for the drafts gathered, then the placer of each of their pools notified
- * once they committed; when that statement fails (a guard, or anything else), each draft again
- * through queueDraftAtOnce on its own, which answers it as if it had come alone.
+ * once they committed. Answers each draft's outcome.
  */
-async function queueGathered(
-  db: Db,
-  drafts: readonly Queued[],
-): Promise<Array<QueuedOutcome | null | Error>> {
-  const apart = () =>
-    Promise.all(
-      drafts.map(({ input }) =>
-        queueDraftAtOnce(db, input).catch((error: unknown) =>
-          error instanceof Error ? error : new Error(String(error)),
-        ),
-      ),
-    );
-  const ids = new Set(drafts.map((d) => d.input.row.id));
-  if (drafts.length === 1 || ids.size !== drafts.length) return apart();
-  let versions: Map<string, number>;
-  try {
-    versions = await queueDraftsTogether(db, drafts);
-  } catch {
-    return apart();
+async function queueGathered(db: Db, drafts: readonly Queued[]): Promise<Array<QueuedOutcome | null>> {
+  if (new Set(drafts.map((d) => d.input.row.id)).size !== drafts.length) {
+    throw new Error('one draft twice among those queued together');
   }
+  const versions = await queueDraftsTogether(db, drafts);
   const pools = new Map(drafts.map((d) => [d.input.row.pool_id, d.input.onNotifyError]));
   // After the commit, not in it (see notifyPoolQueuedAfterCommit).
   for (const [poolId, onError] of pools) notifyPoolQueuedAfterCommit(db, poolId, onError);
@@ -142,7 +127,17 @@ async function queueGathered(
 }
 
 /** The loader that gathers concurrent queue decisions (queueDraftSoon). */
-const queueLoader = loaderPerDb(queueGathered, { maxBatchSize: 100 });
+const queueLoader = loaderPerDb(
+  // When the shared statement fails (a guard, or anything else), each draft is decided again by
+  // queueDraftAtOnce on its own, which answers it as if it had come alone.
+  (db, drafts: readonly Queued[]) =>
+    togetherOrEachAlone(
+      drafts,
+      (all) => queueGathered(db, all),
+      ({ input }) => queueDraftAtOnce(db, input),
+    ),
+  { maxBatchSize: 100 },
+);
 
 /**
  * queueDraftAtOnce for a caller among many deciding at the same moment (the creates a pool-lease
