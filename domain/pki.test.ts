@@ -45,6 +45,27 @@ describe('node certificates', () => {
       expect(issued.notAfter.getTime()).toBe(now.getTime() + 24 * 3600_000);
     }
   });
+
+  it('carry a UTF-8 name as given, and dates from 2050 as GeneralizedTime in whole seconds', async () => {
+    const ca = await createCertificateAuthority('pki.test');
+    const csr = await readCsr(await createCsr(await generateKeyPairPem(), 'node-1'));
+    const now = new Date('2049-12-31T23:30:00.250Z');
+    const issued = await issueNodeCertificate({
+      ca,
+      publicKeyPem: csr.publicKeyPem,
+      spiffeId: 'spiffe://pki.test/site/s1/node/n2',
+      nodeName: 'rack_7 nœud',
+      role: 'node',
+      now,
+      validForMs: 3600_000,
+    });
+    const cert = new X509Certificate(issued.certificatePem);
+    expect(cert.verify(new X509Certificate(ca.certificatePem).publicKey)).toBe(true);
+    expect(cert.subject).toBe('CN=rack_7 nœud\nOU=node');
+    // notBefore is in 2049 (UTCTime), notAfter in 2050 (GeneralizedTime); OpenSSL reads both.
+    expect(new Date(cert.validFrom).getTime()).toBe(Date.parse('2049-12-31T23:29:00Z'));
+    expect(new Date(cert.validTo).getTime()).toBe(Date.parse('2050-01-01T00:30:00Z'));
+  });
 });
 
 describe('readCsr', () => {
@@ -78,6 +99,24 @@ describe('readCsr', () => {
       code: 'INVALID_INPUT',
       message: /ECDSA P-256/,
     });
+    // A request with bytes after it, and one whose signed part was changed.
+    const trailing = Buffer.concat([
+      Buffer.from(good.replace(/-----[A-Z ]+-----|\s/g, ''), 'base64'),
+      Buffer.from([0]),
+    ]);
+    await expect(
+      readCsr(
+        `-----BEGIN CERTIFICATE REQUEST-----\n${trailing.toString('base64')}\n-----END CERTIFICATE REQUEST-----\n`,
+      ),
+    ).rejects.toMatchObject({ code: 'INVALID_INPUT', message: /not a PEM/ });
+    const renamed = Buffer.from(good.replace(/-----[A-Z ]+-----|\s/g, ''), 'base64');
+    const at = renamed.indexOf(Buffer.from('node-1'));
+    renamed[at] = 'm'.charCodeAt(0);
+    await expect(
+      readCsr(
+        `-----BEGIN CERTIFICATE REQUEST-----\n${renamed.toString('base64')}\n-----END CERTIFICATE REQUEST-----\n`,
+      ),
+    ).rejects.toMatchObject({ code: 'INVALID_INPUT', message: /does not verify/ });
     await expect(readCsr('not a request')).rejects.toMatchObject({
       code: 'INVALID_INPUT',
       message: /not a PEM/,

@@ -10,18 +10,19 @@ import {
   verify as verifySignature,
   webcrypto,
 } from 'node:crypto';
-import { CertificationRequest } from '@peculiar/asn1-csr';
 import { AsnConvert } from '@peculiar/asn1-schema';
 import * as asn1X509 from '@peculiar/asn1-x509';
 import * as x509 from '@peculiar/x509';
+import * as asn1js from 'asn1js';
 import { ComputeError } from './errors.ts';
 
 /**
  * The control plane's machine PKI: its own ECDSA P-256 CA, node certificates named by SPIFFE ID
  * (at most 24 hours), the gateway's server certificate and node CSRs. X.509 and PKCS#10 come from
- * @peculiar/x509 over Node's webcrypto; node certificates, signed on every Join, are built with
- * the ASN.1 schema classes beneath it (@peculiar/asn1-x509) and signed with Node's native ECDSA.
- * Nothing here hand-rolls ASN.1.
+ * @peculiar/x509 over Node's webcrypto. What runs on every Join (reading the CSR, building the node
+ * certificate) uses asn1js, the BER/DER codec beneath it, directly: the schema classes above it
+ * cost about 2 ms of CPU a Join in parsing, validating and re-serializing. Signatures are Node's
+ * native ECDSA. Nothing here hand-rolls ASN.1.
  */
 
 type CryptoKey = webcrypto.CryptoKey;
@@ -78,11 +79,11 @@ function spkiDer(pem: string): Buffer {
 
 /**
  * What signing node certificates with a CA needs, prepared once per CA (not once per Join): its
- * private key as a native KeyObject and its subject as the issuer name.
+ * private key as a native KeyObject and its subject, decoded, as the issuer name.
  */
 interface NodeCertificateSigner {
   key: KeyObject;
-  issuer: asn1X509.Name;
+  issuer: asn1js.AsnType;
 }
 const nodeSigners = new Map<string, NodeCertificateSigner>();
 
@@ -91,11 +92,34 @@ function nodeSigner(ca: CaMaterial): NodeCertificateSigner {
   let signer = nodeSigners.get(cacheKey);
   if (!signer) {
     const caCert = AsnConvert.parse(new NodeX509Certificate(ca.certificatePem).raw, asn1X509.Certificate);
-    signer = { key: createPrivateKey(ca.privateKeyPem), issuer: caCert.tbsCertificate.subject };
+    signer = {
+      key: createPrivateKey(ca.privateKeyPem),
+      issuer: decodeDer(AsnConvert.serialize(caCert.tbsCertificate.subject)),
+    };
     if (nodeSigners.size > 100) nodeSigners.clear();
     nodeSigners.set(cacheKey, signer);
   }
   return signer;
+}
+
+/** One whole DER value decoded by asn1js; throws if it is not exactly one well-formed value. */
+function decodeDer(der: ArrayBuffer | Uint8Array): asn1js.AsnType {
+  const bytes = der instanceof Uint8Array ? der : new Uint8Array(der);
+  const decoded = asn1js.fromBER(bytes);
+  if (decoded.offset !== bytes.byteLength || decoded.result.error) throw new Error('not one DER value');
+  return decoded.result;
+}
+
+/** The elements of a decoded SEQUENCE, or an error when it is not one. */
+function sequenceItems(value: asn1js.AsnType | undefined): asn1js.AsnType[] {
+  if (!(value instanceof asn1js.Sequence)) throw new Error('not a SEQUENCE');
+  return value.valueBlock.value;
+}
+
+/** The bytes a decoded value was read from (what a signature covers), as a Buffer. */
+function bytesRead(value: asn1js.AsnType): Buffer {
+  const view = (value as asn1js.BaseBlock).valueBeforeDecodeView;
+  return Buffer.from(view.buffer, view.byteOffset, view.byteLength);
 }
 
 /**
@@ -115,14 +139,40 @@ function serialOctets(serial: string): ArrayBuffer {
 const ecdsaWithSha256 = '1.2.840.10045.4.3.2';
 
 /** The extensions every node certificate carries but its name (built once: they never change). */
-let nodeCertificateExtensions: asn1X509.Extension[] | undefined;
-function nodeExtensions(): asn1X509.Extension[] {
+let nodeCertificateExtensions: asn1js.AsnType[] | undefined;
+function nodeExtensions(): asn1js.AsnType[] {
   nodeCertificateExtensions ??= [
     new x509.BasicConstraintsExtension(false, undefined, true),
     new x509.KeyUsagesExtension(x509.KeyUsageFlags.digitalSignature, true),
     new x509.ExtendedKeyUsageExtension([x509.ExtendedKeyUsage.clientAuth]),
-  ].map((e) => AsnConvert.parse(e.rawData, asn1X509.Extension));
+  ].map((e) => decodeDer(e.rawData));
   return nodeCertificateExtensions;
+}
+
+/** subjectAltName (2.5.29.17, not critical) naming one URI: GeneralNames { [6] IA5String }. */
+function uriNameExtension(uri: string): asn1js.Sequence {
+  const generalNames = new asn1js.Sequence({
+    value: [
+      new asn1js.Primitive({
+        idBlock: { tagClass: 3, tagNumber: 6 },
+        valueHex: new Uint8Array(Buffer.from(uri, 'ascii')),
+      }),
+    ],
+  });
+  return new asn1js.Sequence({
+    value: [
+      new asn1js.ObjectIdentifier({ value: '2.5.29.17' }),
+      new asn1js.OctetString({ valueHex: generalNames.toBER() }),
+    ],
+  });
+}
+
+/** A certificate's Time (RFC 5280 4.1.2.5): UTCTime through 2049, GeneralizedTime from 2050, whole seconds. */
+function certificateTime(at: Date): asn1js.UTCTime | asn1js.GeneralizedTime {
+  const valueDate = new Date(Math.floor(at.getTime() / 1000) * 1000);
+  return valueDate.getUTCFullYear() < 2050
+    ? new asn1js.UTCTime({ valueDate })
+    : new asn1js.GeneralizedTime({ valueDate });
 }
 
 /** A fresh ECDSA P-256 key pair as PEM (PKCS#8 and SPKI). */
@@ -184,10 +234,12 @@ export interface CsrContents {
  * Whatever names it asks for are ignored (names come only from JoinService). INVALID_INPUT otherwise.
  */
 export async function readCsr(csrPem: string): Promise<CsrContents> {
-  // Parsed with the ASN.1 schema and verified with Node's native ECDSA: Join runs this for every
-  // machine, and @peculiar/x509's request object costs twice as much (it imports the key into
-  // webcrypto to verify).
-  let request: CertificationRequest;
+  // CertificationRequest ::= SEQUENCE { certificationRequestInfo, signatureAlgorithm, signature },
+  // the info being SEQUENCE { version, subject, subjectPKInfo, attributes }. The signature is
+  // checked over the info's bytes as sent, with Node's native ECDSA.
+  let info: Buffer;
+  let algorithm: string;
+  let signature: Buffer;
   let key: KeyObject;
   try {
     const body =
@@ -195,22 +247,25 @@ export async function readCsr(csrPem: string): Promise<CsrContents> {
         csrPem,
       )?.[1];
     if (!body) throw new Error('not PEM');
-    request = AsnConvert.parse(Buffer.from(body, 'base64'), CertificationRequest);
-    key = createPublicKey({
-      key: Buffer.from(AsnConvert.serialize(request.certificationRequestInfo.subjectPKInfo)),
-      format: 'der',
-      type: 'spki',
-    });
+    const [infoValue, algorithmValue, signatureValue] = sequenceItems(decodeDer(Buffer.from(body, 'base64')));
+    const publicKeyInfo = sequenceItems(infoValue)[2];
+    const algorithmId = sequenceItems(algorithmValue)[0];
+    if (!publicKeyInfo || !(algorithmId instanceof asn1js.ObjectIdentifier)) throw new Error('not PKCS#10');
+    if (!(signatureValue instanceof asn1js.BitString) || signatureValue.valueBlock.unusedBits !== 0) {
+      throw new Error('not a signature');
+    }
+    info = bytesRead(infoValue!);
+    algorithm = algorithmId.getValue();
+    signature = Buffer.from(signatureValue.valueBlock.valueHexView);
+    key = createPublicKey({ key: bytesRead(publicKeyInfo), format: 'der', type: 'spki' });
   } catch {
     throw new ComputeError('INVALID_INPUT', 'the certificate request is not a PEM PKCS#10 request');
   }
   if (key.asymmetricKeyType !== 'ec' || key.asymmetricKeyDetails?.namedCurve !== 'prime256v1') {
     throw new ComputeError('INVALID_INPUT', 'the certificate request must carry an ECDSA P-256 key');
   }
-  const signed = Buffer.from(AsnConvert.serialize(request.certificationRequestInfo));
   const verifies =
-    request.signatureAlgorithm.algorithm === ecdsaWithSha256 &&
-    verifySignature('sha256', signed, { key, dsaEncoding: 'der' }, Buffer.from(request.signature));
+    algorithm === ecdsaWithSha256 && verifySignature('sha256', info, { key, dsaEncoding: 'der' }, signature);
   if (!verifies) {
     throw new ComputeError('INVALID_INPUT', 'the certificate request signature does not verify');
   }
@@ -260,34 +315,35 @@ export async function issueNodeCertificate(input: {
   const serial = randomSerial();
   const notBefore = new Date(input.now.getTime() - 60_000);
   const notAfter = new Date(input.now.getTime() + validFor);
-  const algorithm = new asn1X509.AlgorithmIdentifier({ algorithm: ecdsaWithSha256 });
+  const algorithm = () =>
+    new asn1js.Sequence({ value: [new asn1js.ObjectIdentifier({ value: ecdsaWithSha256 })] });
   const subject = new x509.Name(`CN=${input.nodeName.replace(/[,=+<>#;"\\]/g, '_')}, OU=${input.role}`);
-  const tbsCertificate = new asn1X509.TBSCertificate({
-    version: asn1X509.Version.v3,
-    serialNumber: serialOctets(serial),
-    signature: algorithm,
-    issuer: signer.issuer,
-    validity: new asn1X509.Validity({ notBefore, notAfter }),
-    subject: AsnConvert.parse(subject.toArrayBuffer(), asn1X509.Name),
-    subjectPublicKeyInfo: AsnConvert.parse(spkiDer(input.publicKeyPem), asn1X509.SubjectPublicKeyInfo),
-    extensions: new asn1X509.Extensions([
-      ...nodeExtensions(),
-      AsnConvert.parse(
-        new x509.SubjectAlternativeNameExtension([{ type: 'url', value: input.spiffeId }]).rawData,
-        asn1X509.Extension,
-      ),
-    ]),
+  const tbsCertificate = new asn1js.Sequence({
+    value: [
+      new asn1js.Constructed({
+        idBlock: { tagClass: 3, tagNumber: 0 },
+        value: [new asn1js.Integer({ value: 2 })],
+      }),
+      new asn1js.Integer({ valueHex: serialOctets(serial) }),
+      algorithm(),
+      signer.issuer,
+      new asn1js.Sequence({ value: [certificateTime(notBefore), certificateTime(notAfter)] }),
+      decodeDer(subject.toArrayBuffer()),
+      decodeDer(spkiDer(input.publicKeyPem)),
+      new asn1js.Constructed({
+        idBlock: { tagClass: 3, tagNumber: 3 },
+        value: [new asn1js.Sequence({ value: [...nodeExtensions(), uriNameExtension(input.spiffeId)] })],
+      }),
+    ],
   });
-  const tbs = Buffer.from(AsnConvert.serialize(tbsCertificate));
+  const tbs = Buffer.from(tbsCertificate.toBER());
   const signature = signDigest('sha256', tbs, { key: signer.key, dsaEncoding: 'der' });
-  const certificate = new asn1X509.Certificate({
-    tbsCertificate,
-    signatureAlgorithm: algorithm,
-    signatureValue: new Uint8Array(signature).buffer,
+  const certificate = new asn1js.Sequence({
+    value: [tbsCertificate, algorithm(), new asn1js.BitString({ valueHex: new Uint8Array(signature) })],
   });
   return {
     serial: normalizeSerial(serial),
-    certificatePem: toPem(AsnConvert.serialize(certificate), 'CERTIFICATE'),
+    certificatePem: toPem(certificate.toBER(), 'CERTIFICATE'),
     notBefore,
     notAfter,
   };
