@@ -4,6 +4,7 @@ import { type CommandKind, commandKinds, isCommandKind } from '../../domain/comm
 import { ComputeError } from '../../domain/errors.ts';
 import { type CommandLane, type CommandState, inFlightCommandStates } from '../../domain/fleet.ts';
 import { newId } from '../../domain/ids.ts';
+import { preparedMarker } from '../pool.ts';
 import { literalList } from '../sql-literals.ts';
 import { notifyNodeWork } from './command-notify.ts';
 
@@ -259,7 +260,7 @@ export async function findDeliverableCommands(
   nodeIds?: readonly string[],
 ): Promise<Array<QueuedCommandRow & { nodeId: string }>> {
   const onlyNodes = nodeIds ? sql`AND c.node_id = ANY(${[...nodeIds]}::text[])` : sql``;
-  const { rows } = await sql<QueuedRow & { node_id: string }>`
+  const { rows } = await sql<QueuedRow & { node_id: string }>`${sql.raw(preparedMarker)}
     SELECT c.id, c.node_id, c.seq, c.kind, c.lane, c.payload, c.not_before, c.not_after, c.min_generation
     FROM node_commands c JOIN nodes n ON n.id = c.node_id
     WHERE c.state = 'queued' AND n.session_gateway = ${gatewayId} ${onlyNodes}

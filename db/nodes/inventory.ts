@@ -9,6 +9,7 @@ import {
   sectionHash,
 } from '../../domain/inventory-sections.ts';
 import { poolReplicas } from '../../domain/sharing.ts';
+import { preparedMarker } from '../pool.ts';
 import { setNodeCondition } from './nodes.ts';
 
 type Trx = Transaction<Database>;
@@ -21,7 +22,7 @@ export interface NodeInventorySections {
 
 /** The latest hash the control plane holds for each inventory section of a node. */
 export async function latestSectionHashes(db: Db, nodeId: string): Promise<Map<string, string>> {
-  const rows = await sql<{ section: string; hash: string }>`
+  const rows = await sql<{ section: string; hash: string }>`${sql.raw(preparedMarker)}
     SELECT DISTINCT ON (section) section, hash FROM inventory_snapshots
     WHERE node_id = ${nodeId} ORDER BY section, id DESC`.execute(db);
   return new Map(rows.rows.map((r) => [r.section, r.hash]));
@@ -220,7 +221,7 @@ async function applyGpus(trx: Trx, nodeId: string, section: GpusSection, pool: N
   }
   await upsertDevices(trx, nodeId, atoms);
   present.push(...atoms.map((a) => a.stableId));
-  await sql`
+  await sql`${sql.raw(preparedMarker)}
     UPDATE devices SET removed_at = compute_now()
     WHERE node_id = ${nodeId} AND class IN ('gpu', 'gpu.mig', 'gpu.slot') AND removed_at IS NULL
       AND NOT (stable_id = ANY(${present}::text[]))`.execute(trx);
@@ -263,7 +264,7 @@ async function applyHost(trx: Trx, nodeId: string, host: HostSection, pool: Node
  * statement as the count of visible GPUs).
  */
 async function checkGpuCount(trx: Trx, nodeId: string, host: HostSection | undefined): Promise<void> {
-  const { rows } = await sql<{ host: unknown; visible: string }>`
+  const { rows } = await sql<{ host: unknown; visible: string }>`${sql.raw(preparedMarker)}
     SELECT (SELECT data FROM inventory_snapshots WHERE node_id = ${nodeId} AND section = 'host'
             AND ${host === undefined} ORDER BY id DESC LIMIT 1) AS host,
            (SELECT count(*) FROM devices WHERE node_id = ${nodeId} AND class = 'gpu' AND removed_at IS NULL) AS visible`.execute(

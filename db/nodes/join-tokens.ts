@@ -3,6 +3,7 @@ import { sql, type Transaction } from 'kysely';
 import type { Database, Db } from '../../core/database.ts';
 import { ComputeError } from '../../domain/errors.ts';
 import { newId } from '../../domain/ids.ts';
+import { preparedMarker } from '../pool.ts';
 
 /**
  * Join tokens `bcjt_<id>.<secret>`: one pool, a time to live, a number of uses (default 1), shown
@@ -95,7 +96,7 @@ export async function beginJoin(
     site_id: string | null;
     archived: boolean | null;
     pool_found: boolean;
-  }>`
+  }>`${sql.raw(preparedMarker)}
     SELECT pg_advisory_xact_lock(hashtextextended(${`join-key:${keyId}`}, 0)) AS locked,
       compute_now() AS now, t.pool_id, t.secret_hash, t.max_uses, t.uses,
       t.revoked_at IS NOT NULL AS revoked, t.expires_at <= compute_now() AS expired,

@@ -9,6 +9,7 @@ import {
 } from '../../domain/fleet.ts';
 import { newId } from '../../domain/ids.ts';
 import { canonicalJson, type DeviceAssignment, normalizeAssignments } from '../../domain/node-spec.ts';
+import { preparedMarker } from '../pool.ts';
 import { revokeNodeCertificates } from './certificates.ts';
 
 type Trx = Transaction<Database>;
@@ -285,7 +286,7 @@ export async function lockJoinCandidates(
       hardware_key: string | null;
       reclaim_approved: boolean;
     } | null;
-  }>`
+  }>`${sql.raw(preparedMarker)}
     WITH repeat AS (
       SELECT c.node_id, n.name, n.site_id, n.pool_id, n.provision_state, c.spiffe_id, c.certificate_pem,
         (extract(epoch FROM c.not_after) * 1000)::float8 AS not_after_ms,

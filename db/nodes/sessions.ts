@@ -1,6 +1,7 @@
 import { type RawBuilder, sql, type Transaction } from 'kysely';
 import type { Database, Db } from '../../core/database.ts';
 import { ComputeError } from '../../domain/errors.ts';
+import { preparedMarker } from '../pool.ts';
 import { failInFlightCommands, findCommandsToRedeliver, type QueuedCommandRow } from './commands.ts';
 
 /**
@@ -57,7 +58,7 @@ export async function openNodeSession(
     spec_generation: string;
     before_journal_id: string | null;
     before_connectivity: string;
-  }>`
+  }>`${sql.raw(preparedMarker)}
     UPDATE nodes SET
       epoch = nodes.epoch + 1,
       connectivity = 'connected',
@@ -84,7 +85,7 @@ export async function openNodeSession(
   // The capability labels replaced in one statement: the old ones not reported any more go, the
   // reported ones are (re)written; and the node, heard again, loses `NodeUnreachable`.
   const keys = input.capabilities.map((c) => `bc.dev/cap.${c}`);
-  await sql`
+  await sql`${sql.raw(preparedMarker)}
     WITH gone AS (
       DELETE FROM node_labels
       WHERE node_id = ${nodeId} AND source = 'system' AND key LIKE 'bc.dev/cap.%' AND NOT (key = ANY(${keys}::text[]))
@@ -153,7 +154,7 @@ export async function setObservedGeneration(
   generation: number,
 ): Promise<boolean> {
   const ready = readyOnceObserved(sql`${generation}::bigint`);
-  const { rows } = await sql<{ id: string }>`
+  const { rows } = await sql<{ id: string }>`${sql.raw(preparedMarker)}
     UPDATE nodes SET observed_generation = ${generation}::bigint,
       provision_state = CASE WHEN ${ready} THEN 'ready' ELSE nodes.provision_state END,
       updated_at = CASE WHEN ${ready} THEN compute_now() ELSE nodes.updated_at END
@@ -164,7 +165,7 @@ export async function setObservedGeneration(
 
 /** A joined (`enrolling`) node becomes `ready` once it converged a spec and sent its inventory. */
 export async function markNodeReadyIfConverged(db: Db, fence: SessionFence): Promise<void> {
-  await sql`
+  await sql`${sql.raw(preparedMarker)}
     UPDATE nodes SET provision_state = 'ready', updated_at = compute_now()
     WHERE id = ${fence.nodeId} AND epoch = ${fence.epoch}
       AND ${readyOnceObserved(sql`nodes.observed_generation`)}`.execute(db);
