@@ -52,6 +52,22 @@ export interface PoolPlacerDeps {
   caches?: AdmissionCaches;
 }
 
+/** The fewest requests a batch takes while the queue is shallow: below it a batch's own reads dominate. */
+export const minimumBatchTake = 16;
+
+/**
+ * How many requests the next batch takes, at most the pool's `batchSize`, from what the batch
+ * just booked took (`taken`) out of what it asked for (`take`). A full batch means requests wait
+ * behind it: the next asks for twice as many (a bigger batch costs less per request). A batch that
+ * was not full found the whole queue: the next asks for half of that, so requests that arrive
+ * together go out in two batches that overlap (the second begins once the first has booked) and
+ * the first half is answered a batch's time sooner.
+ */
+export function nextBatchTake(batchSize: number, take: number, taken: number): number {
+  const next = taken >= take ? take * 2 : Math.ceil(taken / 2);
+  return Math.min(batchSize, Math.max(Math.min(minimumBatchTake, batchSize), next));
+}
+
 /** Starts the pool-lease placer of this worker process (see PoolPlacerOptions). */
 export function startPoolPlacer(deps: PoolPlacerDeps, options: PoolPlacerOptions = {}): PoolPlacer {
   const holder = options.holder ?? `${hostname()}:${process.pid}:${randomBytes(3).toString('hex')}`;
@@ -101,6 +117,8 @@ export function startPoolPlacer(deps: PoolPlacerDeps, options: PoolPlacerOptions
     renewedAt = 0;
     kicked = false;
     done = false;
+    /** What the next batch asks for (nextBatchTake), at most batchSize. */
+    private take: number;
     private wake: (() => void) | null = null;
     readonly running: Promise<void>;
 
@@ -108,6 +126,7 @@ export function startPoolPlacer(deps: PoolPlacerDeps, options: PoolPlacerOptions
       readonly poolId: string,
       public batchSize: number,
     ) {
+      this.take = batchSize;
       this.running = this.run();
     }
 
@@ -183,6 +202,7 @@ export function startPoolPlacer(deps: PoolPlacerDeps, options: PoolPlacerOptions
       let failure: { error: unknown } | null = null;
       while (!failure) {
         this.kicked = false;
+        const take = Math.min(this.take, this.batchSize);
         let booked: (taken: number) => void = () => {};
         const bookedOrEnded = new Promise<number>((resolve) => {
           booked = resolve;
@@ -190,7 +210,7 @@ export function startPoolPlacer(deps: PoolPlacerDeps, options: PoolPlacerOptions
         const running = withPlacementTransaction(deps.db, (trx) =>
           placeQueuedBatch(trx, {
             poolId: this.poolId,
-            batchSize: this.batchSize,
+            batchSize: take,
             ...(deps.caches ? { caches: deps.caches } : {}),
             fence: (t) => fenceLease(t, { ...lease, ttlMs: leaseTtlMs }),
             placer: { holder, epoch: lease.epoch },
@@ -223,10 +243,11 @@ export function startPoolPlacer(deps: PoolPlacerDeps, options: PoolPlacerOptions
         const earlier = previous;
         previous = Promise.all([earlier, running]);
         const taken = await bookedOrEnded;
+        this.take = nextBatchTake(this.batchSize, take, taken);
         // The batch before this one has ended before a third would begin.
         await earlier;
         if (stopped || this.done || failure) break;
-        if (taken < this.batchSize && !this.kicked) {
+        if (taken < take && !this.kicked) {
           // Not full: the next batch only for requests queued while this one ran.
           await running;
           if (stopped || this.done || failure || !this.kicked) break;

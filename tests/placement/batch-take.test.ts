@@ -1,0 +1,23 @@
+import { describe, expect, it } from 'vitest';
+import { minimumBatchTake, nextBatchTake } from '../../temporal/pool-placer.ts';
+
+// What the pool-lease loop's next batch asks for, from what the last one took of what it asked.
+describe('nextBatchTake', () => {
+  it('halves what a batch that was not full found, so requests that came together go out in two batches', () => {
+    expect(nextBatchTake(64, 64, 41)).toBe(21);
+    expect(nextBatchTake(64, 64, 60)).toBe(30);
+  });
+
+  it('doubles after a full batch (requests wait behind it), up to the pool’s batchSize', () => {
+    expect(nextBatchTake(64, 16, 16)).toBe(32);
+    expect(nextBatchTake(64, 40, 40)).toBe(64);
+    expect(nextBatchTake(64, 64, 64)).toBe(64);
+  });
+
+  it(`never asks for fewer than ${minimumBatchTake} (nor more than a smaller batchSize), even after an empty or failed batch`, () => {
+    expect(nextBatchTake(64, 16, 0)).toBe(minimumBatchTake);
+    expect(nextBatchTake(64, 21, 20)).toBe(minimumBatchTake);
+    expect(nextBatchTake(4, 4, 1)).toBe(4);
+    expect(nextBatchTake(1, 1, 1)).toBe(1);
+  });
+});
