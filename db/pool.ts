@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto';
-import { Kysely, PostgresDialect } from 'kysely';
+import { type Compilable, CompiledQuery, Kysely, PostgresDialect, type Transaction } from 'kysely';
 import pg from 'pg';
 import type { Database, Db } from '../core/database.ts';
 
@@ -11,6 +11,18 @@ export interface DbHandle {
 
 /** The marker a hot statement's text starts with to be prepared once per connection. */
 export const preparedMarker = '/*prepared*/';
+
+/**
+ * Runs a statement built with Kysely's query builder as a prepared one (see preparedMarker): for
+ * the hot ones whose text is fixed (the same columns and conditions on every call). Answers its rows.
+ */
+export async function executePrepared<R>(db: Db | Transaction<Database>, query: Compilable<R>): Promise<R[]> {
+  const compiled = query.compile();
+  const { rows } = await db.executeQuery(
+    CompiledQuery.raw(`${preparedMarker}${compiled.sql}`, [...compiled.parameters]),
+  );
+  return rows as R[];
+}
 
 /**
  * Statements whose text starts with `preparedMarker` run as named prepared statements (parsed and

@@ -10,6 +10,7 @@ import {
   maxNodeCertificateMs,
 } from '../../domain/pki.ts';
 import { readComputeNow } from '../clock.ts';
+import { executePrepared } from '../pool.ts';
 
 type Trx = Transaction<Database>;
 
@@ -67,22 +68,24 @@ export interface PeerCertificateRow {
 }
 
 export async function findPeerCertificate(db: Db, serial: string): Promise<PeerCertificateRow | null> {
-  const row = await db
-    .selectFrom('node_certificates as c')
-    .innerJoin('nodes as n', 'n.id', 'c.node_id')
-    .where('c.serial', '=', serial)
-    .select([
-      'c.serial',
-      'c.node_id',
-      'c.role',
-      'c.spiffe_id',
-      sql<boolean>`c.revoked_at IS NOT NULL`.as('revoked'),
-      sql<boolean>`c.not_after <= compute_now()`.as('expired'),
-      'n.name',
-      'n.site_id',
-      'n.provision_state',
-    ])
-    .executeTakeFirst();
+  const [row] = await executePrepared(
+    db,
+    db
+      .selectFrom('node_certificates as c')
+      .innerJoin('nodes as n', 'n.id', 'c.node_id')
+      .where('c.serial', '=', serial)
+      .select([
+        'c.serial',
+        'c.node_id',
+        'c.role',
+        'c.spiffe_id',
+        sql<boolean>`c.revoked_at IS NOT NULL`.as('revoked'),
+        sql<boolean>`c.not_after <= compute_now()`.as('expired'),
+        'n.name',
+        'n.site_id',
+        'n.provision_state',
+      ]),
+  );
   if (!row) return null;
   return {
     serial: row.serial,

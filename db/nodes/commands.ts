@@ -4,7 +4,7 @@ import { type CommandKind, commandKinds, isCommandKind } from '../../domain/comm
 import { ComputeError } from '../../domain/errors.ts';
 import { type CommandLane, type CommandState, inFlightCommandStates } from '../../domain/fleet.ts';
 import { newId } from '../../domain/ids.ts';
-import { preparedMarker } from '../pool.ts';
+import { executePrepared, preparedMarker } from '../pool.ts';
 import { literalList } from '../sql-literals.ts';
 import { notifyNodeWork } from './command-notify.ts';
 
@@ -237,14 +237,16 @@ export async function findCommandsToRedeliver(
   nodeId: string,
   journalId: string,
 ): Promise<QueuedCommandRow[]> {
-  const rows = await db
-    .selectFrom('node_commands')
-    .where('node_id', '=', nodeId)
-    .where('state', 'in', inFlightCommandStates)
-    .where('journal_id', '=', journalId)
-    .select(queuedColumns)
-    .orderBy('seq')
-    .execute();
+  const rows = await executePrepared(
+    db,
+    db
+      .selectFrom('node_commands')
+      .where('node_id', '=', nodeId)
+      .where('state', 'in', inFlightCommandStates)
+      .where('journal_id', '=', journalId)
+      .select(queuedColumns)
+      .orderBy('seq'),
+  );
   return rows.map(queuedCommand);
 }
 

@@ -9,7 +9,7 @@ import {
   sectionHash,
 } from '../../domain/inventory-sections.ts';
 import { poolReplicas } from '../../domain/sharing.ts';
-import { preparedMarker } from '../pool.ts';
+import { executePrepared, preparedMarker } from '../pool.ts';
 import { setNodeCondition } from './nodes.ts';
 
 type Trx = Transaction<Database>;
@@ -50,12 +50,16 @@ export async function applyNodeInventory(
   if (snapshots.length > 0) await trx.insertInto('inventory_snapshots').values(snapshots).execute();
   const pool =
     sections.gpus || sections.host
-      ? await trx
-          .selectFrom('nodes as n')
-          .leftJoin('pools as p', 'p.id', 'n.pool_id')
-          .where('n.id', '=', nodeId)
-          .select(['p.sharing_mode', 'p.policy', 'n.spec_generation'])
-          .executeTakeFirst()
+      ? (
+          await executePrepared(
+            trx,
+            trx
+              .selectFrom('nodes as n')
+              .leftJoin('pools as p', 'p.id', 'n.pool_id')
+              .where('n.id', '=', nodeId)
+              .select(['p.sharing_mode', 'p.policy', 'n.spec_generation']),
+          )
+        )[0]
       : undefined;
   const nodePool: NodePool = {
     mode: pool?.sharing_mode ?? 'exclusive',
@@ -225,11 +229,10 @@ async function applyGpus(trx: Trx, nodeId: string, section: GpusSection, pool: N
     UPDATE devices SET removed_at = compute_now()
     WHERE node_id = ${nodeId} AND class IN ('gpu', 'gpu.mig', 'gpu.slot') AND removed_at IS NULL
       AND NOT (stable_id = ANY(${present}::text[]))`.execute(trx);
-  await trx
-    .deleteFrom('node_labels')
-    .where('node_id', '=', nodeId)
-    .where('source', '=', 'inventory')
-    .execute();
+  await executePrepared(
+    trx,
+    trx.deleteFrom('node_labels').where('node_id', '=', nodeId).where('source', '=', 'inventory'),
+  );
   const labels: Array<[string, string]> = [['bc.dev/gpu.count', String(gpus.length)]];
   const model = gpus[0]?.model;
   if (model) labels.push(['bc.dev/gpu.model', model.toLowerCase().replace(/[^a-z0-9.-]+/g, '-')]);

@@ -9,7 +9,7 @@ import {
 } from '../../domain/fleet.ts';
 import { newId } from '../../domain/ids.ts';
 import { canonicalJson, type DeviceAssignment, normalizeAssignments } from '../../domain/node-spec.ts';
-import { preparedMarker } from '../pool.ts';
+import { executePrepared, preparedMarker } from '../pool.ts';
 import { revokeNodeCertificates } from './certificates.ts';
 
 type Trx = Transaction<Database>;
@@ -57,11 +57,13 @@ export async function setNodeCondition(
   type?: string,
 ): Promise<void> {
   if (!condition) {
-    await db
-      .deleteFrom('node_conditions')
-      .where('node_id', '=', nodeId)
-      .where('type', '=', type ?? '')
-      .execute();
+    await executePrepared(
+      db,
+      db
+        .deleteFrom('node_conditions')
+        .where('node_id', '=', nodeId)
+        .where('type', '=', type ?? ''),
+    );
     return;
   }
   await sql`

@@ -1,7 +1,7 @@
 import { type RawBuilder, sql, type Transaction } from 'kysely';
 import type { Database, Db } from '../../core/database.ts';
 import { ComputeError } from '../../domain/errors.ts';
-import { preparedMarker } from '../pool.ts';
+import { executePrepared, preparedMarker } from '../pool.ts';
 import { failInFlightCommands, findCommandsToRedeliver, type QueuedCommandRow } from './commands.ts';
 
 /**
@@ -125,8 +125,8 @@ export async function lockNodeAtEpoch(
     .where('id', '=', fence.nodeId)
     .where('epoch', '=', String(fence.epoch))
     .select('id');
-  const node = await (mode === 'update' ? query.forNoKeyUpdate() : query.forShare()).executeTakeFirst();
-  return node !== undefined;
+  const rows = await executePrepared(trx, mode === 'update' ? query.forNoKeyUpdate() : query.forShare());
+  return rows.length > 0;
 }
 
 /** The node's current epoch, or null when the node no longer exists. */

@@ -1,5 +1,5 @@
-import { sql, type Transaction } from 'kysely';
-import type { Database, Db } from '../../core/database.ts';
+import { sql } from 'kysely';
+import type { Db } from '../../core/database.ts';
 import type { BcdUpdateState } from '../../domain/release-commands.ts';
 
 /**
