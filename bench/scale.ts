@@ -110,11 +110,16 @@ const progress = (line: string) =>
   console.log(`[${((performance.now() - started) / 1000).toFixed(0)} s] ${line} (load average ${load()})`);
 const describeOpenLoop = (r: OpenLoopResult) =>
   `${r.issued} issued at ${r.ratePerSecond}/s, ${r.committed} placed, ${r.refused} not placed, ` +
-  `errors ${JSON.stringify(r.errors)}, ${r.unanswered} unanswered; p50 ${r.p50Ms} ms, p99 ${r.p99Ms} ms`;
+  `errors ${JSON.stringify(r.errors)}, ${r.unanswered} unanswered; p50 ${r.p50Ms} ms, p99 ${r.p99Ms} ms; ` +
+  `this process's event-loop delay p99 ${r.loopDelayP99Ms} ms, max ${r.loopDelayMaxMs} ms; ` +
+  `worst second ${JSON.stringify(r.worstSecond)}`;
 const pickOpenLoop = (r: OpenLoopResult) => ({
   ratePerSecond: r.ratePerSecond,
   p50Ms: r.p50Ms,
   p99Ms: r.p99Ms,
+  loopDelayP99Ms: r.loopDelayP99Ms,
+  loopDelayMaxMs: r.loopDelayMaxMs,
+  worstSecond: r.worstSecond,
   issued: r.issued,
   placed: r.committed,
   errors: r.errors,

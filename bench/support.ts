@@ -2,6 +2,7 @@ import { spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { readdirSync, readFileSync, rmSync } from 'node:fs';
 import path from 'node:path';
+import { monitorEventLoopDelay } from 'node:perf_hooks';
 import { fileURLToPath } from 'node:url';
 import { type RawBuilder, sql } from 'kysely';
 import pg from 'pg';
@@ -459,6 +460,14 @@ export interface OpenLoopResult {
   unanswered: number;
   p50Ms: number;
   p99Ms: number;
+  /**
+   * This process's event-loop delay over the run (p99 and max, ms): the API answers from this
+   * process, so a stall here delays every create in flight at once.
+   */
+  loopDelayP99Ms: number;
+  loopDelayMaxMs: number;
+  /** The one-second window (by scheduled time, from the start) whose creates had the highest p99. */
+  worstSecond: { second: number; calls: number; p99Ms: number } | null;
 }
 
 /**
@@ -474,13 +483,22 @@ export async function runOpenLoop(
   drainSeconds = 60,
 ): Promise<OpenLoopResult> {
   const latencies: number[] = [];
+  const bySecond = new Map<number, number[]>();
   const errors: Record<string, number> = {};
+  const loopDelay = monitorEventLoopDelay({ resolution: 10 });
+  loopDelay.enable();
   let committed = 0;
   let refused = 0;
   const total = Math.max(1, Math.round(ratePerSecond * seconds));
   const interval = 1000 / ratePerSecond;
   const calls: Array<Promise<void>> = [];
   const t0 = performance.now();
+  const answered = (scheduled: number) => {
+    const latency = performance.now() - scheduled;
+    latencies.push(latency);
+    const second = Math.floor((scheduled - t0) / 1000);
+    bySecond.set(second, [...(bySecond.get(second) ?? []), latency]);
+  };
   let issued = 0;
   while (issued < total) {
     // Every arrival whose time has come, then sleep until the next one.
@@ -493,12 +511,12 @@ export async function runOpenLoop(
           (placed) => {
             if (placed) committed++;
             else refused++;
-            latencies.push(performance.now() - scheduled);
+            answered(scheduled);
           },
           (error: unknown) => {
             const code = (error as { code?: string }).code ?? (error as Error).name;
             errors[code] = (errors[code] ?? 0) + 1;
-            latencies.push(performance.now() - scheduled);
+            answered(scheduled);
           },
         ),
       );
@@ -516,7 +534,18 @@ export async function runOpenLoop(
     }),
   ]);
   clearTimeout(timer);
+  loopDelay.disable();
   const sorted = [...latencies].sort((a, b) => a - b);
+  let worstSecond: OpenLoopResult['worstSecond'] = null;
+  for (const [second, values] of bySecond) {
+    const p99Ms = Number(
+      percentile(
+        [...values].sort((a, b) => a - b),
+        99,
+      ).toFixed(2),
+    );
+    if (!worstSecond || p99Ms > worstSecond.p99Ms) worstSecond = { second, calls: values.length, p99Ms };
+  }
   return {
     ratePerSecond: Number(ratePerSecond.toFixed(1)),
     issued,
@@ -526,6 +555,9 @@ export async function runOpenLoop(
     unanswered: issued - latencies.length,
     p50Ms: Number(percentile(sorted, 50).toFixed(2)),
     p99Ms: Number(percentile(sorted, 99).toFixed(2)),
+    loopDelayP99Ms: Number((loopDelay.percentile(99) / 1e6).toFixed(2)),
+    loopDelayMaxMs: Number((loopDelay.max / 1e6).toFixed(2)),
+    worstSecond,
   };
 }
 
