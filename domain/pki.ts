@@ -102,7 +102,7 @@ function nodeSigner(ca: CaMaterial): NodeCertificateSigner {
   return signer;
 }
 
-/** One whole DER value decoded by asn1js; throws if it is not exactly one well-formed value. */
+/** One whole value decoded by asn1js (a BER reader, so DER too); throws unless it is exactly one well-formed value. */
 function decodeDer(der: ArrayBuffer | Uint8Array): asn1js.AsnType {
   const bytes = der instanceof Uint8Array ? der : new Uint8Array(der);
   const decoded = asn1js.fromBER(bytes);

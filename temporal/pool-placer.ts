@@ -52,19 +52,20 @@ export interface PoolPlacerDeps {
   caches?: AdmissionCaches;
 }
 
-/** The fewest requests a batch takes while the queue is shallow: below it a batch's own reads dominate. */
+/** Below twice this many found, a batch is not split: its own reads would cost more than the wait saved. */
 export const minimumBatchTake = 16;
 
 /**
  * How many requests the next batch takes, at most the pool's `batchSize`, from what the batch
  * just booked took (`taken`) out of what it asked for (`take`). A full batch means requests wait
  * behind it: the next asks for twice as many (a bigger batch costs less per request). A batch that
- * was not full found the whole queue: the next asks for half of that, so requests that arrive
- * together go out in two batches that overlap (the second begins once the first has booked) and
- * the first half is answered a batch's time sooner.
+ * was not full found the whole queue: when that was more than twice `minimumBatchTake`, the next
+ * asks for half of it, so requests that arrive together go out in two batches that overlap (the
+ * second begins once the first has booked) and the first half is answered a batch's time sooner;
+ * a smaller queue is taken whole, as `batchSize` allows.
  */
 export function nextBatchTake(batchSize: number, take: number, taken: number): number {
-  const next = taken >= take ? take * 2 : Math.ceil(taken / 2);
+  const next = taken >= take ? take * 2 : taken > 2 * minimumBatchTake ? Math.ceil(taken / 2) : batchSize;
   return Math.min(batchSize, Math.max(Math.min(minimumBatchTake, batchSize), next));
 }
 
