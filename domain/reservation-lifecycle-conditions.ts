@@ -68,6 +68,11 @@ export function activeConditions(s: ReservationSnapshot): Condition[] {
   return out;
 }
 
+/** Whether a reservation waits for the pool-lease placer: `pending` with a `Queued` condition. */
+export function isQueued(state: ReservationState, conditions: Condition[]): boolean {
+  return state === 'pending' && conditions.some((c) => c.type === 'Queued');
+}
+
 /** The operation state `reservations.get` shows for a reservation state (seed: waiting for placement). */
 export function operationState(
   state: ReservationState,
@@ -77,7 +82,7 @@ export function operationState(
     case 'draft':
       return 'running';
     case 'pending':
-      return conditions.some((c) => c.type === 'Queued') ? 'running' : 'pending';
+      return isQueued(state, conditions) ? 'running' : 'pending';
     case 'awaiting-confirmation':
       return 'pending';
     case 'placed':

@@ -31,6 +31,7 @@ import * as hostBookingEndIndex from './2026-12-03T00-host-booking-end-index.ts'
 import * as dropAllocationRecencyIndex from './2026-12-05T00-drop-allocation-recency-index.ts';
 import * as joinTokenUses from './2026-12-06T00-join-token-uses.ts';
 import * as outboxHorizon from './2026-12-06T01-outbox-horizon.ts';
+import * as queueAndLiveIndexes from './2026-12-07T00-queue-and-live-indexes.ts';
 
 /** Every migration in order; names are frozen once released. */
 export const migrations: Record<string, Migration> = {
@@ -66,6 +67,7 @@ export const migrations: Record<string, Migration> = {
   '2026-12-05T00-drop-allocation-recency-index': dropAllocationRecencyIndex,
   '2026-12-06T00-join-token-uses': joinTokenUses,
   '2026-12-06T01-outbox-horizon': outboxHorizon,
+  '2026-12-07T00-queue-and-live-indexes': queueAndLiveIndexes,
 };
 
 export const migrationProvider: MigrationProvider = {
