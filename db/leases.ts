@@ -59,23 +59,35 @@ export class LeaseLost extends ComputeError {
 }
 
 /**
- * The fence of a leased commit, in the caller's transaction (run it last, just before commit):
- * renews the lease for `ttlMs` only while `holder` holds it unexpired at `epoch`, and locks its
- * row until commit, so no new tenure can begin between this check and the commit. Throws
- * LeaseLost (CONFLICT) otherwise: the caller's transaction must roll back.
+ * Renews the lease for `ttlMs` only while `holder` holds it unexpired at `epoch` (a holder at work
+ * keeps it while it works). Answers the new expiry, or null when the lease expired or moved on.
  */
-export async function fenceLease(
-  trx: Trx,
+export async function renewLease(
+  db: Db | Trx,
   lease: { name: string; holder: string; epoch: number; ttlMs: number },
-): Promise<Date> {
+): Promise<Date | null> {
   const { rows } = await sql<{ expires_at: Date }>`
     UPDATE leases SET renewed_at = compute_now(),
       expires_at = compute_now() + make_interval(secs => ${lease.ttlMs / 1000})
     WHERE name = ${lease.name} AND holder = ${lease.holder} AND epoch = ${lease.epoch}
       AND expires_at > compute_now()
-    RETURNING expires_at`.execute(trx);
-  if (!rows[0]) throw new LeaseLost(lease.name, lease.epoch);
-  return rows[0].expires_at;
+    RETURNING expires_at`.execute(db);
+  return rows[0]?.expires_at ?? null;
+}
+
+/**
+ * The fence of a leased commit, in the caller's transaction (run it last, just before commit):
+ * renews the lease (renewLease), which locks its row until commit, so no new tenure can begin
+ * between this check and the commit. Throws LeaseLost (CONFLICT) when the lease expired or moved
+ * on: the caller's transaction must roll back.
+ */
+export async function fenceLease(
+  trx: Trx,
+  lease: { name: string; holder: string; epoch: number; ttlMs: number },
+): Promise<Date> {
+  const expiresAt = await renewLease(trx, lease);
+  if (!expiresAt) throw new LeaseLost(lease.name, lease.epoch);
+  return expiresAt;
 }
 
 /**

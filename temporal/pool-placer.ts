@@ -11,6 +11,7 @@ import {
   LeaseLost,
   poolLeaseName,
   releaseLease,
+  renewLease,
   takeLease,
 } from '../db/leases.ts';
 import { type ChannelListener, listenOnChannel } from '../db/listen.ts';
@@ -199,6 +200,36 @@ export function startPoolPlacer(deps: PoolPlacerDeps, options: PoolPlacerOptions
     private async tick() {
       const lease = await this.ensureLease();
       if (!lease) return;
+      // A batch may outlast the TTL (in a nearly full pool every request that fits no candidate
+      // is read against the whole pool, one after the other): while batches run the lease is
+      // renewed every third of it, so the lease is lost only by a holder that stalls, not by one
+      // that works slowly. Without this, such a batch lost the lease before its fence, rolled
+      // back, and was tried again the same way, deciding nothing for as long as the pool was full.
+      const renewal = setInterval(
+        () => {
+          renewLease(deps.db, { ...lease, ttlMs: leaseTtlMs }).then(
+            (expiresAt) => {
+              // wall time: the renewal clock
+              if (expiresAt) this.renewedAt = Date.now();
+            },
+            (err: unknown) =>
+              log.warn(
+                { err, poolId: this.poolId },
+                'could not renew the pool lease; the batch fence decides',
+              ),
+          );
+        },
+        Math.max(50, Math.floor(leaseTtlMs / 3)),
+      );
+      try {
+        await this.drain(lease);
+      } finally {
+        clearInterval(renewal);
+      }
+    }
+
+    /** tick's batches under `lease`, one after the other, overlapping as tick says. */
+    private async drain(lease: HeldLease) {
       let previous: Promise<unknown> = Promise.resolve();
       let failure: { error: unknown } | null = null;
       while (!failure) {
