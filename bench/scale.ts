@@ -23,9 +23,10 @@
  *       each issued on schedule whether or not earlier ones answered, p50/p99 from the scheduled
  *       time;
  *   live reservations (`--live N`, off by default: the bulk write of 50,000 took 220 s at load
- *       average 11): the inline rate measured again (fresh API, `--live-seconds`, default
- *       `--seconds`) just before and just after N live 1-GPU reservations are written in bulk
- *       (bench/support.ts's insertLiveReservations), and their ratio;
+ *       average 11): the inline rate and then the pool-lease rate measured again (each on a fresh
+ *       API, `--live-seconds`, default `--seconds`) just before and just after N live 1-GPU
+ *       reservations are written in bulk (bench/support.ts's insertLiveReservations), and their
+ *       ratios;
  *   the lifecycle start backlog (`--lifecycle-seconds S`, off by default: it starts a Temporal dev
  *       server, unless TEMPORAL_ADDRESS is set, and a worker in a child process): a P1-like load
  *       whose creates start real lifecycles, sampling every 500 ms how many placed reservations
@@ -190,8 +191,9 @@ const bench = await benchDatabase('scale', { max: Math.max(8, Number(values.conn
  * reservations came and went over days (else the next part pays autovacuum, the hint bits of
  * thousands of fresh rows and a checkpoint that the one before did not). Answers how many ended.
  */
-const settleEmptied = async () => {
-  const ended = await endPlacedReservations(bench.db);
+/** Ends the placed reservations (of one API's tenants, with `tenantPrefix`), then settles. */
+const settleEmptied = async (tenantPrefix?: string) => {
+  const ended = await endPlacedReservations(bench.db, tenantPrefix ? { tenantPrefix } : {});
   await settle();
   return ended;
 };
@@ -205,6 +207,13 @@ const placedCount = async () => {
 try {
   progress(`loading ${nodeCount} nodes (${nodeCount * 8} GPUs)`);
   const { siteId, poolId } = await insertBenchPool(bench.db);
+  /** The bench pool's placer: pool-lease (batches of at most 64), or back to its own (inline). */
+  const usePoolLeasePlacer = (on: boolean) =>
+    (on
+      ? sql`UPDATE pools SET policy = policy || '{"placer":"pool-lease","poolLease":{"batchSize":64}}'::jsonb
+            WHERE id = ${poolId}`
+      : sql`UPDATE pools SET policy = policy - 'placer' - 'poolLease' WHERE id = ${poolId}`
+    ).execute(bench.db);
   const nodes = await registerReadyNodes(bench.db, { siteId, poolId, count: nodeCount });
   const deviceIds = nodes.flatMap((n) => n.deviceIds);
   // Enough allocations for every booking attempt of the three loads and their first slices at a
@@ -305,8 +314,7 @@ try {
   // otherwise fill all 80,000 GPUs, and P2's open loop would measure a full pool's NoFit path).
   const endedBeforeP2 = await settleEmptied();
   progress(`P2: ${endedBeforeP2} placed reservations of the parts above ended`);
-  await sql`UPDATE pools SET policy = policy || '{"placer":"pool-lease","poolLease":{"batchSize":64}}'::jsonb
-            WHERE id = ${poolId}`.execute(bench.db);
+  await usePoolLeasePlacer(true);
   // wall time: outliving admission's pool cache (a bench pause, not a decision)
   await new Promise((resolve) => setTimeout(resolve, 5_500));
   // Its own admission caches, as a worker's placer has (the pool's schedulable list, for sampling).
@@ -342,15 +350,57 @@ try {
 
   // The parts below place inline again: the pool back to its own placer. Each starts an API of its
   // own (fresh admission caches, so nothing waits out the old pool cache).
-  await sql`UPDATE pools SET policy = policy - 'placer' - 'poolLease' WHERE id = ${poolId}`.execute(bench.db);
+  await usePoolLeasePlacer(false);
 
-  // Live reservations: the inline rate just before and just after writing them in bulk.
+  /**
+   * `seconds` of pool-lease creates with wait: the pool switched to the pool-lease placer, a fresh
+   * API (its admission caches read the new policy at once) and a placer of its own; the pool back
+   * to its own placer after.
+   */
+  const poolLeaseLoad = async (tenantPrefix: string, loadSeconds: number) => {
+    await usePoolLeasePlacer(true);
+    const leaseApi = await startPlacementApi(bench.db, {
+      poolId,
+      quotaGpus: nodeCount * 8,
+      log,
+      tenantPrefix,
+    });
+    const leasePlacer = startPoolPlacer(
+      { db: bench.db, log, lifecycle: noLifecycle, caches: createAdmissionCaches() },
+      { pollMs: 1_000 },
+    );
+    try {
+      const meter = cpuMeter(postmasterPid);
+      const load = await leaseApi.loadInChild(clients, loadSeconds, { gpus, duration: '8h', waitMs: 30_000 });
+      return { load, cpuMs: meter(load.committed).msPerPlacement, batches: leasePlacer.batches };
+    } finally {
+      await leasePlacer.stop();
+      await leaseApi.stop();
+      await usePoolLeasePlacer(false);
+    }
+  };
+  const describePoolLeaseLoad = ({ load, cpuMs, batches }: Awaited<ReturnType<typeof poolLeaseLoad>>) =>
+    `${load.perSecond} pool-lease placements/s (${load.committed} placed, ${load.refused} not placed, ` +
+    `errors ${JSON.stringify(load.errors)}, ${batches} batches), create+wait p50 ${load.p50Ms} ms, ` +
+    `p99 ${load.p99Ms} ms, CPU ${cpuMs} ms per placement`;
+
+  // Live reservations: the inline and pool-lease rates just before and just after writing them in bulk.
   let liveReservations: {
     count: number;
     nodes: number;
     inlinePerSecondEmpty: number;
     inlinePerSecondLive: number;
     ratio: number | null;
+    /** The pool-lease placer's rate (create with wait) before and with them, and their ratio. */
+    poolLease: {
+      perSecondEmpty: number;
+      perSecondLive: number;
+      ratio: number | null;
+      p99MsEmpty: number;
+      p99MsLive: number;
+      cpuMsPerPlacementEmpty: number | null;
+      cpuMsPerPlacementLive: number | null;
+    };
     p50MsEmpty: number;
     p99MsEmpty: number;
     p50MsLive: number;
@@ -386,6 +436,10 @@ try {
     progress(
       `live: before, ${empty.perSecond} inline placements/s (p50 ${empty.p50Ms} ms, p99 ${empty.p99Ms} ms, ${empty.refused} not placed), CPU ${emptyCpuMs} ms per placement (Node ${emptyCpu.nodeSeconds.toFixed(1)} s, PostgreSQL ${emptyCpu.postgresSeconds.toFixed(1)} s), machine speed probe ${probeEmpty} ms`,
     );
+    const emptyLease = await poolLeaseLoad('empty-lease', liveSeconds);
+    progress(`live: before, ${describePoolLeaseLoad(emptyLease)}`);
+    // The bulk write finds the pool as the inline load left it (its templates are that load's).
+    await settleEmptied('empty-lease');
     // wall time: how long the bulk write takes (a progress figure only)
     const w0 = Date.now();
     const written = await insertLiveReservations(bench.db, {
@@ -410,12 +464,25 @@ try {
     const liveCpu = meterLive(live.committed);
     const liveCpuMs = liveCpu.msPerPlacement;
     await after.stop();
+    // The pool-lease load finds the live reservations and the inline load before the bulk write,
+    // as the one before it did.
+    await settleEmptied('live');
+    const liveLease = await poolLeaseLoad('live-lease', liveSeconds);
     liveReservations = {
       count: written.written,
       nodes: written.nodes,
       inlinePerSecondEmpty: empty.perSecond,
       inlinePerSecondLive: live.perSecond,
       ratio: ratio(live.perSecond, empty.perSecond),
+      poolLease: {
+        perSecondEmpty: emptyLease.load.perSecond,
+        perSecondLive: liveLease.load.perSecond,
+        ratio: ratio(liveLease.load.perSecond, emptyLease.load.perSecond),
+        p99MsEmpty: emptyLease.load.p99Ms,
+        p99MsLive: liveLease.load.p99Ms,
+        cpuMsPerPlacementEmpty: emptyLease.cpuMs,
+        cpuMsPerPlacementLive: liveLease.cpuMs,
+      },
       p50MsEmpty: empty.p50Ms,
       p99MsEmpty: empty.p99Ms,
       p50MsLive: live.p50Ms,
@@ -433,6 +500,9 @@ try {
     progress(
       `live: after, ${live.perSecond} inline placements/s with ${written.written} live reservations ` +
         `(p50 ${live.p50Ms} ms, p99 ${live.p99Ms} ms, ${live.refused} not placed, errors ${JSON.stringify(live.errors)}), CPU ${liveCpuMs} ms per placement (Node ${liveCpu.nodeSeconds.toFixed(1)} s, PostgreSQL ${liveCpu.postgresSeconds.toFixed(1)} s), machine speed probe ${probeLive} ms; ratio ${liveReservations.ratio}, CPU factor at equal machine speed ${liveReservations.cpuFactorAtEqualSpeed}`,
+    );
+    progress(
+      `live: after, ${describePoolLeaseLoad(liveLease)} with ${written.written} live reservations; ratio ${liveReservations.poolLease.ratio}`,
     );
   }
 

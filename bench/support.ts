@@ -566,16 +566,17 @@ export async function runOpenLoop(
  * current allocations `released` and their device and scalar bookings cut at compute_now(), so the
  * next part of a benchmark finds the pool as free as it was before the earlier parts placed there.
  * A benchmark shortcut, not a release: no lifecycle, event or refund (each part's tenants are its
- * own). Answers how many reservations it ended.
+ * own). With `tenantPrefix`, only the reservations of the tenants `<prefix>-<i>` (one API's, see
+ * startPlacementApi). Answers how many reservations it ended.
  */
-export async function endPlacedReservations(db: Db): Promise<number> {
+export async function endPlacedReservations(db: Db, input: { tenantPrefix?: string } = {}): Promise<number> {
+  const ofTenants = input.tenantPrefix ? sql`AND r.tenant_id LIKE ${`${input.tenantPrefix}-%`}` : sql``;
   return db.transaction().execute(async (trx) => {
     await sql`
       CREATE TEMP TABLE bench_ending ON COMMIT DROP AS
       SELECT a.id FROM allocations a JOIN reservations r ON r.id = a.reservation_id
-      WHERE r.state = 'placed' AND a.superseded_at IS NULL AND a.state NOT IN ('released', 'failed')`.execute(
-      trx,
-    );
+      WHERE r.state = 'placed' ${ofTenants} AND a.superseded_at IS NULL
+        AND a.state NOT IN ('released', 'failed')`.execute(trx);
     for (const table of [sql.raw('device_bookings'), sql.raw('scalar_bookings')]) {
       await sql`DELETE FROM ${table} WHERE allocation_id IN (SELECT id FROM bench_ending)
         AND lower(during) >= compute_now()`.execute(trx);
@@ -585,8 +586,8 @@ export async function endPlacedReservations(db: Db): Promise<number> {
     await sql`UPDATE allocations SET state = 'released', updated_at = compute_now()
       WHERE id IN (SELECT id FROM bench_ending)`.execute(trx);
     const { rows } = await sql<{ n: number }>`
-      WITH e AS (UPDATE reservations SET state = 'released', end_reason = 'release', updated_at = compute_now()
-                 WHERE state = 'placed' RETURNING 1)
+      WITH e AS (UPDATE reservations r SET state = 'released', end_reason = 'release', updated_at = compute_now()
+                 WHERE r.state = 'placed' ${ofTenants} RETURNING 1)
       SELECT count(*)::int AS n FROM e`.execute(trx);
     return rows[0]!.n;
   });
