@@ -464,6 +464,12 @@ try {
     const liveCpu = meterLive(live.committed);
     const liveCpuMs = liveCpu.msPerPlacement;
     await after.stop();
+    const cpuFactorAtEqualSpeed =
+      emptyCpuMs && liveCpuMs ? Number((liveCpuMs / probeLive / (emptyCpuMs / probeEmpty)).toFixed(3)) : null;
+    progress(
+      `live: after, ${live.perSecond} inline placements/s with ${written.written} live reservations ` +
+        `(p50 ${live.p50Ms} ms, p99 ${live.p99Ms} ms, ${live.refused} not placed, errors ${JSON.stringify(live.errors)}), CPU ${liveCpuMs} ms per placement (Node ${liveCpu.nodeSeconds.toFixed(1)} s, PostgreSQL ${liveCpu.postgresSeconds.toFixed(1)} s), machine speed probe ${probeLive} ms; ratio ${ratio(live.perSecond, empty.perSecond)}, CPU factor at equal machine speed ${cpuFactorAtEqualSpeed}`,
+    );
     // The pool-lease load finds the live reservations and the inline load before the bulk write,
     // as the one before it did.
     await settleEmptied('live');
@@ -491,16 +497,9 @@ try {
       cpuMsPerPlacementLive: liveCpuMs,
       machineSpeedProbeMsEmpty: probeEmpty,
       machineSpeedProbeMsLive: probeLive,
-      cpuFactorAtEqualSpeed:
-        emptyCpuMs && liveCpuMs
-          ? Number((liveCpuMs / probeLive / (emptyCpuMs / probeEmpty)).toFixed(3))
-          : null,
+      cpuFactorAtEqualSpeed,
       endedBefore,
     };
-    progress(
-      `live: after, ${live.perSecond} inline placements/s with ${written.written} live reservations ` +
-        `(p50 ${live.p50Ms} ms, p99 ${live.p99Ms} ms, ${live.refused} not placed, errors ${JSON.stringify(live.errors)}), CPU ${liveCpuMs} ms per placement (Node ${liveCpu.nodeSeconds.toFixed(1)} s, PostgreSQL ${liveCpu.postgresSeconds.toFixed(1)} s), machine speed probe ${probeLive} ms; ratio ${liveReservations.ratio}, CPU factor at equal machine speed ${liveReservations.cpuFactorAtEqualSpeed}`,
-    );
     progress(
       `live: after, ${describePoolLeaseLoad(liveLease)} with ${written.written} live reservations; ratio ${liveReservations.poolLease.ratio}`,
     );
