@@ -39,9 +39,15 @@ export async function batchCandidates(
   const cache = caches.placerNodes;
   const warm = cache.lookup(poolId, deviceClass, cache.warmNodes(poolId), horizon).cached;
   const demand = input.requests.reduce((n, r) => n + r.request.count, 0);
-  // What the warm nodes could take at most (free atoms, whatever their topology): the sample
-  // makes up the rest, assuming two free atoms a node as the batch's first read did.
-  const warmRoom = warm.reduce((n, node) => n + freeAtoms(node, input.requests[0]!.request, horizon), 0);
+  // What the warm nodes could take at most (free atoms, whatever their topology, in whole requests
+  // of the smallest size: a node this process booked down to 3 free atoms takes no request of 4,
+  // and counting its atoms left the sample at 8 nodes while most requests fell back to the inline
+  // placer one by one): the sample makes up the rest, assuming two free atoms a node.
+  const smallest = Math.max(1, Math.min(...input.requests.map((r) => r.request.count)));
+  const warmRoom = warm.reduce(
+    (n, node) => n + Math.floor(freeAtoms(node, input.requests[0]!.request, horizon) / smallest) * smallest,
+    0,
+  );
   const sampleSize = (8 + Math.ceil(Math.max(0, demand - warmRoom) / 2)) * 4 ** input.round;
   const sampled = await sampleNodeIds(trx, poolId, caches, sampleSize);
   const ids = [...new Set([...(input.round === 0 ? warm.map((n) => n.id) : []), ...sampled])].filter(
