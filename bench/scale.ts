@@ -25,8 +25,8 @@
  *   live reservations (`--live N`, off by default: the bulk write of 50,000 took 220 s at load
  *       average 11): the inline rate and then the pool-lease rate measured again (each on a fresh
  *       API, `--live-seconds`, default `--seconds`) just before and just after N live 1-GPU
- *       reservations are written in bulk (bench/support.ts's insertLiveReservations), and their
- *       ratios;
+ *       reservations are written in bulk (bench/support.ts's insertLiveReservations) on the pool
+ *       emptied of the loads before (but for the templates they copy), and their ratios;
  *   the lifecycle start backlog (`--lifecycle-seconds S`, off by default: it starts a Temporal dev
  *       server, unless TEMPORAL_ADDRESS is set, and a worker in a child process): a P1-like load
  *       whose creates start real lifecycles, sampling every 500 ms how many placed reservations
@@ -191,9 +191,9 @@ const bench = await benchDatabase('scale', { max: Math.max(8, Number(values.conn
  * reservations came and went over days (else the next part pays autovacuum, the hint bits of
  * thousands of fresh rows and a checkpoint that the one before did not). Answers how many ended.
  */
-/** Ends the placed reservations (of one API's tenants, with `tenantPrefix`), then settles. */
-const settleEmptied = async (tenantPrefix?: string) => {
-  const ended = await endPlacedReservations(bench.db, tenantPrefix ? { tenantPrefix } : {});
+/** Ends the placed reservations (see endPlacedReservations' options), then settles. */
+const settleEmptied = async (options: Parameters<typeof endPlacedReservations>[1] = {}) => {
+  const ended = await endPlacedReservations(bench.db, options);
   await settle();
   return ended;
 };
@@ -438,8 +438,10 @@ try {
     );
     const emptyLease = await poolLeaseLoad('empty-lease', liveSeconds);
     progress(`live: before, ${describePoolLeaseLoad(emptyLease)}`);
-    // The bulk write finds the pool as the inline load left it (its templates are that load's).
-    await settleEmptied('empty-lease');
+    // The bulk write finds the pool empty but for its templates (the inline load's first
+    // reservations): the live reservations spread over every node, and the loads after it measure
+    // a pool that holds them, not one that the loads before had half filled.
+    await settleEmptied({ keep: before.warmUpIds });
     // wall time: how long the bulk write takes (a progress figure only)
     const w0 = Date.now();
     const written = await insertLiveReservations(bench.db, {
@@ -472,7 +474,7 @@ try {
     );
     // The pool-lease load finds the live reservations and the inline load before the bulk write,
     // as the one before it did.
-    await settleEmptied('live');
+    await settleEmptied({ tenantPrefix: 'live' });
     const liveLease = await poolLeaseLoad('live-lease', liveSeconds);
     liveReservations = {
       count: written.written,

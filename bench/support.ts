@@ -567,10 +567,14 @@ export async function runOpenLoop(
  * next part of a benchmark finds the pool as free as it was before the earlier parts placed there.
  * A benchmark shortcut, not a release: no lifecycle, event or refund (each part's tenants are its
  * own). With `tenantPrefix`, only the reservations of the tenants `<prefix>-<i>` (one API's, see
- * startPlacementApi). Answers how many reservations it ended.
+ * startPlacementApi); never those in `keep`. Answers how many reservations it ended.
  */
-export async function endPlacedReservations(db: Db, input: { tenantPrefix?: string } = {}): Promise<number> {
-  const ofTenants = input.tenantPrefix ? sql`AND r.tenant_id LIKE ${`${input.tenantPrefix}-%`}` : sql``;
+export async function endPlacedReservations(
+  db: Db,
+  input: { tenantPrefix?: string; keep?: readonly string[] } = {},
+): Promise<number> {
+  const ofTenants = sql`${input.tenantPrefix ? sql`AND r.tenant_id LIKE ${`${input.tenantPrefix}-%`}` : sql``}
+    AND r.id <> ALL(${[...(input.keep ?? [])]}::text[])`;
   return db.transaction().execute(async (trx) => {
     await sql`
       CREATE TEMP TABLE bench_ending ON COMMIT DROP AS
