@@ -115,7 +115,7 @@ export function startPoolPlacer(deps: PoolPlacerDeps, options: PoolPlacerOptions
 
   class PoolLoop {
     lease: HeldLease | null = null;
-    /** Wall time of the last successful renewal (the batch fence or takeLease). */
+    /** Wall time of the last successful renewal (takeLease, the renewal while batches run, or the batch fence). */
     renewedAt = 0;
     kicked = false;
     done = false;

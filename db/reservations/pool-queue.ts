@@ -20,8 +20,13 @@ import { parseStoredRequest } from './stored.ts';
 
 type Trx = Transaction<Database>;
 
-/** The queue's predicate: a pending reservation waiting for the pool-lease placer. */
-const queued = sql`r.state = 'pending' AND r.conditions @> '[{"type":"Queued"}]'`;
+/**
+ * The queue's predicate on the reservation row `alias`: pending, waiting for the pool-lease placer
+ * (the predicate of the queue's index, reservations_queue_idx).
+ */
+const queuedRow = (alias: 'r' | 'q') =>
+  sql`${sql.raw(alias)}.state = 'pending' AND ${sql.raw(alias)}.conditions @> '[{"type":"Queued"}]'`;
+const queued = queuedRow('r');
 
 /** A pool the pool-lease placers serve, with its batch size. */
 export interface PoolToPlace {
@@ -116,9 +121,7 @@ export async function placeQueuedBatch(
     WITH f AS MATERIALIZED (
       SELECT q.id, q.created_at,
              row_number() OVER (PARTITION BY q.tenant_id ORDER BY q.created_at, q.id) AS turn
-      FROM reservations q WHERE q.pool_id = ${input.poolId} AND q.state = 'pending'
-        AND q.conditions @> '[{"type":"Queued"}]'
-      ORDER BY q.tenant_id, q.created_at, q.id
+      FROM reservations q WHERE q.pool_id = ${input.poolId} AND ${queuedRow('q')}
     )
     SELECT r.*, compute_now() AS now FROM f JOIN reservations r ON r.id = f.id
     WHERE f.turn <= ${input.batchSize}

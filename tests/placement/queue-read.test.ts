@@ -1,5 +1,6 @@
-import { sql } from 'kysely';
+import { sql, type Transaction } from 'kysely';
 import { describe, expect, it } from 'vitest';
+import type { Database } from '../../core/database.ts';
 import { withPlacementTransaction } from '../../db/allocations/placement.ts';
 import { fenceLease, poolLeaseName, takeLease } from '../../db/leases.ts';
 import { countQueued, placeQueuedBatch } from '../../db/reservations/pool-queue.ts';
@@ -14,7 +15,7 @@ const h = usePoolLeaseHarness({ name: 'queue-read', nodes: 20, batchSize: 1, wor
 const live = 2_000;
 
 /** How many rows of `reservations` this connection read, by a scan or through an index (not yet reported). */
-const reservationRowsRead = async (trx: Parameters<Parameters<typeof withPlacementTransaction>[1]>[0]) => {
+const reservationRowsRead = async (trx: Transaction<Database>) => {
   const { rows } = await sql<{ n: string }>`
     SELECT seq_tup_read + COALESCE(idx_tup_fetch, 0) AS n
     FROM pg_stat_xact_user_tables WHERE relname = 'reservations'`.execute(trx);
