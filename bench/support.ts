@@ -573,13 +573,14 @@ export async function endPlacedReservations(
   db: Db,
   input: { tenantPrefix?: string; keep?: readonly string[] } = {},
 ): Promise<number> {
-  const ofTenants = sql`${input.tenantPrefix ? sql`AND r.tenant_id LIKE ${`${input.tenantPrefix}-%`}` : sql``}
+  // The tenants asked for (all without a prefix), less the reservations to keep.
+  const chosen = sql`${input.tenantPrefix ? sql`AND r.tenant_id LIKE ${`${input.tenantPrefix}-%`}` : sql``}
     AND r.id <> ALL(${[...(input.keep ?? [])]}::text[])`;
   return db.transaction().execute(async (trx) => {
     await sql`
       CREATE TEMP TABLE bench_ending ON COMMIT DROP AS
       SELECT a.id FROM allocations a JOIN reservations r ON r.id = a.reservation_id
-      WHERE r.state = 'placed' ${ofTenants} AND a.superseded_at IS NULL
+      WHERE r.state = 'placed' ${chosen} AND a.superseded_at IS NULL
         AND a.state NOT IN ('released', 'failed')`.execute(trx);
     for (const table of [sql.raw('device_bookings'), sql.raw('scalar_bookings')]) {
       await sql`DELETE FROM ${table} WHERE allocation_id IN (SELECT id FROM bench_ending)
@@ -591,7 +592,7 @@ export async function endPlacedReservations(
       WHERE id IN (SELECT id FROM bench_ending)`.execute(trx);
     const { rows } = await sql<{ n: number }>`
       WITH e AS (UPDATE reservations r SET state = 'released', end_reason = 'release', updated_at = compute_now()
-                 WHERE r.state = 'placed' ${ofTenants} RETURNING 1)
+                 WHERE r.state = 'placed' ${chosen} RETURNING 1)
       SELECT count(*)::int AS n FROM e`.execute(trx);
     return rows[0]!.n;
   });
