@@ -22,11 +22,11 @@
  *       rate, half of P1 (inline `create`) and then half of P2 (pool-lease `create` with `wait`),
  *       each issued on schedule whether or not earlier ones answered, p50/p99 from the scheduled
  *       time;
- *   live reservations (`--live N`, off by default: the bulk write of 50,000 took 220 s at load
- *       average 11): the inline rate and then the pool-lease rate measured again (each on a fresh
- *       API, `--live-seconds`, default `--seconds`) just before and just after N live 1-GPU
- *       reservations are written in bulk (bench/support.ts's insertLiveReservations) on the pool
- *       emptied of the loads before (but for the templates they copy), and their ratios;
+ *   live reservations (`--live N`, off by default: its bulk write takes a minute or more): the
+ *       inline and pool-lease rates with N live 1-GPU reservations over the rates with none,
+ *       measured on a second pool of the same shape that holds them (bench/support.ts's
+ *       insertLiveReservations) and on the first, emptied of the loads before, in `--live-slices`
+ *       alternating slice pairs of `--live-seconds` / slices each (bench/live-ratio.ts);
  *   the lifecycle start backlog (`--lifecycle-seconds S`, off by default: it starts a Temporal dev
  *       server, unless TEMPORAL_ADDRESS is set, and a worker in a child process): a P1-like load
  *       whose creates start real lifecycles, sampling every 500 ms how many placed reservations
@@ -38,7 +38,7 @@
  * Progress lines while it runs; the last line is one JSON object.
  * Usage: node --import tsx bench/scale.ts [--nodes 10000] [--clients 50] [--seconds 15]
  *        [--booking-seconds 10] [--booking-slices 5] [--gpus 4] [--connections 20] [--commands 0] [--command-rate 50]
- *        [--sequential 200] [--open-loop-seconds 10] [--live 0] [--live-seconds 15]
+ *        [--sequential 200] [--open-loop-seconds 10] [--live 0] [--live-seconds 15] [--live-slices 3]
  *        [--lifecycle-seconds 0] [--warm-up-seconds 3]   (0 turns a part off)
  */
 import { spawn } from 'node:child_process';
@@ -51,14 +51,13 @@ import { checkBookingInvariants } from '../db/allocations/invariants.ts';
 import { registerReadyNodes } from '../db/nodes/fleet.ts';
 import { startPoolPlacer } from '../temporal/pool-placer.ts';
 import { type LifecycleBacklog, measureLifecycleBacklog } from './lifecycle-backlog.ts';
+import { type LiveRatio, measureLiveRatio, usePlacer } from './live-ratio.ts';
 import {
   benchDatabase,
   cpuMeter,
   endPlacedReservations,
   insertBenchPool,
-  insertLiveReservations,
   type LoadResult,
-  machineSpeedProbeMs,
   noLifecycle,
   type OpenLoopResult,
   postmasterPidOf,
@@ -84,6 +83,7 @@ const { values } = parseArgs({
     'open-loop-seconds': { type: 'string', default: '10' },
     live: { type: 'string', default: '0' },
     'live-seconds': { type: 'string' },
+    'live-slices': { type: 'string', default: '3' },
     'lifecycle-seconds': { type: 'string', default: '0' },
     'warm-up-seconds': { type: 'string', default: '3' },
   },
@@ -99,6 +99,7 @@ const sequentialCount = Number(values.sequential);
 const openLoopSeconds = Number(values['open-loop-seconds']);
 const liveCount = Number(values.live);
 const liveSeconds = Number(values['live-seconds'] ?? values.seconds);
+const liveSlices = Math.max(1, Number(values['live-slices']));
 const lifecycleSeconds = Number(values['lifecycle-seconds']);
 const warmUpSeconds = Number(values['warm-up-seconds']);
 
@@ -207,13 +208,6 @@ const placedCount = async () => {
 try {
   progress(`loading ${nodeCount} nodes (${nodeCount * 8} GPUs)`);
   const { siteId, poolId } = await insertBenchPool(bench.db);
-  /** The bench pool's placer: pool-lease (batches of at most 64), or back to its own (inline). */
-  const usePoolLeasePlacer = (on: boolean) =>
-    (on
-      ? sql`UPDATE pools SET policy = policy || '{"placer":"pool-lease","poolLease":{"batchSize":64}}'::jsonb
-            WHERE id = ${poolId}`
-      : sql`UPDATE pools SET policy = policy - 'placer' - 'poolLease' WHERE id = ${poolId}`
-    ).execute(bench.db);
   const nodes = await registerReadyNodes(bench.db, { siteId, poolId, count: nodeCount });
   const deviceIds = nodes.flatMap((n) => n.deviceIds);
   // Enough allocations for every booking attempt of the three loads and their first slices at a
@@ -314,7 +308,7 @@ try {
   // otherwise fill all 80,000 GPUs, and P2's open loop would measure a full pool's NoFit path).
   const endedBeforeP2 = await settleEmptied();
   progress(`P2: ${endedBeforeP2} placed reservations of the parts above ended`);
-  await usePoolLeasePlacer(true);
+  await usePlacer(bench.db, poolId, 'pool-lease');
   // wall time: outliving admission's pool cache (a bench pause, not a decision)
   await new Promise((resolve) => setTimeout(resolve, 5_500));
   // Its own admission caches, as a worker's placer has (the pool's schedulable list, for sampling).
@@ -350,161 +344,27 @@ try {
 
   // The parts below place inline again: the pool back to its own placer. Each starts an API of its
   // own (fresh admission caches, so nothing waits out the old pool cache).
-  await usePoolLeasePlacer(false);
+  await usePlacer(bench.db, poolId, 'inline');
 
-  /**
-   * `seconds` of pool-lease creates with wait: the pool switched to the pool-lease placer, a fresh
-   * API (its admission caches read the new policy at once) and a placer of its own; the pool back
-   * to its own placer after.
-   */
-  const poolLeaseLoad = async (tenantPrefix: string, loadSeconds: number) => {
-    await usePoolLeasePlacer(true);
-    const leaseApi = await startPlacementApi(bench.db, {
-      poolId,
-      quotaGpus: nodeCount * 8,
-      log,
-      tenantPrefix,
-    });
-    const leasePlacer = startPoolPlacer(
-      { db: bench.db, log, lifecycle: noLifecycle, caches: createAdmissionCaches() },
-      { pollMs: 1_000 },
-    );
-    try {
-      const meter = cpuMeter(postmasterPid);
-      const load = await leaseApi.loadInChild(clients, loadSeconds, { gpus, duration: '8h', waitMs: 30_000 });
-      return { load, cpuMs: meter(load.committed).msPerPlacement, batches: leasePlacer.batches };
-    } finally {
-      await leasePlacer.stop();
-      await leaseApi.stop();
-      await usePoolLeasePlacer(false);
-    }
-  };
-  const describePoolLeaseLoad = ({ load, cpuMs, batches }: Awaited<ReturnType<typeof poolLeaseLoad>>) =>
-    `${load.perSecond} pool-lease placements/s (${load.committed} placed, ${load.refused} not placed, ` +
-    `errors ${JSON.stringify(load.errors)}, ${batches} batches), create+wait p50 ${load.p50Ms} ms, ` +
-    `p99 ${load.p99Ms} ms, CPU ${cpuMs} ms per placement`;
-
-  // Live reservations: the inline and pool-lease rates just before and just after writing them in bulk.
-  let liveReservations: {
-    count: number;
-    nodes: number;
-    inlinePerSecondEmpty: number;
-    inlinePerSecondLive: number;
-    ratio: number | null;
-    /** The pool-lease placer's rate (create with wait) before and with them, and their ratio. */
-    poolLease: {
-      perSecondEmpty: number;
-      perSecondLive: number;
-      ratio: number | null;
-      p99MsEmpty: number;
-      p99MsLive: number;
-      cpuMsPerPlacementEmpty: number | null;
-      cpuMsPerPlacementLive: number | null;
-    };
-    p50MsEmpty: number;
-    p99MsEmpty: number;
-    p50MsLive: number;
-    p99MsLive: number;
-    cpuMsPerPlacementEmpty: number | null;
-    cpuMsPerPlacementLive: number | null;
-    /** machineSpeedProbeMs() just before each load. */
-    machineSpeedProbeMsEmpty: number;
-    machineSpeedProbeMsLive: number;
-    /** The live load's CPU per placement over the empty one's, each divided by its probe. */
-    cpuFactorAtEqualSpeed: number | null;
-    endedBefore: number;
-  } | null = null;
+  // Live reservations: the rates on a pool that holds them over the rates on the empty one.
+  let liveReservations: LiveRatio | null = null;
   if (liveCount > 0) {
-    // The rate with none live is measured on the pool emptied of the parts above, so that both
-    // rates are measured with room to spare (50 clients place about 6,000 in 15 s).
     const endedBefore = await settleEmptied();
-    const before = await startPlacementApi(bench.db, {
-      poolId,
-      quotaGpus: nodeCount * 8,
+    progress(`live: ${endedBefore} placed reservations of the parts above ended`);
+    liveReservations = await measureLiveRatio({
+      db: bench.db,
       log,
-      tenantPrefix: 'empty',
-    });
-    progress(
-      `live: ${endedBefore} placed reservations of the parts above ended; inline placements for ${liveSeconds} s before the bulk write`,
-    );
-    const probeEmpty = machineSpeedProbeMs();
-    const meterEmpty = cpuMeter(postmasterPid);
-    const empty = await before.loadInChild(clients, liveSeconds, { gpus, duration: '8h' });
-    const emptyCpu = meterEmpty(empty.committed);
-    const emptyCpuMs = emptyCpu.msPerPlacement;
-    await before.stop();
-    progress(
-      `live: before, ${empty.perSecond} inline placements/s (p50 ${empty.p50Ms} ms, p99 ${empty.p99Ms} ms, ${empty.refused} not placed), CPU ${emptyCpuMs} ms per placement (Node ${emptyCpu.nodeSeconds.toFixed(1)} s, PostgreSQL ${emptyCpu.postgresSeconds.toFixed(1)} s), machine speed probe ${probeEmpty} ms`,
-    );
-    const emptyLease = await poolLeaseLoad('empty-lease', liveSeconds);
-    progress(`live: before, ${describePoolLeaseLoad(emptyLease)}`);
-    // The bulk write finds the pool empty but for its templates (the inline load's first
-    // reservations): the live reservations spread over every node, and the loads after it measure
-    // a pool that holds them, not one that the loads before had half filled.
-    await settleEmptied({ keep: before.warmUpIds });
-    // wall time: how long the bulk write takes (a progress figure only)
-    const w0 = Date.now();
-    const written = await insertLiveReservations(bench.db, {
-      poolId,
-      templateIds: before.warmUpIds,
+      postmasterPid,
+      emptyPoolId: poolId,
+      nodeCount,
       count: liveCount,
+      clients,
+      gpus,
+      slices: liveSlices,
+      sliceSeconds: liveSeconds / liveSlices,
+      settle,
+      progress,
     });
-    await settle();
-    // wall time: how long the bulk write takes (a progress figure only)
-    progress(
-      `live: ${written.written} live reservations written on ${written.nodes} nodes in ${Date.now() - w0} ms`,
-    );
-    const after = await startPlacementApi(bench.db, {
-      poolId,
-      quotaGpus: nodeCount * 8,
-      log,
-      tenantPrefix: 'live',
-    });
-    const probeLive = machineSpeedProbeMs();
-    const meterLive = cpuMeter(postmasterPid);
-    const live = await after.loadInChild(clients, liveSeconds, { gpus, duration: '8h' });
-    const liveCpu = meterLive(live.committed);
-    const liveCpuMs = liveCpu.msPerPlacement;
-    await after.stop();
-    const cpuFactorAtEqualSpeed =
-      emptyCpuMs && liveCpuMs ? Number((liveCpuMs / probeLive / (emptyCpuMs / probeEmpty)).toFixed(3)) : null;
-    progress(
-      `live: after, ${live.perSecond} inline placements/s with ${written.written} live reservations ` +
-        `(p50 ${live.p50Ms} ms, p99 ${live.p99Ms} ms, ${live.refused} not placed, errors ${JSON.stringify(live.errors)}), CPU ${liveCpuMs} ms per placement (Node ${liveCpu.nodeSeconds.toFixed(1)} s, PostgreSQL ${liveCpu.postgresSeconds.toFixed(1)} s), machine speed probe ${probeLive} ms; ratio ${ratio(live.perSecond, empty.perSecond)}, CPU factor at equal machine speed ${cpuFactorAtEqualSpeed}`,
-    );
-    // The pool-lease load finds the live reservations and the inline load before the bulk write,
-    // as the one before it did.
-    await settleEmptied({ tenantPrefix: 'live' });
-    const liveLease = await poolLeaseLoad('live-lease', liveSeconds);
-    liveReservations = {
-      count: written.written,
-      nodes: written.nodes,
-      inlinePerSecondEmpty: empty.perSecond,
-      inlinePerSecondLive: live.perSecond,
-      ratio: ratio(live.perSecond, empty.perSecond),
-      poolLease: {
-        perSecondEmpty: emptyLease.load.perSecond,
-        perSecondLive: liveLease.load.perSecond,
-        ratio: ratio(liveLease.load.perSecond, emptyLease.load.perSecond),
-        p99MsEmpty: emptyLease.load.p99Ms,
-        p99MsLive: liveLease.load.p99Ms,
-        cpuMsPerPlacementEmpty: emptyLease.cpuMs,
-        cpuMsPerPlacementLive: liveLease.cpuMs,
-      },
-      p50MsEmpty: empty.p50Ms,
-      p99MsEmpty: empty.p99Ms,
-      p50MsLive: live.p50Ms,
-      p99MsLive: live.p99Ms,
-      cpuMsPerPlacementEmpty: emptyCpuMs,
-      cpuMsPerPlacementLive: liveCpuMs,
-      machineSpeedProbeMsEmpty: probeEmpty,
-      machineSpeedProbeMsLive: probeLive,
-      cpuFactorAtEqualSpeed,
-      endedBefore,
-    };
-    progress(
-      `live: after, ${describePoolLeaseLoad(liveLease)} with ${written.written} live reservations; ratio ${liveReservations.poolLease.ratio}`,
-    );
   }
 
   let lifecycleBacklog: LifecycleBacklog | null = null;

@@ -1,5 +1,4 @@
 import { spawn } from 'node:child_process';
-import { createHash } from 'node:crypto';
 import { readdirSync, readFileSync, rmSync } from 'node:fs';
 import path from 'node:path';
 import { monitorEventLoopDelay } from 'node:perf_hooks';
@@ -82,13 +81,20 @@ export async function benchTemporal(
   return { address: server.address, stop: server.stop };
 }
 
-/** The benchmark's site and its `h100` pool, owned by the platform. Answers their ids. */
-export async function insertBenchPool(db: Db): Promise<{ siteId: string; poolId: string }> {
-  const siteId = await insertSite(db, { name: 'bench', region: 'eu-central-1' });
+/** A benchmark site and its pool (`h100` on site `bench` unless named), owned by the platform. Answers their ids. */
+export async function insertBenchPool(
+  db: Db,
+  input: { name?: string } = {},
+): Promise<{ siteId: string; poolId: string }> {
+  const name = input.name ?? 'h100';
+  const siteId = await insertSite(db, {
+    name: name === 'h100' ? 'bench' : `bench-${name}`,
+    region: 'eu-central-1',
+  });
   const poolId = await insertPool(db, {
     siteId,
     ownerTenantId: 'platform',
-    name: 'h100',
+    name,
     gpuModel: 'h100',
   });
   return { siteId, poolId };
@@ -202,26 +208,6 @@ export function postgresCpuSeconds(postmasterPid: number | null): number {
 export function nodeCpuSeconds(): number {
   const { user, system } = process.cpuUsage();
   return (user + system) / 1e6;
-}
-
-/**
- * This machine's speed now: the CPU ms that one fixed piece of work takes (SHA-256 over 16 MiB and
- * a JSON round trip of 20,000 small objects), the least of three tries. On a shared virtual machine
- * the same code can take a third more CPU an hour (or a minute) later; two parts of one run are
- * compared fairly only once their CPU per placement is divided by the probe taken before each.
- */
-export function machineSpeedProbeMs(): number {
-  const data = Buffer.alloc(16 * 1024 * 1024, 7);
-  const objects = Array.from({ length: 20_000 }, (_, i) => ({ id: `n${i}`, free: i % 8, tags: ['a', 'b'] }));
-  let best = Number.POSITIVE_INFINITY;
-  for (let attempt = 0; attempt < 3; attempt++) {
-    const before = process.cpuUsage();
-    createHash('sha256').update(data).digest();
-    JSON.parse(JSON.stringify(objects));
-    const used = process.cpuUsage(before);
-    best = Math.min(best, (used.user + used.system) / 1000);
-  }
-  return Number(best.toFixed(1));
 }
 
 /**
