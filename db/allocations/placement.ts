@@ -460,9 +460,13 @@ export async function findAndBook(
         if (!atOnce) throw error;
         // On its own, a statement refused by the EXCLUDE constraint failed alone: the node was
         // booked since. Any other constraint it broke (the reservation was placed meanwhile) is
-        // the transactional path's to answer.
+        // the transactional path's to answer, and so is a deadlock: this statement holds the
+        // node's rows while it waits for the reservation's, which a second call with the same
+        // key may hold in placeDraft while it waits for that node's rows (PostgreSQL then rolls
+        // one of them back; placeDraft retries, and this call joins it there).
         if (error instanceof PlacementContention) return 'stale' as const;
         if (String((error as { code?: unknown })?.code ?? '').startsWith('23')) return 'refused' as const;
+        if (isTransientConflict(error)) return 'refused' as const;
         throw error;
       });
       // Not booked in a transaction: any host rows it took stay locked to its end, so keep the claim.

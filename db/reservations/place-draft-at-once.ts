@@ -4,7 +4,7 @@ import type { Db, Reservation } from '../../core/database.ts';
 import { newId } from '../../domain/ids.ts';
 import { findAndBook, placementRequestOf } from '../allocations/placement.ts';
 import { bookingGoes } from '../allocations/try-book.ts';
-import { isGuardAbort } from '../conflict-retry.ts';
+import { isGuardAbort, isTransientConflict } from '../conflict-retry.ts';
 import { notifyPoolQueuedAfterCommit } from '../notify-channels.ts';
 import { preparedMarker } from '../pool.ts';
 import { reservationStateEvent } from './lifecycle-events.ts';
@@ -214,7 +214,8 @@ export async function queueDraftAtOnce(
     notifyPoolQueuedAfterCommit(db, row.pool_id, input.onNotifyError);
     return { outcome: 'queued', version };
   } catch (error) {
-    if (isGuardAbort(error)) return null;
+    // Undone whole either way: placeDraft decides it (and retries a deadlock).
+    if (isGuardAbort(error) || isTransientConflict(error)) return null;
     throw error;
   }
 }
