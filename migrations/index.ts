@@ -32,6 +32,7 @@ import * as dropAllocationRecencyIndex from './2026-12-05T00-drop-allocation-rec
 import * as joinTokenUses from './2026-12-06T00-join-token-uses.ts';
 import * as outboxHorizon from './2026-12-06T01-outbox-horizon.ts';
 import * as queueAndLiveIndexes from './2026-12-07T00-queue-and-live-indexes.ts';
+import * as scalarGuardPerStatement from './2026-12-07T01-scalar-guard-per-statement.ts';
 
 /** Every migration in order; names are frozen once released. */
 export const migrations: Record<string, Migration> = {
@@ -68,6 +69,7 @@ export const migrations: Record<string, Migration> = {
   '2026-12-06T00-join-token-uses': joinTokenUses,
   '2026-12-06T01-outbox-horizon': outboxHorizon,
   '2026-12-07T00-queue-and-live-indexes': queueAndLiveIndexes,
+  '2026-12-07T01-scalar-guard-per-statement': scalarGuardPerStatement,
 };
 
 export const migrationProvider: MigrationProvider = {

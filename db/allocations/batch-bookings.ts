@@ -37,8 +37,8 @@ const range = (s: string, e: string) => sql`tstzrange(${sql.ref(s)}, ${sql.ref(e
  *    window), its atoms' bookings, and the node as the plan saw it (nodeAsPlanned: schedulable,
  *    its atoms and the labels needed); and, in the same statement, inserts the plans the re-check
  *    kept: their allocations, their device bookings (through the EXCLUDE constraint) and their
- *    scalar bookings (in node and resource order, under the guard trigger, which sees the rows the
- *    statement inserted before each).
+ *    scalar bookings (in node and resource order, under the guard trigger, which checks the
+ *    statement's rows together).
  * A plan the re-check refuses (something was booked or changed since its candidates were read) is
  * not booked: its reservation id is answered as stale and the caller places it another way. A
  * refusal by the constraint or the guard, which the locks make unexpected, is PlacementContention:

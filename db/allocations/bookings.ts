@@ -186,9 +186,9 @@ export async function insertDeviceBookings(trx: Trx, bookings: readonly DeviceBo
 }
 
 /**
- * Inserts scalar bookings in (node, resource) order, in one statement (rows are inserted in that
- * order, and the row-level guard trigger of each row sees the rows inserted before it): the guard
- * trigger locks each node's resource row and refuses a sum beyond allocatable with BookingConflict.
+ * Inserts scalar bookings in (node, resource) order, in one statement: the guard trigger locks the
+ * statement's resource rows and refuses it, with BookingConflict, when a node's sum over any of its
+ * rows' windows (the statement's rows all counted) goes beyond allocatable.
  */
 export async function insertScalarBookings(trx: Trx, bookings: readonly ScalarBooking[]): Promise<void> {
   const ordered = [...bookings]

@@ -30,10 +30,8 @@ describe("a node's host bookings", () => {
   it('are looked up by the guard triggers through the same index', async () => {
     const { rows } = await sql<{ name: string; body: string }>`
       SELECT proname AS name, prosrc AS body FROM pg_proc
-      WHERE proname IN ('guard_scalar_booking', 'guard_host_scalar_sum', 'guard_scalar_booking_with_holds')`.execute(
-      t.db,
-    );
-    expect(rows).toHaveLength(3);
+      WHERE proname IN ('guard_scalar_bookings_inserted', 'guard_host_scalar_sum')`.execute(t.db);
+    expect(rows).toHaveLength(2);
     for (const { body } of rows) {
       const lookups = body.match(/FROM (scalar|hold)_bookings/g) ?? [];
       const bounded = body.match(/coalesce\(upper\(during\), 'infinity'::timestamptz\) >= lower\(/g) ?? [];
