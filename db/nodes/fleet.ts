@@ -187,7 +187,8 @@ export async function listTenantQuotas(
     .selectFrom('quotas')
     .selectAll()
     .where('tenant_id', '=', tenantId)
-    .orderBy(['pool_id', 'resource'])
+    .orderBy('pool_id')
+    .orderBy('resource')
     .execute();
   return rows.map((r) => ({
     poolId: r.pool_id,
