@@ -1,4 +1,5 @@
-import { rmSync } from 'node:fs';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import path from 'node:path';
 import pg from 'pg';
 import type { TestProject } from 'vitest/node';
@@ -16,6 +17,8 @@ declare module 'vitest' {
     /** The migrated template each test file clones. */
     templateDatabase: string;
     temporalAddress: string;
+    /** An empty data directory for the CLI's runs (tests/cli/run-cli.ts), removed at the end. */
+    cliDataDir: string;
   }
 }
 
@@ -78,6 +81,9 @@ export default async function setup(project: TestProject) {
   project.provide('postgresAdminUrl', adminUrl);
   project.provide('templateDatabase', templateDatabase);
   project.provide('temporalAddress', temporalAddress);
+  const cliDataDir = mkdtempSync(path.join(tmpdir(), 'bc-cli-'));
+  stops.push(async () => rmSync(cliDataDir, { recursive: true, force: true }));
+  project.provide('cliDataDir', cliDataDir);
 
   return async () => {
     await admin.query(`DROP DATABASE IF EXISTS "${templateDatabase}" WITH (FORCE)`).catch(() => {});

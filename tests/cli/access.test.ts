@@ -1,8 +1,7 @@
-import { writeFileSync } from 'node:fs';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import { beforeAll, describe, expect, test, vi } from 'vitest';
-import { newId } from '../../domain/ids.ts';
+import { beforeAll, describe, expect, onTestFinished, test, vi } from 'vitest';
 import { useTestApi } from '../support/api.ts';
 import { json, runCli } from './run-cli.ts';
 
@@ -97,7 +96,9 @@ describe('tokens, policies and confirmations', () => {
   });
 
   test('policies apply FILE and list', async () => {
-    const file = path.join(tmpdir(), `cap-${newId('pol')}.json`);
+    const dir = mkdtempSync(path.join(tmpdir(), 'bc-policies-'));
+    onTestFinished(() => rmSync(dir, { recursive: true, force: true }));
+    const file = path.join(dir, 'cap.json');
     writeFileSync(
       file,
       JSON.stringify({
@@ -130,7 +131,7 @@ describe('tokens, policies and confirmations', () => {
     );
     expect(missingFile.code).toBe(2);
     expect(missingFile.stderr).toMatch(/cannot read the policy \/nonexistent\/p\.json: no such file/);
-    const badDoc = path.join(tmpdir(), `bad-${newId('pol')}.json`);
+    const badDoc = path.join(dir, 'bad.json');
     writeFileSync(badDoc, JSON.stringify({ statements: [{ effect: 'maybe', actions: ['compute:*'] }] }));
     const invalid = await runCli(['policies', 'apply', badDoc, '--tenant', 'acme'], asRoot);
     expect(invalid.code).toBe(2);

@@ -1,11 +1,11 @@
 import { execFile } from 'node:child_process';
-import { mkdtempSync } from 'node:fs';
-import { tmpdir } from 'node:os';
 import path from 'node:path';
+import { inject } from 'vitest';
 
 const bin = path.resolve(import.meta.dirname, '../../bin/better-compute.js');
-// An empty data directory, so a developer's own .data/dev.json never leaks into a test.
-const emptyDataDir = mkdtempSync(path.join(tmpdir(), 'bc-cli-'));
+// An empty data directory, so a developer's own .data/dev.json never leaks into a test (the
+// suite's setup makes it and removes it at the end).
+const emptyDataDir = inject('cliDataDir');
 
 export interface CliResult {
   code: number;

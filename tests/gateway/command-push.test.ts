@@ -57,6 +57,8 @@ describe('command delivery pushed by the commit', () => {
     await handle?.close();
     await postgres?.stop();
     rmSync(dir, { recursive: true, force: true });
+    // Where the postgres user cannot reach `dir` (a root run), its data went under the temp dir.
+    if (postgres) rmSync(postgres.dataDir, { recursive: true, force: true });
   });
 
   /**

@@ -100,7 +100,11 @@ export async function startFaultStack(input: { nodes: number }): Promise<FaultSt
         ...(port ? { port, strictPort: true } : {}),
       });
     let postgres = await startPg();
-    stops.push(() => postgres.stop());
+    stops.push(async () => {
+      await postgres.stop();
+      // Where the postgres user cannot reach `dir` (a root run), its data went under the temp dir.
+      rmSync(postgres.dataDir, { recursive: true, force: true });
+    });
     const handle: DbHandle = createDb(postgres.url, { max: 6, applicationName: 'fault-test' });
     stops.push(handle.close);
     await migrateToLatest(handle.db);
