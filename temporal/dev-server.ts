@@ -1,5 +1,5 @@
 import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
-import { closeSync, existsSync, mkdirSync, openSync } from 'node:fs';
+import { closeSync, existsSync, mkdirSync, openSync, readdirSync, readFileSync, readlinkSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { Connection } from '@temporalio/client';
@@ -152,11 +152,11 @@ export async function waitForTemporal(
   );
 }
 
-/**
- * Starts `temporal server start-dev` (SQLite in `dataDir`, the Web UI unless `headless`) on free
- * loopback ports, registers the search attributes, and waits until its frontend answers.
- */
-export async function startTemporalDevServer(options: {
+/** The usual ports were taken by another server as this one started (see startTemporalDevServer). */
+class UsualPortsTaken extends Error {}
+
+/** What startTemporalDevServer is given. */
+export interface TemporalDevServerOptions {
   dataDir: string;
   toolsDir: string;
   log: Logger;
@@ -172,12 +172,48 @@ export async function startTemporalDevServer(options: {
   detached?: boolean;
   /** Told the server's pid as soon as it is spawned (a watchdog registers it). */
   onSpawn?: (pid: number) => void;
-}): Promise<TemporalDevServer> {
+}
+
+/**
+ * Starts `temporal server start-dev` (SQLite in `dataDir`, the Web UI unless `headless`) on free
+ * loopback ports, registers the search attributes, and waits until its frontend answers.
+ * Unless `port` is given, a server with its Web UI takes the usual ports (7233, and 8233 for the
+ * Web UI) when they are free, so bookmarks keep working; when another server takes them between
+ * that look and this one's start (two dev stacks started at once), it starts again on free ports.
+ */
+export async function startTemporalDevServer(options: TemporalDevServerOptions): Promise<TemporalDevServer> {
   const cli = await ensureTemporalCli(options.toolsDir, options.log);
   mkdirSync(options.dataDir, { recursive: true });
-  // The usual ports (7233, and 8233 for the Web UI) when they are free, so bookmarks keep working.
-  const port = options.port ?? (options.headless ? await freePort() : await preferredPort(7233));
-  const uiPort = options.headless ? undefined : (options.uiPort ?? (await preferredPort(8233)));
+  if (options.headless) return startOn(cli, options, options.port ?? (await freePort()), undefined);
+  if (options.port !== undefined) {
+    return startOn(cli, options, options.port, options.uiPort ?? (await preferredPort(8233)));
+  }
+  const ports = { port: await preferredPort(7233), uiPort: options.uiPort ?? (await preferredPort(8233)) };
+  const usual = ports.port === 7233 || ports.uiPort === 8233;
+  try {
+    return await startOn(cli, options, ports.port, ports.uiPort, usual);
+  } catch (error) {
+    if (!(error instanceof UsualPortsTaken)) throw error;
+    options.log.info(
+      { port: ports.port, uiPort: ports.uiPort },
+      'another server took the usual Temporal ports as this one started; starting it on free ports',
+    );
+    return startOn(cli, options, await freePort(), options.uiPort ?? (await freePort()));
+  }
+}
+
+/**
+ * One start of the server on `port` (and its Web UI on `uiPort`, none when undefined). With
+ * `usual`, a server that exits before it answers, or a frontend on `port` that is not this
+ * server's, throws UsualPortsTaken.
+ */
+async function startOn(
+  cli: string,
+  options: TemporalDevServerOptions,
+  port: number,
+  uiPort: number | undefined,
+  usual = false,
+): Promise<TemporalDevServer> {
   const args = [
     'server',
     'start-dev',
@@ -202,8 +238,14 @@ export async function startTemporalDevServer(options: {
   const address = `127.0.0.1:${port}`;
   try {
     await waitForTemporal(address, 90_000, child);
+    // The frontend that answered may be another server's, on the port this one could not take.
+    if (usual && !listensOn(child.pid!, port)) throw new UsualPortsTaken(`${address} is another server's`);
   } catch (error) {
+    const exitedFirst = child.exitCode !== null || child.signalCode !== null;
     await stopChild(child, 'SIGKILL', 1_000, detached);
+    if (usual && (error instanceof UsualPortsTaken || exitedFirst)) {
+      throw new UsualPortsTaken(`${(error as Error).message}; see ${logFile}`);
+    }
     throw new Error(`${(error as Error).message}; see ${logFile}`);
   }
   options.log.info(
@@ -219,6 +261,42 @@ export async function startTemporalDevServer(options: {
     exited,
     stop: () => stopChild(child, 'SIGTERM', 10_000, detached),
   };
+}
+
+/**
+ * Whether the socket listening on 127.0.0.1:`port` is one of `pid`'s (Linux's /proc; true where
+ * that cannot tell).
+ */
+function listensOn(pid: number, port: number): boolean {
+  let table: string;
+  try {
+    table = readFileSync('/proc/net/tcp', 'utf8');
+  } catch {
+    return true;
+  }
+  const local = `0100007F:${port.toString(16).toUpperCase().padStart(4, '0')}`;
+  const sockets = new Set(
+    table
+      .split('\n')
+      .slice(1)
+      .map((line) => line.trim().split(/\s+/))
+      // local address, state LISTEN (0A), inode
+      .filter((fields) => fields[1] === local && fields[3] === '0A')
+      .map((fields) => `socket:[${fields[9]}]`),
+  );
+  let fds: string[];
+  try {
+    fds = readdirSync(`/proc/${pid}/fd`);
+  } catch {
+    return true;
+  }
+  return fds.some((fd) => {
+    try {
+      return sockets.has(readlinkSync(`/proc/${pid}/fd/${fd}`));
+    } catch {
+      return false;
+    }
+  });
 }
 
 export function temporalCliVersion(cli: string): string {

@@ -1,6 +1,5 @@
 import { randomBytes } from 'node:crypto';
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { rmSync } from 'node:fs';
 import path from 'node:path';
 import type { Client } from '@temporalio/client';
 import { parseConfig } from '../../core/config.ts';
@@ -20,6 +19,7 @@ import { eventually } from '../support/eventually.ts';
 import { seedPool } from '../support/fleet.ts';
 import { type TenantMember, tenantMember } from '../support/iam.ts';
 import { testLogger } from '../support/logger.ts';
+import { makeStackDir } from '../support/temp-dir.ts';
 
 /** The production-shaped cluster (server/cluster.ts) with a pool, tenant acme and `nodes` simulated servers. */
 export interface ClusterStack {
@@ -37,7 +37,7 @@ export interface ClusterStack {
 
 export async function startClusterStack(input: { nodes: number }): Promise<ClusterStack> {
   const log = testLogger('cluster', process.env.LOG_LEVEL ?? 'warn');
-  const dir = mkdtempSync(path.join(tmpdir(), 'bc-cluster-'));
+  const dir = makeStackDir('bc-cluster-');
   const stops: Array<() => Promise<void>> = [];
   const stopAll = async () => {
     for (const stop of stops.reverse()) await stop().catch(() => {});

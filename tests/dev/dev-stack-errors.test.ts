@@ -1,10 +1,10 @@
 import { spawn } from 'node:child_process';
-import { existsSync, mkdtempSync, rmSync } from 'node:fs';
+import { existsSync, rmSync } from 'node:fs';
 import net from 'node:net';
-import os from 'node:os';
 import path from 'node:path';
 import { afterAll, describe, expect, inject, it } from 'vitest';
 import { freePort, isPortFree } from '../../db/local-postgres.ts';
+import { makeStackDir } from '../support/temp-dir.ts';
 
 const cli = path.resolve('bin/better-compute.js');
 const dirs: string[] = [];
@@ -12,7 +12,7 @@ const dirs: string[] = [];
 function runDev(
   env: Record<string, string>,
 ): Promise<{ code: number | null; stderr: string; stdout: string }> {
-  const dataDir = mkdtempSync(path.join(os.tmpdir(), 'bc-dev-'));
+  const dataDir = makeStackDir('bc-dev-');
   dirs.push(dataDir);
   return new Promise((resolve) => {
     const child = spawn(process.execPath, [cli, 'dev', '--sim', '0'], {

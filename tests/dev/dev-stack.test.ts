@@ -1,12 +1,12 @@
 import { type ChildProcess, spawn } from 'node:child_process';
-import { existsSync, mkdtempSync, readFileSync, rmSync, statSync } from 'node:fs';
-import os from 'node:os';
+import { existsSync, readFileSync, rmSync, statSync } from 'node:fs';
 import path from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { freePort, isPortFree } from '../../db/local-postgres.ts';
+import { makeStackDir } from '../support/temp-dir.ts';
 
 const cli = path.resolve('bin/better-compute.js');
-const dataDir = mkdtempSync(path.join(os.tmpdir(), 'bc-dev-stack-'));
+const dataDir = makeStackDir('bc-dev-stack-');
 let child: ChildProcess | undefined;
 
 interface DevJson {

@@ -1,5 +1,4 @@
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { rmSync } from 'node:fs';
 import path from 'node:path';
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -12,6 +11,7 @@ import type { StartedGateway } from '../../gateway/server.ts';
 import { eventually } from '../support/eventually.ts';
 import { seedPool } from '../support/fleet.ts';
 import { gatewayTestLog, joinSimulatedFleet, startTestGateway } from '../support/gateway.ts';
+import { makeStackDir } from '../support/temp-dir.ts';
 
 /**
  * Commands are pushed at the enqueue's commit (LISTEN/NOTIFY), not found by a poll: with the
@@ -20,7 +20,7 @@ import { gatewayTestLog, joinSimulatedFleet, startTestGateway } from '../support
  */
 describe('command delivery pushed by the commit', () => {
   const fallbackPollMs = 10_000;
-  const dir = mkdtempSync(path.join(tmpdir(), 'bc-command-push-'));
+  const dir = makeStackDir('bc-command-push-');
   let postgres: LocalPostgres;
   let handle: DbHandle;
   let gateway: StartedGateway;
@@ -57,8 +57,6 @@ describe('command delivery pushed by the commit', () => {
     await handle?.close();
     await postgres?.stop();
     rmSync(dir, { recursive: true, force: true });
-    // Where the postgres user cannot reach `dir` (a root run), its data went under the temp dir.
-    if (postgres) rmSync(postgres.dataDir, { recursive: true, force: true });
   });
 
   /**

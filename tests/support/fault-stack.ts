@@ -1,6 +1,5 @@
 import { randomBytes } from 'node:crypto';
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { rmSync } from 'node:fs';
 import path from 'node:path';
 import type { Client } from '@temporalio/client';
 import type { Db } from '../../core/database.ts';
@@ -25,6 +24,7 @@ import { seedPool } from './fleet.ts';
 import { type TenantMember, tenantMember } from './iam.ts';
 import { testLogger } from './logger.ts';
 import { PlaneChild } from './plane-children.ts';
+import { makeStackDir } from './temp-dir.ts';
 
 /** Short timers, so binding, billing windows and the sweep all happen within seconds. */
 export const faultTimers: Partial<LifecycleTimers> = {
@@ -80,7 +80,7 @@ async function killGroup(server: { pid: number; exited: Promise<unknown> }) {
 
 export async function startFaultStack(input: { nodes: number }): Promise<FaultStack> {
   const log = testLogger('faults', process.env.LOG_LEVEL ?? 'silent');
-  const dir = mkdtempSync(path.join(tmpdir(), 'bc-faults-'));
+  const dir = makeStackDir('bc-faults-');
   const watchdog: Watchdog = startWatchdog();
   const stops: Array<() => Promise<void>> = [];
   const stopAll = async () => {
@@ -100,11 +100,7 @@ export async function startFaultStack(input: { nodes: number }): Promise<FaultSt
         ...(port ? { port, strictPort: true } : {}),
       });
     let postgres = await startPg();
-    stops.push(async () => {
-      await postgres.stop();
-      // Where the postgres user cannot reach `dir` (a root run), its data went under the temp dir.
-      rmSync(postgres.dataDir, { recursive: true, force: true });
-    });
+    stops.push(() => postgres.stop());
     const handle: DbHandle = createDb(postgres.url, { max: 6, applicationName: 'fault-test' });
     stops.push(handle.close);
     await migrateToLatest(handle.db);
