@@ -86,16 +86,28 @@ export const poolPolicyDefaults = {
   poolLeaseBatchSize: 64,
 } as const;
 
+/** Policies read from a stored object, by that object (a cached pool's is read on every create). */
+const readPolicies = new WeakMap<object, PoolPolicy>();
+
 /**
  * A stored policy document as the readers see it: every knob that is valid by today's schema,
  * the others (and keys no longer declared) left out. Never throws; a non-object reads as `{}`.
+ * A stored object is read once (the answer is shared: do not change it, nor the stored object).
  */
 export function readPoolPolicy(stored: unknown): PoolPolicy {
   const raw = typeof stored === 'string' ? safeJson(stored) : stored;
   if (!raw || typeof raw !== 'object' || Array.isArray(raw)) return {};
+  const known = readPolicies.get(raw);
+  if (known) return known;
+  const policy = parsePoolPolicy(raw as Record<string, unknown>);
+  readPolicies.set(raw, policy);
+  return policy;
+}
+
+function parsePoolPolicy(raw: Record<string, unknown>): PoolPolicy {
   const policy: Record<string, unknown> = {};
   for (const [key, schema] of Object.entries(poolPolicyShape)) {
-    const value = (raw as Record<string, unknown>)[key];
+    const value = raw[key];
     if (value === undefined) continue;
     const parsed = schema.safeParse(value);
     if (parsed.success) policy[key] = parsed.data;
