@@ -7,33 +7,20 @@
 // API of its own (fresh admission caches), and the reservations it placed are ended after it, so
 // each slice finds its pool as the one before did.
 
-import { sql } from 'kysely';
-import { createAdmissionCaches } from '../core/admission-caches.ts';
 import type { Db } from '../core/database.ts';
 import type { Logger } from '../core/logger.ts';
 import { registerReadyNodes } from '../db/nodes/fleet.ts';
-import { startPoolPlacer } from '../temporal/pool-placer.ts';
 import {
   cpuMeter,
   endPlacedReservations,
   insertBenchPool,
   insertLiveReservations,
   type LoadResult,
-  noLifecycle,
+  type PlacerKind,
   startPlacementApi,
+  startPlacerInChild,
+  usePlacer,
 } from './support.ts';
-
-export type PlacerKind = 'inline' | 'pool-lease';
-
-/** The pool's placer: pool-lease (batches of at most 64), or back to its own (inline). */
-export function usePlacer(db: Db, poolId: string, placer: PlacerKind) {
-  return (
-    placer === 'pool-lease'
-      ? sql`UPDATE pools SET policy = policy || '{"placer":"pool-lease","poolLease":{"batchSize":64}}'::jsonb
-            WHERE id = ${poolId}`
-      : sql`UPDATE pools SET policy = policy - 'placer' - 'poolLease' WHERE id = ${poolId}`
-  ).execute(db);
-}
 
 /** One placer's rates on the empty pool and the live one, over all slices. */
 export interface LiveRatioOfPlacer {
@@ -74,6 +61,8 @@ const ratio = (a: number, b: number) => (b === 0 ? null : Number((a / b).toFixed
  */
 export async function measureLiveRatio(input: {
   db: Db;
+  /** The database `db` reaches (the placer child connects to it). */
+  databaseUrl: string;
   log: Logger;
   postmasterPid: number | null;
   emptyPoolId: string;
@@ -120,15 +109,10 @@ export async function measureLiveRatio(input: {
   ): Promise<Slice> => {
     if (placer === 'pool-lease') await usePlacer(db, poolId, 'pool-lease');
     const api = await startPlacementApi(db, { poolId, quotaGpus: input.nodeCount * 8, log, tenantPrefix });
-    const placerLoop =
-      placer === 'pool-lease'
-        ? startPoolPlacer(
-            { db, log, lifecycle: noLifecycle, caches: createAdmissionCaches() },
-            { pollMs: 1_000 },
-          )
-        : null;
+    // The pool-lease placer in a process of its own, as a worker runs it beside the API.
+    const placerChild = placer === 'pool-lease' ? await startPlacerInChild({ url: input.databaseUrl }) : null;
     try {
-      const meter = cpuMeter(input.postmasterPid);
+      const meter = cpuMeter(input.postmasterPid, { alsoNodePids: placerChild ? [placerChild.pid] : [] });
       const load = await api.loadInChild(input.clients, seconds, {
         gpus: input.gpus,
         duration: '8h',
@@ -137,7 +121,7 @@ export async function measureLiveRatio(input: {
       const cpu = meter(load.committed);
       return { load, cpuSeconds: cpu.nodeSeconds + cpu.postgresSeconds };
     } finally {
-      await placerLoop?.stop();
+      await placerChild?.stop();
       await api.stop();
       if (placer === 'pool-lease') await usePlacer(db, poolId, 'inline');
       await endPlacedReservations(db, { tenantPrefix });

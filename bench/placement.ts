@@ -6,14 +6,16 @@
  * pre-check, the draft transaction, one IAM decision, the placement transaction with quota, outbox
  * and audit. No lifecycle workflows are started (admission never waits on Temporal).
  * With `--placer pool-lease` the pool's policy chooses the pool-lease placer after the warm-up, its
- * placing loop (temporal/pool-placer.ts) runs in this process as in a worker, and every create
- * waits for its batch (`wait`): the same figures, for P2 of bench/scale.ts alone (to profile it).
+ * placing loop (temporal/pool-placer.ts) runs in a process of its own as in a worker
+ * (bench/placer-child.ts; `--placer-process same` runs it in this process, beside the API), and
+ * every create waits for its batch (`wait`): the same figures, for P2 of bench/scale.ts alone (to
+ * profile it). The CPU figures count the placer's process with this one.
  * Usage: node --import tsx bench/placement.ts [--seconds 20] [--nodes 10000] [--clients 50]
  *        [--warm-up-seconds 3] (placements not counted, then ANALYZE: see warmUpStatistics)
  *        [--placer inline|pool-lease] [--batch-size 64] (the pool's poolLease.batchSize)
+ *        [--placer-process child|same]
  */
 import { parseArgs } from 'node:util';
-import { sql } from 'kysely';
 import { createAdmissionCaches } from '../core/admission-caches.ts';
 import { createLogger } from '../core/logger.ts';
 import { checkBookingInvariants } from '../db/allocations/invariants.ts';
@@ -27,6 +29,8 @@ import {
   postmasterPidOf,
   runLoad,
   startPlacementApi,
+  startPlacerInChild,
+  usePlacer,
   warmUpStatistics,
 } from './support.ts';
 
@@ -40,6 +44,7 @@ const { values } = parseArgs({
     'warm-up-seconds': { type: 'string', default: '3' },
     placer: { type: 'string', default: 'inline' },
     'batch-size': { type: 'string', default: '64' },
+    'placer-process': { type: 'string', default: 'child' },
   },
 });
 const seconds = Number(values.seconds);
@@ -50,6 +55,9 @@ if (values.placer !== 'inline' && values.placer !== 'pool-lease') {
   throw new Error(`--placer ${values.placer}: use inline or pool-lease`);
 }
 const poolLease = values.placer === 'pool-lease';
+if (values['placer-process'] !== 'child' && values['placer-process'] !== 'same') {
+  throw new Error(`--placer-process ${values['placer-process']}: use child or same`);
+}
 
 const bench = await benchDatabase('placement', { max: Number(values.connections) });
 
@@ -66,24 +74,30 @@ try {
   const shape = { gpus, duration: '8h', ...(poolLease ? { waitMs: 30_000 } : {}) };
   // The pool-lease placer from the start, the warm-up included (its statements' plans, too).
   if (poolLease) {
-    await sql`UPDATE pools SET policy = policy || ${JSON.stringify({ placer: 'pool-lease', poolLease: { batchSize: Number(values['batch-size']) } })}::jsonb
-              WHERE id = ${poolId}`.execute(bench.db);
+    await usePlacer(bench.db, poolId, 'pool-lease', { batchSize: Number(values['batch-size']) });
   }
   const api = await startPlacementApi(bench.db, { poolId, quotaGpus: nodeCount * 8, log });
-  const placer = poolLease
-    ? startPoolPlacer(
-        { db: bench.db, log, lifecycle: noLifecycle, caches: createAdmissionCaches() },
-        { pollMs: 1_000 },
-      )
-    : undefined;
+  const placerHere =
+    poolLease && values['placer-process'] === 'same'
+      ? startPoolPlacer(
+          { db: bench.db, log, lifecycle: noLifecycle, caches: createAdmissionCaches() },
+          { pollMs: 1_000 },
+        )
+      : undefined;
+  const placerChild =
+    poolLease && values['placer-process'] === 'child'
+      ? await startPlacerInChild({ url: bench.url })
+      : undefined;
   await warmUpStatistics(bench.pool, Number(values['warm-up-seconds']), (s) =>
     runLoad(clients, s, (worker) => api.place(worker, shape)),
   );
   const postmasterPid = await postmasterPidOf(bench.pool);
-  const meter = cpuMeter(postmasterPid);
+  const meter = cpuMeter(postmasterPid, { alsoNodePids: placerChild ? [placerChild.pid] : [] });
+  const batchesBefore = (await placerChild?.batches()) ?? placerHere?.batches ?? 0;
   const result = await runLoad(clients, seconds, (worker) => api.place(worker, shape));
   const used = meter(result.committed);
-  await placer?.stop();
+  const batches = ((await placerChild?.stop()) ?? placerHere?.batches ?? 0) - batchesBefore;
+  await placerHere?.stop();
   await api.stop();
   const cpu = {
     nodeSeconds: Number(used.nodeSeconds.toFixed(1)),
@@ -98,7 +112,7 @@ try {
       clients,
       gpusPerReservation: gpus,
       placer: values.placer,
-      ...(placer ? { batches: placer.batches } : {}),
+      ...(poolLease ? { placerProcess: values['placer-process'], batches } : {}),
       placements: result.committed,
       pending: result.refused,
       errors: result.errors,

@@ -12,7 +12,8 @@
  *       process (API and admission) plus PostgreSQL's processes; the load generator's CPU per
  *       create is reported apart (`loadGeneratorCpuMsPerCreate`);
  *   P2  pool-lease placements/s through HTTP at the same fleet, emptied of the parts before (the
- *       pool's policy switched to `placer: 'pool-lease'`, the placing loop of temporal/pool-placer.ts in this process, each
+ *       pool's policy switched to `placer: 'pool-lease'`, the placing loop of temporal/pool-placer.ts in a
+ *       process of its own as in a worker, bench/placer-child.ts, its CPU counted with the API's), each
  *       `create` with `wait` answering once its batch committed, the clients again in a process of
  *       their own), with its CPU per placement;
  *   overlaps after the run (two bookings of one device overlapping; must be 0);
@@ -45,26 +46,25 @@ import { spawn } from 'node:child_process';
 import { loadavg } from 'node:os';
 import { parseArgs } from 'node:util';
 import { sql } from 'kysely';
-import { createAdmissionCaches } from '../core/admission-caches.ts';
 import { createLogger } from '../core/logger.ts';
 import { checkBookingInvariants } from '../db/allocations/invariants.ts';
 import { registerReadyNodes } from '../db/nodes/fleet.ts';
-import { startPoolPlacer } from '../temporal/pool-placer.ts';
 import { type LifecycleBacklog, measureLifecycleBacklog } from './lifecycle-backlog.ts';
-import { type LiveRatio, measureLiveRatio, usePlacer } from './live-ratio.ts';
+import { type LiveRatio, measureLiveRatio } from './live-ratio.ts';
 import {
   benchDatabase,
   cpuMeter,
   endPlacedReservations,
   insertBenchPool,
   type LoadResult,
-  noLifecycle,
   type OpenLoopResult,
   postmasterPidOf,
   prepareBookingLoad,
   runLoad,
   runOpenLoop,
   startPlacementApi,
+  startPlacerInChild,
+  usePlacer,
   warmUpStatistics,
 } from './support.ts';
 
@@ -218,7 +218,9 @@ try {
     deviceIds,
     count: Math.max(50_000, (bookingSeconds + 1) * 3 * 15_000),
   });
-  await bench.pool.query('VACUUM ANALYZE');
+  // Settled as the parts below are: the checkpoint the bulk load would otherwise start in the
+  // middle of some slice (slowing whichever load ran then) is taken before the first.
+  await settle();
   progress(`loaded ${nodeCount} nodes, ${deviceIds.length} GPUs`);
 
   // B: the cost of the guarantee itself, which no placement can beat. Guarded and unguarded
@@ -303,7 +305,8 @@ try {
   }
 
   // P2: the same API and fleet, the pool switched to the pool-lease placer (admission's pool
-  // cache holds the old policy for up to 5 s), its loop in this process as in a worker; on the
+  // cache holds the old policy for up to 5 s), its loop in a process of its own as a worker runs
+  // it beside the API in production (its CPU counted with this process's); on the
   // pool emptied of the parts above, as P1 had it (at these rates P1, its open loop and P2 would
   // otherwise fill all 80,000 GPUs, and P2's open loop would measure a full pool's NoFit path).
   const endedBeforeP2 = await settleEmptied();
@@ -311,18 +314,15 @@ try {
   await usePlacer(bench.db, poolId, 'pool-lease');
   // wall time: outliving admission's pool cache (a bench pause, not a decision)
   await new Promise((resolve) => setTimeout(resolve, 5_500));
-  // Its own admission caches, as a worker's placer has (the pool's schedulable list, for sampling).
-  const placer = startPoolPlacer(
-    { db: bench.db, log, lifecycle: noLifecycle, caches: createAdmissionCaches() },
-    { pollMs: 1_000 },
-  );
-  const meterP2 = cpuMeter(postmasterPid);
+  const placer = await startPlacerInChild({ url: bench.url });
+  const batchesBefore = await placer.batches();
+  const meterP2 = cpuMeter(postmasterPid, { alsoNodePids: [placer.pid] });
   const ticker2 = setInterval(() => progress('P2: pool-lease placements running'), 5_000);
   const poolLease = await api
     .loadInChild(clients, seconds, { gpus, duration: '8h', waitMs: 30_000 })
     .finally(() => clearInterval(ticker2));
   const poolLeaseCpuMs = meterP2(poolLease.committed).msPerPlacement;
-  const batches = placer.batches;
+  const batches = (await placer.batches()) - batchesBefore;
   // Open loop at half of P2: create with wait, arrivals on schedule.
   let openLoopPoolLease: OpenLoopResult | null = null;
   if (openLoopSeconds > 0 && poolLease.perSecond > 0) {
@@ -353,6 +353,7 @@ try {
     progress(`live: ${endedBefore} placed reservations of the parts above ended`);
     liveReservations = await measureLiveRatio({
       db: bench.db,
+      databaseUrl: bench.url,
       log,
       postmasterPid,
       emptyPoolId: poolId,

@@ -204,6 +204,16 @@ export function postgresCpuSeconds(postmasterPid: number | null): number {
   return total;
 }
 
+/** CPU seconds (user + system) the process `pid` has used so far (0 once it ended). */
+export function processCpuSeconds(pid: number): number {
+  try {
+    const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]!.split(' ');
+    return (Number(fields[11]) + Number(fields[12])) / 100;
+  } catch {
+    return 0;
+  }
+}
+
 /** CPU seconds (user + system) this Node process has used so far. */
 export function nodeCpuSeconds(): number {
   const { user, system } = process.cpuUsage();
@@ -211,14 +221,17 @@ export function nodeCpuSeconds(): number {
 }
 
 /**
- * Starts counting this process's CPU and PostgreSQL's (`postgresCpuSeconds`); the answer, given how
+ * Starts counting this process's CPU (and that of the Node processes `alsoNodePids`, e.g. a placer
+ * child's) and PostgreSQL's (`postgresCpuSeconds`); the answer, given how
  * many placements the span made, is the seconds each used and the CPU ms per placement (null for none).
  */
-export function cpuMeter(postmasterPid: number | null) {
-  const node0 = nodeCpuSeconds();
+export function cpuMeter(postmasterPid: number | null, options: { alsoNodePids?: readonly number[] } = {}) {
+  const others = options.alsoNodePids ?? [];
+  const nodeNow = () => nodeCpuSeconds() + others.reduce((sum, pid) => sum + processCpuSeconds(pid), 0);
+  const node0 = nodeNow();
   const postgres0 = postgresCpuSeconds(postmasterPid);
   return (placed: number) => {
-    const nodeSeconds = nodeCpuSeconds() - node0;
+    const nodeSeconds = nodeNow() - node0;
     const postgresSeconds = postgresCpuSeconds(postmasterPid) - postgres0;
     const msPerPlacement =
       placed === 0 ? null : Number((((nodeSeconds + postgresSeconds) * 1000) / placed).toFixed(2));
@@ -321,6 +334,84 @@ export async function prepareBookingLoad(
       await sql`DELETE FROM allocations WHERE reservation_id = 'rsv_bench'`.execute(db);
       await sql`DELETE FROM reservations WHERE id = 'rsv_bench'`.execute(db);
       await sql`DROP TABLE device_bookings_unguarded, device_bookings_keyed`.execute(db);
+    },
+  };
+}
+
+export type PlacerKind = 'inline' | 'pool-lease';
+
+/** The pool's placer: pool-lease (batches of at most `batchSize`, default 64), or back to its own (inline). */
+export function usePlacer(db: Db, poolId: string, placer: PlacerKind, options: { batchSize?: number } = {}) {
+  const policy = { placer: 'pool-lease', poolLease: { batchSize: options.batchSize ?? 64 } };
+  return (
+    placer === 'pool-lease'
+      ? sql`UPDATE pools SET policy = policy || ${JSON.stringify(policy)}::jsonb WHERE id = ${poolId}`
+      : sql`UPDATE pools SET policy = policy - 'placer' - 'poolLease' WHERE id = ${poolId}`
+  ).execute(db);
+}
+
+/** The pool-lease placer running in bench/placer-child.ts: its pid, its batches so far, and its stop. */
+export interface PlacerChild {
+  pid: number;
+  batches(): Promise<number>;
+  /** Stops the placer (its lease released) and the process; answers its batches. */
+  stop(): Promise<number>;
+}
+
+/**
+ * The pool-lease placer started in a process of its own (bench/placer-child.ts), as a worker runs
+ * it beside the API in production; answers once it runs.
+ */
+export async function startPlacerInChild(input: {
+  url: string;
+  pollMs?: number;
+  connections?: number;
+}): Promise<PlacerChild> {
+  const child = spawn(
+    process.execPath,
+    [
+      // Profiled with this process (`node --cpu-prof --cpu-prof-dir D`): the placer's profile beside it.
+      ...process.execArgv.filter((arg) => arg.startsWith('--cpu-prof')),
+      '--import',
+      'tsx',
+      fileURLToPath(new URL('placer-child.ts', import.meta.url)),
+      JSON.stringify({ url: input.url, pollMs: input.pollMs ?? 1_000, connections: input.connections ?? 8 }),
+    ],
+    { stdio: ['pipe', 'pipe', 'inherit'] },
+  );
+  const exited = new Promise<number | null>((resolve) => child.on('exit', resolve));
+  const answers: Array<(line: Record<string, unknown>) => void> = [];
+  let buffered = '';
+  child.stdout.setEncoding('utf8');
+  child.stdout.on('data', (chunk: string) => {
+    buffered += chunk;
+    for (let end = buffered.indexOf('\n'); end >= 0; end = buffered.indexOf('\n')) {
+      const line = buffered.slice(0, end).trim();
+      buffered = buffered.slice(end + 1);
+      if (line.startsWith('{')) answers.shift()?.(JSON.parse(line) as Record<string, unknown>);
+    }
+  });
+  const next = () =>
+    Promise.race([
+      new Promise<Record<string, unknown>>((resolve) => answers.push(resolve)),
+      exited.then((code) => {
+        throw new Error(`the placer child exited with ${code} before it answered`);
+      }),
+    ]);
+  await next();
+  return {
+    pid: child.pid!,
+    async batches() {
+      const answer = next();
+      child.stdin.write('batches\n');
+      return Number((await answer).batches);
+    },
+    async stop() {
+      const answer = next();
+      child.stdin.end();
+      const batches = Number((await answer).batches);
+      await exited;
+      return batches;
     },
   };
 }
