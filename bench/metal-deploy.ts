@@ -29,6 +29,7 @@ import { bootstrapPlatform } from '../iam/bootstrap.ts';
 import { createEmbeddedIam } from '../iam/embedded/index.ts';
 import { createCompute } from '../server/compute.ts';
 import { connectTemporal } from '../temporal/client.ts';
+import { createTemporalLifecycle } from '../temporal/lifecycle.ts';
 import { startWorker } from '../temporal/worker.ts';
 import { callApi } from '../tests/support/api.ts';
 import { emulatedSystems, startMetalSite } from '../tests/support/metal-site.ts';
@@ -140,6 +141,7 @@ try {
     notifyUrl,
     bootNetwork: network,
     inspect: true,
+    lifecycle: createTemporalLifecycle(temporal.client, { taskQueue }),
     gatewayOptions: { leaseMs: 30_000, heartbeatIntervalMs: 5_000, deliveryIntervalMs: 100 },
     onEmulator: async (_emulator, gateway) =>
       machines.attach({ address: gateway.address, caCertificatePem: gateway.caCertificatePem }),

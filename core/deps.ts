@@ -51,6 +51,11 @@ export interface ReservationLifecycle {
   preempt?(preemption: PreemptionSummary): Promise<boolean | undefined>;
   /** Wakes a spot preemption's workflow (its notice was called off, or it should look again now). */
   wakePreemption?(preemptionId: string): Promise<void>;
+  /**
+   * Wakes a provisioning workflow (what its step waits on was stored: the command's result, the
+   * machine's agent joined again). One already over has nothing to wake.
+   */
+  wakeMetalWorkflow?(workflowId: string): Promise<void>;
 }
 
 /**

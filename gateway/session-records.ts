@@ -1,6 +1,10 @@
 import type { Db } from '../core/database.ts';
 import { completeSiteAgentCommand } from '../db/metal/site-leases.ts';
-import { completeDeliveredCommand, findNodeCommandSeq } from '../db/nodes/commands.ts';
+import {
+  completeDeliveredCommand,
+  findNodeCommandSeq,
+  type StoredCommandResult,
+} from '../db/nodes/commands.ts';
 import { findNodeEpoch, type SessionFence, setObservedGeneration } from '../db/nodes/sessions.ts';
 import { ComputeError } from '../domain/errors.ts';
 import type { NodeRole } from '../domain/fleet.ts';
@@ -31,7 +35,7 @@ export async function recordObservedGeneration(
 /**
  * Stores a command's result: only for a command of this node with that exact seq, delivered and
  * not yet answered, on the session holding the node's epoch. A result the journal sends again
- * after a reconnect answers false and changes nothing; an unknown command is NOT_FOUND, a seq
+ * after a reconnect answers null and changes nothing; an unknown command is NOT_FOUND, a seq
  * that does not match is INVALID_INPUT.
  */
 export async function recordCommandResult(
@@ -39,7 +43,7 @@ export async function recordCommandResult(
   session: SessionFence,
   result: CommandResult,
   peer?: { role: NodeRole; siteId: string },
-): Promise<boolean> {
+): Promise<StoredCommandResult | null> {
   // A site agent's bmc.* results count only under the boot lease epoch they were sent with.
   const site = peer?.role === 'site';
   const state = outcomeState[result.outcome];
@@ -65,7 +69,7 @@ export async function recordCommandResult(
   });
   if (stored) {
     if (site) await afterSiteResultStored(db, result.commandId);
-    return true;
+    return stored;
   }
   if (site)
     await refuseStaleSiteResult(db, { nodeId: session.nodeId, siteId: peer.siteId }, result.commandId);
@@ -75,5 +79,5 @@ export async function recordCommandResult(
     throw new ComputeError('INVALID_INPUT', `command ${result.commandId} has seq ${seq}, not ${result.seq}`);
   }
   if ((await findNodeEpoch(db, session.nodeId)) !== session.epoch) throw sessionFenced();
-  return false;
+  return null;
 }

@@ -16,6 +16,7 @@ import type { GatewayContext } from './context.ts';
 import { isSessionFenced } from './fence.ts';
 import { applyInventory, parseInventory } from './inventory.ts';
 import { checkAgentMessage } from './message-bounds.ts';
+import { wakeMetalWorkflow } from './metal-wake.ts';
 import { laneToProto } from './options.ts';
 import type { RegisteredSession } from './registry.ts';
 import { acceptAllocationReport } from './reports.ts';
@@ -333,6 +334,7 @@ export class NodeSession implements RegisteredSession {
     this.send({ body: { $case: 'welcome', value: welcomeFor(this.ctx.options, opened) } });
     this.pushSpec(opened.generation, opened.spec);
     if (opened.wasUnreachable) void wakeReservationsOnNodes(this.ctx, [this.nodeId], 'node-reconnected');
+    wakeMetalWorkflow(this.ctx, opened.metalWorkflowId, 'agent joined');
     for (const command of opened.redeliver) this.deliver(command);
     this.ctx.commands?.sessionOpened(this.nodeId);
   }
@@ -405,6 +407,9 @@ export class NodeSession implements RegisteredSession {
     }
     const stored = await recordCommandResult(this.ctx.db, this, { ...result, commandId: id }, this.peer);
     if (this.inFlight.delete(id)) this.ctx.commands?.nodeProgressed(this.nodeId);
-    if (stored) this.ctx.onCommandCompleted?.(id);
+    if (stored) {
+      wakeMetalWorkflow(this.ctx, stored.metalWorkflowId, 'command answered');
+      this.ctx.onCommandCompleted?.(id);
+    }
   }
 }

@@ -7,6 +7,7 @@ import {
 } from '@temporalio/common';
 import type { LifecycleSignal, ReservationLifecycle } from '../core/deps.ts';
 import { assertNever, ComputeError, isErrorCode } from '../domain/errors.ts';
+import { metalWorkflowNames } from '../domain/metal-steps.ts';
 import type { LifecycleTimers } from '../domain/reservation-lifecycle.ts';
 import { preemptionWakeSignal, preemptionWorkflowType } from '../workflows/preemption/messages.ts';
 import {
@@ -231,6 +232,14 @@ export function createTemporalLifecycle(
         await client.workflow.getHandle(preemptionId).signal(preemptionWakeSignal, { reason: 'called-off' });
       } catch (error) {
         // A preemption whose workflow already finished (or never started) has nothing to wake.
+        if (!(error instanceof WorkflowNotFoundError)) throw error;
+      }
+    },
+
+    async wakeMetalWorkflow(workflowId: string) {
+      try {
+        await client.workflow.getHandle(workflowId).signal(metalWorkflowNames.wakeSignal);
+      } catch (error) {
         if (!(error instanceof WorkflowNotFoundError)) throw error;
       }
     },

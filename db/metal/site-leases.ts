@@ -2,6 +2,7 @@ import { sql, type Transaction } from 'kysely';
 import type { Database, Db } from '../../core/database.ts';
 import { ComputeError } from '../../domain/errors.ts';
 import { inFlightCommandStates } from '../../domain/fleet.ts';
+import { commandMetalWorkflow, type StoredCommandResult } from '../nodes/commands.ts';
 import { literalList } from '../sql-literals.ts';
 
 type Trx = Transaction<Database>;
@@ -130,7 +131,7 @@ export async function requireSiteBootServer(
 /**
  * Stores a site agent's command result like `completeDeliveredCommand`, and for a `bmc.*` command
  * only while that agent still holds the site's boot lease at the epoch the command was sent under
- * (unexpired): a stale agent's write changes nothing. Answers whether it was stored.
+ * (unexpired): a stale agent's write changes nothing. Answers what was stored, or null.
  */
 export async function completeSiteAgentCommand(
   db: Db,
@@ -143,8 +144,8 @@ export async function completeSiteAgentCommand(
     result: Record<string, unknown> | null;
     error: string | null;
   },
-): Promise<boolean> {
-  const { rows } = await sql<{ id: string }>`
+): Promise<StoredCommandResult | null> {
+  const { rows } = await sql<{ metal_workflow_id: string | null }>`
     UPDATE node_commands c SET state = ${input.state},
       result = ${input.result === null ? null : JSON.stringify(input.result)}::jsonb,
       error = ${input.error}, completed_at = compute_now()
@@ -155,8 +156,8 @@ export async function completeSiteAgentCommand(
         SELECT 1 FROM site_boot_leases l
         WHERE l.site_id = n.site_id AND l.holder_node_id = c.node_id
           AND l.epoch = (c.payload->>'leaseEpoch')::bigint AND l.expires_at > compute_now()))
-    RETURNING c.id`.execute(db);
-  return rows.length > 0;
+    RETURNING ${commandMetalWorkflow} AS metal_workflow_id`.execute(db);
+  return rows[0] ? { metalWorkflowId: rows[0].metal_workflow_id } : null;
 }
 
 /** The lease epoch a site agent's `bmc.*` command was sent under, or null for another command. */

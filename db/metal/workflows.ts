@@ -1,4 +1,4 @@
-import { sql, type Transaction } from 'kysely';
+import { type RawBuilder, sql, type Transaction } from 'kysely';
 import type { Database, Db } from '../../core/database.ts';
 import { ComputeError } from '../../domain/errors.ts';
 import { newId } from '../../domain/ids.ts';
@@ -15,6 +15,18 @@ import { insertOutboxEvent } from '../events/outbox.ts';
 import { lockNodeProvisioning, moveProvisionState } from '../nodes/provision.ts';
 
 type Trx = Transaction<Database>;
+
+/**
+ * The id of the provisioning workflow running on a machine, or NULL, as an SQL expression over the
+ * machine's node id (at most one runs per node, `metal_workflows_one_active`). A statement that
+ * stores what such a workflow waits on (its step's command result, the machine's agent joining
+ * again) returns it, so the workflow is woken at once instead of at its next look.
+ */
+export function runningMetalWorkflowOf(nodeId: RawBuilder<string>): RawBuilder<string | null> {
+  return sql<
+    string | null
+  >`(SELECT w.id FROM metal_workflows w WHERE w.node_id = ${nodeId} AND w.state = 'running')`;
+}
 
 export interface MetalStepView {
   idx: number;

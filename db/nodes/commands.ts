@@ -4,6 +4,7 @@ import { type CommandKind, commandKinds, isCommandKind } from '../../domain/comm
 import { ComputeError } from '../../domain/errors.ts';
 import { type CommandLane, type CommandState, inFlightCommandStates } from '../../domain/fleet.ts';
 import { newId } from '../../domain/ids.ts';
+import { runningMetalWorkflowOf } from '../metal/workflows.ts';
 import { executePrepared, preparedMarker } from '../pool.ts';
 import { literalList } from '../sql-literals.ts';
 import { notifyNodeWork } from './command-notify.ts';
@@ -293,9 +294,9 @@ export async function markCommandsDelivered(
 
 /**
  * Stores a command's result: only for a command of this node with that exact seq, delivered and
- * not yet answered, while the node's epoch is still `epoch`. Answers whether it was stored; false
- * changes nothing (an answer sent again, a wrong seq, an unknown command or a fenced session:
- * `findNodeCommandSeq` and the node's epoch tell which).
+ * not yet answered, while the node's epoch is still `epoch`. Answers what was stored, or null,
+ * having changed nothing (an answer sent again, a wrong seq, an unknown command or a fenced
+ * session: `findNodeCommandSeq` and the node's epoch tell which).
  */
 export async function completeDeliveredCommand(
   db: Db,
@@ -308,17 +309,28 @@ export async function completeDeliveredCommand(
     result: Record<string, unknown> | null;
     error: string | null;
   },
-): Promise<boolean> {
-  const { rows } = await sql<{ id: string }>`
+): Promise<StoredCommandResult | null> {
+  const { rows } = await sql<{ metal_workflow_id: string | null }>`
     UPDATE node_commands c SET state = ${input.state},
       result = ${input.result === null ? null : JSON.stringify(input.result)}::jsonb,
       error = ${input.error}, completed_at = compute_now()
     FROM nodes n
     WHERE c.id = ${input.commandId} AND c.node_id = ${input.nodeId} AND c.seq = ${input.seq}
       AND c.state IN (${literalList(inFlightCommandStates)}) AND n.id = c.node_id AND n.epoch = ${input.epoch}
-    RETURNING c.id`.execute(db);
-  return rows.length > 0;
+    RETURNING ${commandMetalWorkflow} AS metal_workflow_id`.execute(db);
+  return rows[0] ? { metalWorkflowId: rows[0].metal_workflow_id } : null;
 }
+
+/** A command result stored, and the provisioning workflow it may have been waiting for. */
+export interface StoredCommandResult {
+  /** The workflow running on the command's machine (a `bmc.*` command's, or the node's own). */
+  metalWorkflowId: string | null;
+}
+
+/** runningMetalWorkflowOf the machine of the command `c` being completed. */
+export const commandMetalWorkflow = runningMetalWorkflowOf(
+  sql`COALESCE(c.payload->>'machineNodeId', c.node_id)`,
+);
 
 /** The seq of a node's command, or null when the node has no such command. */
 export async function findNodeCommandSeq(db: Db, nodeId: string, commandId: string): Promise<number | null> {

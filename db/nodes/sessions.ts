@@ -1,6 +1,7 @@
 import { type RawBuilder, sql, type Transaction } from 'kysely';
 import type { Database, Db } from '../../core/database.ts';
 import { ComputeError } from '../../domain/errors.ts';
+import { runningMetalWorkflowOf } from '../metal/workflows.ts';
 import { executePrepared, preparedMarker } from '../pool.ts';
 import { failInFlightCommands, findCommandsToRedeliver, type QueuedCommandRow } from './commands.ts';
 
@@ -28,6 +29,8 @@ export interface OpenedNodeSession {
   wasUnreachable: boolean;
   /** Commands delivered to this journal and not answered: sent again (the journal dedupes). */
   redeliver: QueuedCommandRow[];
+  /** The provisioning workflow running on this machine (it may be waiting for this very join). */
+  metalWorkflowId: string | null;
 }
 
 /**
@@ -58,6 +61,7 @@ export async function openNodeSession(
     spec_generation: string;
     before_journal_id: string | null;
     before_connectivity: string;
+    metal_workflow_id: string | null;
   }>`${sql.raw(preparedMarker)}
     UPDATE nodes SET
       epoch = nodes.epoch + 1,
@@ -73,9 +77,8 @@ export async function openNodeSession(
     FROM (SELECT id, journal_id, connectivity FROM nodes WHERE id = ${nodeId} FOR NO KEY UPDATE) AS before
     WHERE nodes.id = before.id
     RETURNING nodes.epoch, nodes.spec, nodes.spec_generation,
-              before.journal_id AS before_journal_id, before.connectivity AS before_connectivity`.execute(
-    trx,
-  );
+              before.journal_id AS before_journal_id, before.connectivity AS before_connectivity,
+              ${runningMetalWorkflowOf(sql`nodes.id`)} AS metal_workflow_id`.execute(trx);
   const row = rows[0];
   if (!row) throw new ComputeError('NOT_FOUND', 'the node no longer exists');
   let failedInFlight = 0;
@@ -103,6 +106,7 @@ export async function openNodeSession(
     failedInFlight,
     wasUnreachable: row.before_connectivity === 'unreachable',
     redeliver,
+    metalWorkflowId: row.metal_workflow_id,
   };
 }
 

@@ -203,6 +203,15 @@ describe('bare-metal provisioning workflows over the Redfish emulator', () => {
     expect(done.steps.filter((s: any) => s.phase === 'main').every((s: any) => s.attempts.length === 1)).toBe(
       true,
     );
+    // The gateway woke the workflow as each agent step's command was answered and as the machine's
+    // agents joined again, rather than leaving every step to the workflow's next look.
+    const history = await temporal.client.workflow.getHandle(started.id).fetchHistory();
+    const wakes = (history.events ?? []).filter(
+      (e) => e.workflowExecutionSignaledEventAttributes?.signalName === 'wake',
+    ).length;
+    const agentSteps = done.steps.filter((s: any) => s.phase === 'main' && s.target !== 'control-plane');
+    const rejoins = agentSteps.filter((s: any) => s.awaitRejoin).length;
+    expect(wakes).toBeGreaterThanOrEqual(agentSteps.length + rejoins);
   }, 300_000);
 
   it('a digest mismatch fails the write step; the node is in maintenance with the reason; abort cleans up to ready', async () => {

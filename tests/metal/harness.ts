@@ -9,6 +9,7 @@ import { signImage } from '../../domain/metal-images.ts';
 import { generateReleaseSigningKey } from '../../domain/release-manifest.ts';
 import type { GatewayOptions } from '../../gateway/options.ts';
 import { createCompute } from '../../server/compute.ts';
+import { createTemporalLifecycle } from '../../temporal/lifecycle.ts';
 import { type ApiFixture, callApi, createApiFixture } from '../support/api.ts';
 import { eventually } from '../support/eventually.ts';
 import { emulatedSystems, type MetalSite, startMetalSite } from '../support/metal-site.ts';
@@ -165,6 +166,7 @@ export async function startMetalDeployHarness(input: {
       notifyUrl,
       bootNetwork: network,
       inspect: true,
+      lifecycle: createTemporalLifecycle(temporal.client, { taskQueue: temporal.taskQueue }),
       gatewayOptions: { leaseMs: 10_000, heartbeatIntervalMs: 500, ...input.gatewayOptions },
       onEmulator: async (_emulator, gateway) =>
         machines.attach({ address: gateway.address, caCertificatePem: gateway.caCertificatePem }),

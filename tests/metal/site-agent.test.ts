@@ -366,7 +366,7 @@ describe('sites, the site agent and BMCs over Redfish', () => {
       result: { forged: true },
       error: null,
     });
-    expect(stored).toBe(false);
+    expect(stored).toBeNull();
     await expect(
       refuseStaleSiteResult(db, { nodeId: a.identity.nodeId, siteId }, stale.id),
     ).rejects.toMatchObject({

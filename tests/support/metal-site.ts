@@ -1,6 +1,7 @@
 import path from 'node:path';
 import type { Config } from '../../core/config.ts';
 import type { Db } from '../../core/database.ts';
+import type { ReservationLifecycle } from '../../core/deps.ts';
 import type { Logger } from '../../core/logger.ts';
 import type { BootNetwork } from '../../daemon/boot-network.ts';
 import { SimHardware } from '../../daemon/hardware.ts';
@@ -61,6 +62,8 @@ export async function startMetalSite(input: {
   name?: string;
   notifyUrl?: string;
   gatewayOptions?: Partial<GatewayOptions>;
+  /** What the gateway wakes workflows through (a provisioning workflow when its step's wait ends). */
+  lifecycle?: ReservationLifecycle;
   /** The boot network the site agents serve on (simulated machines boot from it). */
   bootNetwork?: BootNetwork;
   /** Start each machine's inspection at enrollment (needs a Temporal worker). */
@@ -73,6 +76,7 @@ export async function startMetalSite(input: {
     config: input.config,
     db: input.db,
     log: input.log,
+    ...(input.lifecycle ? { lifecycle: input.lifecycle } : {}),
     host: '127.0.0.1',
     port: 0,
     options: { deliveryIntervalMs: 50, ...input.gatewayOptions },

@@ -13,8 +13,10 @@ import { wakeSignal } from '../reservation/messages.ts';
 import { searchAttributes } from '../search-attributes.ts';
 import { type MetalWorkflowInput, metalProgressQuery, wakeMetalWorkflowSignal } from './messages.ts';
 
+// One transaction a call: 30 s, as the reservation lifecycle's, is what a worker killed during
+// one costs before another worker retries it.
 const { advanceMetalWorkflow } = proxyActivities<MetalActivities>({
-  startToCloseTimeout: '1 minute',
+  startToCloseTimeout: '30 seconds',
   retry: {
     initialInterval: '1 second',
     maximumInterval: '30 seconds',
