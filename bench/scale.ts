@@ -35,7 +35,8 @@
  *   with `--commands N`, command p50/p99 at the node count: bench/gateway.ts run as a child
  *       (`--provision direct`: N simulated agents in one process, `diag.nvml` at `--command-rate`).
  * Before P1, `--warm-up-seconds` of P1's load (not counted) and ANALYZE give the tables the
- * statistics of a fleet in service (bench/support.ts, warmUpStatistics).
+ * statistics of a fleet in service (bench/support.ts, warmUpStatistics); before P2 the same with
+ * P2's load, once its placer runs (its caches and its statements' plans made before it counts).
  * Progress lines while it runs; the last line is one JSON object.
  * Usage: node --import tsx bench/scale.ts [--nodes 10000] [--clients 50] [--seconds 15]
  *        [--booking-seconds 10] [--booking-slices 5] [--gpus 4] [--connections 20] [--commands 0] [--command-rate 50]
@@ -315,6 +316,10 @@ try {
   // wall time: outliving admission's pool cache (a bench pause, not a decision)
   await new Promise((resolve) => setTimeout(resolve, 5_500));
   const placer = await startPlacerInChild({ url: bench.url });
+  progress(`warm-up: ${warmUpSeconds} s of pool-lease placements, then ANALYZE (not measured)`);
+  await warmUpStatistics(bench.pool, warmUpSeconds, (s) =>
+    api.loadInChild(clients, s, { gpus, duration: '8h', waitMs: 30_000 }),
+  );
   const batchesBefore = await placer.batches();
   const meterP2 = cpuMeter(postmasterPid, { alsoNodePids: [placer.pid] });
   const ticker2 = setInterval(() => progress('P2: pool-lease placements running'), 5_000);

@@ -371,7 +371,7 @@ export async function startPlacerInChild(input: {
     process.execPath,
     [
       // Profiled with this process (`node --cpu-prof --cpu-prof-dir D`): the placer's profile beside it.
-      ...process.execArgv.filter((arg) => arg.startsWith('--cpu-prof')),
+      ...cpuProfileArgs(process.execArgv),
       '--import',
       'tsx',
       fileURLToPath(new URL('placer-child.ts', import.meta.url)),
@@ -414,6 +414,21 @@ export async function startPlacerInChild(input: {
       return batches;
     },
   };
+}
+
+/**
+ * The `--cpu-prof*` options among `execArgv`, with the values of those given as a separate
+ * argument (`--cpu-prof-dir D`; a child given the option without its value exits with code 9).
+ */
+function cpuProfileArgs(execArgv: readonly string[]): string[] {
+  const kept: string[] = [];
+  for (let i = 0; i < execArgv.length; i++) {
+    const arg = execArgv[i]!;
+    if (!arg.startsWith('--cpu-prof')) continue;
+    kept.push(arg);
+    if (arg !== '--cpu-prof' && !arg.includes('=') && i + 1 < execArgv.length) kept.push(execArgv[++i]!);
+  }
+  return kept;
 }
 
 /** bench/load-child.ts run to its end: its load's result and the CPU seconds it used. */
