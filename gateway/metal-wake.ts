@@ -11,9 +11,9 @@ export function wakeMetalWorkflow(
   workflowId: string | null,
   reason: string,
 ): void {
-  const wake = ctx.lifecycle?.wakeMetalWorkflow;
-  if (!workflowId || !wake) return;
-  wake.call(ctx.lifecycle, workflowId).then(
+  const lifecycle = ctx.lifecycle;
+  if (!workflowId || !lifecycle?.wakeMetalWorkflow) return;
+  lifecycle.wakeMetalWorkflow(workflowId).then(
     () => ctx.outage.reachable('temporal'),
     (err: unknown) => {
       if (!ctx.outage.failed(err, 'metal workflow wake')) {
