@@ -204,14 +204,15 @@ describe('bare-metal provisioning workflows over the Redfish emulator', () => {
       true,
     );
     // The gateway woke the workflow as each agent step's command was answered and as the machine's
-    // agents joined again, rather than leaving every step to the workflow's next look.
+    // agents joined again, rather than leaving every step to the workflow's next look. The last of
+    // them may find the workflow already ended (its own look saw the same commit first).
     const history = await temporal.client.workflow.getHandle(started.id).fetchHistory();
     const wakes = (history.events ?? []).filter(
       (e) => e.workflowExecutionSignaledEventAttributes?.signalName === 'wake',
     ).length;
     const agentSteps = done.steps.filter((s: any) => s.phase === 'main' && s.target !== 'control-plane');
     const rejoins = agentSteps.filter((s: any) => s.awaitRejoin).length;
-    expect(wakes).toBeGreaterThanOrEqual(agentSteps.length + rejoins);
+    expect(wakes).toBeGreaterThanOrEqual(agentSteps.length + rejoins - 1);
   }, 300_000);
 
   it('a digest mismatch fails the write step; the node is in maintenance with the reason; abort cleans up to ready', async () => {
