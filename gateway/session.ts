@@ -16,7 +16,6 @@ import type { GatewayContext } from './context.ts';
 import { isSessionFenced } from './fence.ts';
 import { applyInventory, parseInventory } from './inventory.ts';
 import { checkAgentMessage } from './message-bounds.ts';
-import { wakeMetalWorkflow } from './metal-wake.ts';
 import { laneToProto } from './options.ts';
 import type { RegisteredSession } from './registry.ts';
 import { acceptAllocationReport } from './reports.ts';
@@ -26,7 +25,7 @@ import { commandPayloadForWire } from './site-agents.ts';
 import { SpecSender } from './spec-sender.ts';
 import { TokenBucket } from './token-bucket.ts';
 import { recordUpdateStatus } from './update-status.ts';
-import { wakeReservationsOnNodes } from './wake.ts';
+import { wakeMetalWorkflow, wakeReservationsOnNodes } from './wake.ts';
 
 type Stream = ServerDuplexStream<AgentMessage, ControlMessage>;
 

@@ -2,8 +2,9 @@ import { sql, type Transaction } from 'kysely';
 import type { Database, Db } from '../../core/database.ts';
 import { ComputeError } from '../../domain/errors.ts';
 import { inFlightCommandStates } from '../../domain/fleet.ts';
-import { commandMetalWorkflow, type StoredCommandResult } from '../nodes/commands.ts';
+import type { StoredCommandResult } from '../nodes/commands.ts';
 import { literalList } from '../sql-literals.ts';
+import { commandMetalWorkflow } from './workflows.ts';
 
 type Trx = Transaction<Database>;
 

@@ -28,6 +28,11 @@ export function runningMetalWorkflowOf(nodeId: RawBuilder<string>): RawBuilder<s
   >`(SELECT w.id FROM metal_workflows w WHERE w.node_id = ${nodeId} AND w.state = 'running')`;
 }
 
+/** runningMetalWorkflowOf the machine of the command `c` being completed (a `bmc.*` command's, or its node's). */
+export const commandMetalWorkflow = runningMetalWorkflowOf(
+  sql`COALESCE(c.payload->>'machineNodeId', c.node_id)`,
+);
+
 export interface MetalStepView {
   idx: number;
   phase: 'main' | 'cleanup';

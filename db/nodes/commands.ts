@@ -4,7 +4,7 @@ import { type CommandKind, commandKinds, isCommandKind } from '../../domain/comm
 import { ComputeError } from '../../domain/errors.ts';
 import { type CommandLane, type CommandState, inFlightCommandStates } from '../../domain/fleet.ts';
 import { newId } from '../../domain/ids.ts';
-import { runningMetalWorkflowOf } from '../metal/workflows.ts';
+import { commandMetalWorkflow } from '../metal/workflows.ts';
 import { executePrepared, preparedMarker } from '../pool.ts';
 import { literalList } from '../sql-literals.ts';
 import { notifyNodeWork } from './command-notify.ts';
@@ -326,11 +326,6 @@ export interface StoredCommandResult {
   /** The workflow running on the command's machine (a `bmc.*` command's, or the node's own). */
   metalWorkflowId: string | null;
 }
-
-/** runningMetalWorkflowOf the machine of the command `c` being completed. */
-export const commandMetalWorkflow = runningMetalWorkflowOf(
-  sql`COALESCE(c.payload->>'machineNodeId', c.node_id)`,
-);
 
 /** The seq of a node's command, or null when the node has no such command. */
 export async function findNodeCommandSeq(db: Db, nodeId: string, commandId: string): Promise<number | null> {
