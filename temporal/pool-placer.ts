@@ -1,6 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import { hostname } from 'node:os';
 import type { AdmissionCaches } from '../core/admission-caches.ts';
+import { BackgroundCalls } from '../core/background-calls.ts';
 import type { Db } from '../core/database.ts';
 import type { ReservationLifecycle } from '../core/deps.ts';
 import type { Logger } from '../core/logger.ts';
@@ -88,17 +89,27 @@ export function startPoolPlacer(deps: PoolPlacerDeps, options: PoolPlacerOptions
     void work.finally(() => inFlight.delete(work));
   };
 
+  /**
+   * The wake-ups owed after batches, bounded: batches commit faster than Temporal takes signals.
+   * One dropped, or failed (not started yet: its create starts it after its own commit; or Temporal
+   * is away), is covered by the lifecycle's first look or its recheck, which find it decided.
+   */
+  const wakes = new BackgroundCalls({
+    concurrency: 32,
+    maxWaiting: 10_000,
+    onDropped: (reservationId, dropped) => {
+      if (dropped === 1)
+        log.info({ reservationId }, 'lifecycle wake-ups are behind Temporal; their own rechecks catch up');
+    },
+    onError: (reservationId, err) =>
+      log.debug({ err, reservationId }, 'could not wake a lifecycle after its batch'),
+  });
+
   /** After a batch commits: its reservations' lifecycles look again (the normal wake path). */
   const wakeLifecycles = (batch: QueuedBatch) => {
     for (const { reservationId } of [...batch.placed, ...batch.pending]) {
-      track(
-        deps.lifecycle
-          .signal(reservationId, { type: 'wake', reason: 'pool-placer' })
-          .catch((err: unknown) => {
-            // Not started yet (its create starts it after its own commit) or Temporal is away: the
-            // lifecycle's first look, or its recheck, finds the reservation decided.
-            log.debug({ err, reservationId }, 'could not wake a lifecycle after its batch');
-          }),
+      wakes.schedule(reservationId, () =>
+        deps.lifecycle.signal(reservationId, { type: 'wake', reason: 'pool-placer' }),
       );
     }
     for (const { preemption } of batch.placed) {
@@ -367,7 +378,9 @@ export function startPoolPlacer(deps: PoolPlacerDeps, options: PoolPlacerOptions
       await Promise.all([...loops.values()].map((loop) => loop.stop()));
       loops.clear();
       await listener?.close();
-      await Promise.all([...inFlight]);
+      // Wake-ups still waiting are dropped: each lifecycle's recheck covers its own.
+      wakes.clear();
+      await Promise.all([...inFlight, wakes.idle()]);
     },
   };
 }

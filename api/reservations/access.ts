@@ -1,5 +1,8 @@
+import { BackgroundCalls } from '../../core/background-calls.ts';
 import { waitAtMost } from '../../core/bounded-wait.ts';
+import type { ReservationLifecycle } from '../../core/deps.ts';
 import type { ResourceRef } from '../../core/iam-port.ts';
+import type { Logger } from '../../core/logger.ts';
 import { admissionContext } from '../../db/events/audit.ts';
 import { type CallerAudit, findTenantReservation } from '../../db/reservations/reservations.ts';
 import { ComputeError } from '../../domain/errors.ts';
@@ -88,6 +91,52 @@ export async function afterCommit(ctx: MethodContext, what: string, fn: () => Pr
   // would hold it for 20 s and more); the call goes on in the background, and a lifecycle that
   // missed it is started by the orphan sweeper or re-reads the truth at its next timer.
   await waitAtMost(call, afterCommitWaitMs);
+}
+
+/**
+ * How a process starts the lifecycles of the reservations its creates committed: at most 32 starts
+ * in flight to Temporal and 10,000 waiting, per lifecycle port (one per process). A start beyond
+ * them is left to the orphan sweeper, which starts every live reservation without its workflow.
+ */
+const lifecycleStarts = new WeakMap<ReservationLifecycle, BackgroundCalls>();
+const startsConcurrency = 32;
+const startsMaxWaiting = 10_000;
+
+function startsOf(lifecycle: ReservationLifecycle, log: Logger): BackgroundCalls {
+  let starts = lifecycleStarts.get(lifecycle);
+  if (!starts) {
+    starts = new BackgroundCalls({
+      concurrency: startsConcurrency,
+      maxWaiting: startsMaxWaiting,
+      onDropped: (reservationId, dropped) => {
+        if (dropped === 1)
+          log.warn(
+            { reservationId, waiting: startsMaxWaiting },
+            'lifecycle starts are behind Temporal; the orphan sweeper starts the ones left out',
+          );
+      },
+      onError: (reservationId, err) =>
+        log.warn({ err, reservationId }, 'lifecycle start after commit failed; the sweeper catches up'),
+    });
+    lifecycleStarts.set(lifecycle, starts);
+  }
+  return starts;
+}
+
+/**
+ * After a create's commit: its reservation's lifecycle is started in the background, and the
+ * answer does not wait for it (DESIGN.md principle 3: admission's answer must not wait on
+ * Temporal's throughput, which is lower than the placement rate). A reservation whose start is
+ * still on its way, or was left out, has no workflow for a moment: every call that needs one
+ * starts it first (`signal`'s updates), and the orphan sweeper starts any left behind.
+ */
+export function startLifecycleSoon(
+  ctx: MethodContext,
+  reservation: { id: string; tenantId: string; poolId: string; state: string },
+): void {
+  const lifecycle = ctx.deps.lifecycle;
+  if (!lifecycle) return;
+  startsOf(lifecycle, ctx.deps.log).schedule(reservation.id, () => lifecycle.start(reservation));
 }
 
 /** The calling principal as a reservation's audit row records it (its admission context). */

@@ -16,7 +16,13 @@ import { createReservationInput } from '../../domain/reservation-schema.ts';
 import { isUndecided } from '../../domain/reservation-states.ts';
 import { type ReservationView, reservationViewSchema } from '../../domain/reservation-view.ts';
 import { defineMethod, type MethodContext } from '../method.ts';
-import { afterCommit, callerAudit, preCheckTenant, reservationResource } from './access.ts';
+import {
+  afterCommit,
+  callerAudit,
+  preCheckTenant,
+  reservationResource,
+  startLifecycleSoon,
+} from './access.ts';
 
 const action = 'compute:reservations:create';
 
@@ -96,14 +102,12 @@ async function recordRefusal(
   };
   const awaiting = await ctx.deps.db.transaction().execute((trx) => awaitConfirmation(trx, hold));
   if (awaiting) {
-    await afterCommit(ctx, 'start', () =>
-      ctx.deps.lifecycle?.start({
-        id: row.id,
-        tenantId: row.tenant_id,
-        poolId: row.pool_id,
-        state: 'awaiting-confirmation',
-      }),
-    );
+    startLifecycleSoon(ctx, {
+      id: row.id,
+      tenantId: row.tenant_id,
+      poolId: row.pool_id,
+      state: 'awaiting-confirmation',
+    });
   }
   return new ComputeError(error.code, error.message, { ...error.details, reservationId: row.id });
 }
@@ -259,9 +263,7 @@ export const create = defineMethod({
     if (outcome) {
       // A queued one's lifecycle waits: the pool placer's batch places it and wakes it.
       const state = outcome.outcome === 'placed' ? 'placed' : 'pending';
-      await afterCommit(ctx, 'start', () =>
-        ctx.deps.lifecycle?.start({ id: row.id, tenantId: row.tenant_id, poolId: row.pool_id, state }),
-      );
+      startLifecycleSoon(ctx, { id: row.id, tenantId: row.tenant_id, poolId: row.pool_id, state });
       const preemption = outcome.outcome === 'placed' ? outcome.preemption : undefined;
       if (preemption) await afterCommit(ctx, 'preempt', () => ctx.deps.lifecycle?.preempt?.(preemption));
     }

@@ -14,8 +14,10 @@ export interface AdmissionHarness
 }
 
 /** The API in process over a fresh database, without Temporal: the lifecycle seam records. */
-export async function createAdmissionHarness(options: { max?: number } = {}): Promise<AdmissionHarness> {
-  const lifecycle = new RecordingLifecycle();
+export async function createAdmissionHarness(
+  options: { max?: number; lifecycle?: RecordingLifecycle } = {},
+): Promise<AdmissionHarness> {
+  const lifecycle = options.lifecycle ?? new RecordingLifecycle();
   const api = await createApiFixture({ max: options.max ?? 20, deps: { lifecycle } });
   return {
     t: api.database,
@@ -31,7 +33,9 @@ export async function createAdmissionHarness(options: { max?: number } = {}): Pr
 }
 
 /** createAdmissionHarness for the tests of the enclosing file or `describe` block. */
-export function useAdmissionHarness(options: { max?: number } = {}): AdmissionHarness {
+export function useAdmissionHarness(
+  options: { max?: number; lifecycle?: RecordingLifecycle } = {},
+): AdmissionHarness {
   return useFixture(
     () => createAdmissionHarness(options),
     (h) => h.close(),
