@@ -25,7 +25,7 @@ import { createEmbeddedIam } from '../iam/embedded/index.ts';
 import { createCompute } from '../server/compute.ts';
 import { connectTemporal } from '../temporal/client.ts';
 import { createTemporalLifecycle } from '../temporal/lifecycle.ts';
-import { benchDatabase, benchTemporal, insertBenchPool, percentile } from './support.ts';
+import { benchDatabase, benchTemporal, insertBenchPool, percentile, processCpuSeconds } from './support.ts';
 
 const { values } = parseArgs({
   options: {
@@ -42,7 +42,7 @@ const log = createLogger({ level: 'warn', name: 'bench' });
 const mib = (bytes: number) => (bytes / 1024 / 1024).toFixed(1);
 
 const bench = await benchDatabase('lifecycle', { max: 16 });
-const { address, stop: stopTemporal } = await benchTemporal(log);
+const { address, stop: stopTemporal, pid: temporalPid } = await benchTemporal(log);
 const taskQueue = `bench-lifecycle-${randomBytes(4).toString('hex')}`;
 const temporal = await connectTemporal({ address });
 const child = fork(
@@ -85,6 +85,8 @@ try {
   const start = Date.now() + 86_400_000;
 
   const idle = await sample();
+  const temporalCpu = () => (temporalPid === null ? null : processCpuSeconds(temporalPid));
+  const temporalIdle = temporalCpu();
   const create = async (compute: typeof withStart, i: number) => {
     const t0 = performance.now();
     const r = await compute.api.reservations.create(credential, {
@@ -145,6 +147,7 @@ try {
   }
   const settledSeconds = (performance.now() - t2) / 1000;
   const live = await sample();
+  const temporalLive = temporalCpu();
   await new Promise((r) => setTimeout(r, Number(values.idle) * 1000));
   const later = await sample();
 
@@ -184,7 +187,16 @@ try {
     `${unstarted.length} starts afterwards, 25 at a time: ${(unstarted.length / startSeconds).toFixed(0)} starts/s`,
   );
   console.log(
-    `every lifecycle had looked at its reservation ${settledSeconds.toFixed(1)} s after the last start`,
+    `every lifecycle had looked at its reservation ${settledSeconds.toFixed(1)} s after the last start ` +
+      `(${(total / (startSeconds + settledSeconds)).toFixed(0)} lifecycles started and looked a second)`,
+  );
+  const perLifecycleMs = (seconds: number) => ((seconds * 1000) / total).toFixed(1);
+  console.log(
+    `CPU a lifecycle until its first look: worker ${perLifecycleMs(cpu(idle, live))} ms, Temporal server ${
+      temporalIdle === null || temporalLive === null
+        ? 'not measured (TEMPORAL_ADDRESS)'
+        : `${perLifecycleMs(temporalLive - temporalIdle)} ms`
+    }`,
   );
   console.log(
     `worker RSS ${mib(idle.memory.rss)} → ${mib(live.memory.rss)} MiB, heap ${mib(idle.memory.heapUsed)} → ${mib(live.memory.heapUsed)} MiB with ${total} live workflows (${((live.memory.heapUsed - idle.memory.heapUsed) / total / 1024).toFixed(1)} KiB heap, ${((live.memory.rss - idle.memory.rss) / total / 1024).toFixed(0)} KiB RSS each)`,

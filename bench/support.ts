@@ -64,13 +64,14 @@ export async function benchDatabase(name: string, options: { max?: number } = {}
 
 /**
  * The Temporal server for one benchmark: TEMPORAL_ADDRESS when set, else a private dev server
- * started for the run; `stop` stops that one (undefined when the server is not ours).
+ * started for the run; `stop` stops that one and `pid` is its process (undefined and null when the
+ * server is not ours).
  */
 export async function benchTemporal(
   log: Logger,
-): Promise<{ address: string; stop: (() => Promise<void>) | undefined }> {
+): Promise<{ address: string; stop: (() => Promise<void>) | undefined; pid: number | null }> {
   const address = process.env.TEMPORAL_ADDRESS;
-  if (address) return { address, stop: undefined };
+  if (address) return { address, stop: undefined, pid: null };
   const server = await startTemporalDevServer({
     dataDir: path.resolve('.data', `bench-temporal-${process.pid}`),
     toolsDir: defaultToolsDir(),
@@ -78,7 +79,7 @@ export async function benchTemporal(
     headless: true,
     persist: false,
   });
-  return { address: server.address, stop: server.stop };
+  return { address: server.address, stop: server.stop, pid: server.pid };
 }
 
 /** A benchmark site and its pool (`h100` on site `bench` unless named), owned by the platform. Answers their ids. */

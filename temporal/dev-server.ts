@@ -1,5 +1,14 @@
 import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
-import { closeSync, existsSync, mkdirSync, openSync, readdirSync, readFileSync, readlinkSync } from 'node:fs';
+import {
+  closeSync,
+  existsSync,
+  mkdirSync,
+  openSync,
+  readdirSync,
+  readFileSync,
+  readlinkSync,
+  writeFileSync,
+} from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { Connection } from '@temporalio/client';
@@ -202,6 +211,30 @@ export async function startTemporalDevServer(options: TemporalDevServerOptions):
   }
 }
 
+/** Marks a dev server's SQLite file as created with one partition per task queue. */
+const onePartitionMarker = 'task-queues-one-partition';
+
+/**
+ * One partition per task queue instead of Temporal's four: partitions spread a queue over several
+ * matching hosts, and this server is one process. With four, a backlog of workflow tasks (lifecycle
+ * starts faster than the worker takes them) was written to and read from each partition and
+ * forwarded between them: 1,000 lifecycles started and looked 34 a second, at 27 ms of the
+ * server's CPU each; with one, 42 a second at 21 ms (bench/lifecycle.ts, bench/README.md). Tasks
+ * already stored in partitions 1 to 3 by a server started before would never be read with one
+ * read partition, so a SQLite file created before this setting keeps reading four (and writes
+ * one: new tasks go to partition 0).
+ */
+function taskQueuePartitionFlags(options: TemporalDevServerOptions): string[] {
+  const writeOne = ['--dynamic-config-value', 'matching.numTaskqueueWritePartitions=1'];
+  const readOne = ['--dynamic-config-value', 'matching.numTaskqueueReadPartitions=1'];
+  if (options.persist === false) return [...writeOne, ...readOne];
+  const marker = path.join(options.dataDir, onePartitionMarker);
+  if (existsSync(marker)) return [...writeOne, ...readOne];
+  if (existsSync(path.join(options.dataDir, 'temporal.db'))) return writeOne;
+  writeFileSync(marker, 'the SQLite file of this folder was created with one partition per task queue\n');
+  return [...writeOne, ...readOne];
+}
+
 /**
  * One start of the server on `port` (and its Web UI on `uiPort`, none when undefined). With
  * `usual`, a server that exits before it answers, or a frontend on `port` that is not this
@@ -217,6 +250,7 @@ async function startOn(
   const args = [
     'server',
     'start-dev',
+    ...taskQueuePartitionFlags(options),
     '--ip',
     '127.0.0.1',
     '--port',
