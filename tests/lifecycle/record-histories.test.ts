@@ -20,6 +20,8 @@ const scenarios = [
   'bind-retry',
   'confirmation-expired',
   'renewed-then-cancelled',
+  // The full path again once the look became a local activity (patched 'observe-as-local-activity').
+  'full-path-observed-locally',
 ];
 const missing = scenarios.filter((name) => !existsSync(new URL(`${name}.json`, dir)));
 
@@ -34,16 +36,20 @@ describe.skipIf(missing.length === 0)('recording lifecycle histories', () => {
 
   const start = (id: string, state: string) => h.startLifecycle(id, state);
 
+  /** Placed, binding, bound, active, released. */
+  async function fullPath(name: string): Promise<void> {
+    const r = await insertPlacedReservation(h, { node: h.nodes[0]!, startInMs: 500 });
+    await start(r.id, 'placed');
+    await waitForState(h, r.id, 'binding');
+    await reportAllocation(h, r.id, r.allocationId, 'bound');
+    await waitForState(h, r.id, 'active');
+    await h.lifecycle.signal(r.id, { type: 'release' });
+    await save(name, r.id);
+  }
+
   it('records every missing scenario', async () => {
-    if (missing.includes('full-path')) {
-      const r = await insertPlacedReservation(h, { node: h.nodes[0]!, startInMs: 500 });
-      await start(r.id, 'placed');
-      await waitForState(h, r.id, 'binding');
-      await reportAllocation(h, r.id, r.allocationId, 'bound');
-      await waitForState(h, r.id, 'active');
-      await h.lifecycle.signal(r.id, { type: 'release' });
-      await save('full-path', r.id);
-    }
+    for (const name of ['full-path', 'full-path-observed-locally'])
+      if (missing.includes(name)) await fullPath(name);
     if (missing.includes('lease-lapsed')) {
       const r = await insertPlacedReservation(h, {
         node: h.nodes[1]!,

@@ -23,6 +23,7 @@ describe('replaying recorded lifecycle histories', () => {
         'bind-retry',
         'confirmation-expired',
         'renewed-then-cancelled',
+        'full-path-observed-locally',
       ]),
     );
   });
