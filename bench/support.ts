@@ -72,14 +72,20 @@ export async function benchTemporal(
 ): Promise<{ address: string; stop: (() => Promise<void>) | undefined; pid: number | null }> {
   const address = process.env.TEMPORAL_ADDRESS;
   if (address) return { address, stop: undefined, pid: null };
+  const dataDir = path.resolve('.data', `bench-temporal-${process.pid}`);
   const server = await startTemporalDevServer({
-    dataDir: path.resolve('.data', `bench-temporal-${process.pid}`),
+    dataDir,
     toolsDir: defaultToolsDir(),
     log,
     headless: true,
     persist: false,
   });
-  return { address: server.address, stop: server.stop, pid: server.pid };
+  const stop = async () => {
+    await server.stop();
+    // Its log and marker only: the server kept its workflows in memory.
+    rmSync(dataDir, { recursive: true, force: true });
+  };
+  return { address: server.address, stop, pid: server.pid };
 }
 
 /** A benchmark site and its pool (`h100` on site `bench` unless named), owned by the platform. Answers their ids. */
