@@ -27,6 +27,8 @@ export interface LifecycleBacklog {
   meanUnlooked: number;
   /** Seconds after the load until every placed reservation's lifecycle had looked (null: not within 60 s). */
   drainSeconds: number | null;
+  /** Lifecycles that looked once a second after the load, until they all had (or for 60 s). */
+  lookedPerSecondAfterLoad: number;
   failedStarts: number;
   samples: number;
   p50Ms: number;
@@ -113,14 +115,17 @@ export async function measureLifecycleBacklog(input: {
     // Until every lifecycle looked at its reservation (at most a minute).
     const t1 = performance.now();
     let drainSeconds: number | null = null;
+    let last = end;
     while (performance.now() - t1 < 60_000) {
-      const c = await count();
-      if (c.unlooked === 0 && c.started >= c.placed) {
+      last = await count();
+      if (last.unlooked === 0 && last.started >= last.placed) {
         drainSeconds = Number(((performance.now() - t1) / 1000).toFixed(1));
         break;
       }
       await new Promise((resolve) => setTimeout(resolve, 250));
     }
+    // The rate at which lifecycles looked once the load stopped: Temporal's and its worker's own.
+    const lookedAfterLoad = Math.round((end.unlooked - last.unlooked) / ((performance.now() - t1) / 1000));
     await api.stop();
     const backlog = samples.map((s) => Math.max(0, s.placed - s.started));
     const unlooked = samples.map((s) => s.unlooked);
@@ -137,6 +142,7 @@ export async function measureLifecycleBacklog(input: {
       maxUnlooked: Math.max(0, ...unlooked),
       meanUnlooked: mean(unlooked),
       drainSeconds,
+      lookedPerSecondAfterLoad: lookedAfterLoad,
       failedStarts,
       samples: samples.length,
       p50Ms: load.p50Ms,
@@ -147,7 +153,8 @@ export async function measureLifecycleBacklog(input: {
       `lifecycles: ${result.placementsPerSecond} placements/s, ${result.startsPerSecond} starts/s, backlog without a ` +
         `started workflow max ${result.maxBacklog} mean ${result.meanBacklog}; not yet looked at max ` +
         `${result.maxUnlooked} mean ${result.meanUnlooked} (${result.lookedPerSecond}/s looked); drained ` +
-        `${drainSeconds === null ? 'not within 60 s' : `${drainSeconds} s after the load`}; p50 ${load.p50Ms} ms, ` +
+        `${drainSeconds === null ? 'not within 60 s' : `${drainSeconds} s after the load`} ` +
+        `(${lookedAfterLoad}/s looked after it); p50 ${load.p50Ms} ms, ` +
         `p99 ${load.p99Ms} ms, failed starts ${failedStarts}, errors ${JSON.stringify(load.errors)}`,
     );
     return result;
