@@ -82,7 +82,7 @@ export async function benchTemporal(
   });
   const stop = async () => {
     await server.stop();
-    // Its log and marker only: the server kept its workflows in memory.
+    // Its log only: the server kept its workflows in memory.
     rmSync(dataDir, { recursive: true, force: true });
   };
   return { address: server.address, stop, pid: server.pid };
