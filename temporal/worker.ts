@@ -100,7 +100,10 @@ export interface WorkerDeps {
   sweeper?: false | { everyMs?: number; graceMs?: number; scheduleId?: string };
   /** How long the sweeper keeps refused requests before it removes them (default 24). */
   draftRetentionHours?: number;
-  /** Most activities run at once (each holds one PostgreSQL connection while it runs). */
+  /**
+   * Most activities run at once, and most local activities (a lifecycle's short steps) besides:
+   * each holds one PostgreSQL connection while it runs.
+   */
   maxConcurrentActivities?: number;
   /**
    * Most workflows kept in the sticky cache (default `defaultWorkflowCache`). An evicted lifecycle
@@ -189,6 +192,7 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
     workflowBundle: await workflowBundle(),
     activities,
     maxConcurrentActivityTaskExecutions: deps.maxConcurrentActivities ?? 50,
+    maxConcurrentLocalActivityExecutions: deps.maxConcurrentActivities ?? 50,
     maxCachedWorkflows: deps.maxCachedWorkflows ?? defaultWorkflowCache,
   });
   if (deps.sweeper !== false) {

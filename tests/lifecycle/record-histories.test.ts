@@ -22,6 +22,8 @@ const scenarios = [
   'renewed-then-cancelled',
   // The full path again once the look became a local activity (patched 'observe-as-local-activity').
   'full-path-observed-locally',
+  // And once the short steps became local activities too (patched 'lean-lifecycle').
+  'full-path-lean',
 ];
 const missing = scenarios.filter((name) => !existsSync(new URL(`${name}.json`, dir)));
 
@@ -48,7 +50,7 @@ describe.skipIf(missing.length === 0)('recording lifecycle histories', () => {
   }
 
   it('records every missing scenario', async () => {
-    for (const name of ['full-path', 'full-path-observed-locally'])
+    for (const name of ['full-path', 'full-path-observed-locally', 'full-path-lean'])
       if (missing.includes(name)) await fullPath(name);
     if (missing.includes('lease-lapsed')) {
       const r = await insertPlacedReservation(h, {

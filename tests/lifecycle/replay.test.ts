@@ -24,6 +24,7 @@ describe('replaying recorded lifecycle histories', () => {
         'confirmation-expired',
         'renewed-then-cancelled',
         'full-path-observed-locally',
+        'full-path-lean',
       ]),
     );
   });
