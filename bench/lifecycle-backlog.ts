@@ -11,7 +11,7 @@ import type { ReservationLifecycle } from '../core/deps.ts';
 import type { Logger } from '../core/logger.ts';
 import { connectTemporal } from '../temporal/client.ts';
 import { createTemporalLifecycle } from '../temporal/lifecycle.ts';
-import { benchTemporal, runLoad, startPlacementApi } from './support.ts';
+import { benchTemporal, cpuProfileArgs, runLoad, startPlacementApi } from './support.ts';
 
 export interface LifecycleBacklog {
   placementsPerSecond: number;
@@ -55,7 +55,10 @@ export async function measureLifecycleBacklog(input: {
   const child = fork(
     fileURLToPath(new URL('./lifecycle-worker.ts', import.meta.url)),
     [JSON.stringify({ databaseUrl: input.databaseUrl, address, taskQueue })],
-    { execArgv: ['--import', 'tsx'], stdio: ['ignore', 'inherit', 'inherit', 'ipc'] },
+    {
+      execArgv: [...cpuProfileArgs(process.execArgv), '--import', 'tsx'],
+      stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
+    },
   );
   try {
     await new Promise((resolve) => child.once('message', resolve));

@@ -25,7 +25,14 @@ import { createEmbeddedIam } from '../iam/embedded/index.ts';
 import { createCompute } from '../server/compute.ts';
 import { connectTemporal } from '../temporal/client.ts';
 import { createTemporalLifecycle } from '../temporal/lifecycle.ts';
-import { benchDatabase, benchTemporal, insertBenchPool, percentile, processCpuSeconds } from './support.ts';
+import {
+  benchDatabase,
+  benchTemporal,
+  cpuProfileArgs,
+  insertBenchPool,
+  percentile,
+  processCpuSeconds,
+} from './support.ts';
 
 const { values } = parseArgs({
   options: {
@@ -55,7 +62,11 @@ const child = fork(
       ...(values.cache !== undefined ? { maxCachedWorkflows: Number(values.cache) } : {}),
     }),
   ],
-  { execArgv: ['--import', 'tsx', '--expose-gc'], stdio: ['ignore', 'inherit', 'inherit', 'ipc'] },
+  {
+    // Profiled with this process (`node --cpu-prof --cpu-prof-dir D`): the worker's profile beside it.
+    execArgv: [...cpuProfileArgs(process.execArgv), '--import', 'tsx', '--expose-gc'],
+    stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
+  },
 );
 type Usage = { memory: NodeJS.MemoryUsage; cpu: NodeJS.CpuUsage };
 const next = () => new Promise<Usage>((resolve) => child.once('message', (m) => resolve(m as Usage)));

@@ -427,7 +427,7 @@ export async function startPlacerInChild(input: {
  * The `--cpu-prof*` options among `execArgv`, with the values of those given as a separate
  * argument (`--cpu-prof-dir D`; a child given the option without its value exits with code 9).
  */
-function cpuProfileArgs(execArgv: readonly string[]): string[] {
+export function cpuProfileArgs(execArgv: readonly string[]): string[] {
   const kept: string[] = [];
   for (let i = 0; i < execArgv.length; i++) {
     const arg = execArgv[i]!;

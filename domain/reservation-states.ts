@@ -111,6 +111,9 @@ export const isUndecided = memberOf(undecidedStates);
 /** Whether a cancel still applies: the reservation has not started (`cancellableStates`). */
 export const isCancellable = memberOf(cancellableStates);
 
+/** Whether the reservation has not started: no node has been asked to bind it (`cancellableStates`). */
+export const isUnstarted = memberOf(cancellableStates);
+
 /** Whether the lease renews (`holdingStates`). */
 export const isRenewable = memberOf(holdingStates);
 

@@ -31,6 +31,7 @@ import type { SweeperActivities } from '../../activities/sweeper.ts';
 import type { UsageActivities } from '../../activities/usage.ts';
 import { bookingRepairWorkflowId, type RepairMoment } from '../../domain/booking-repair.ts';
 import { assertNever } from '../../domain/errors.ts';
+import { isUnstarted } from '../../domain/reservation-states.ts';
 import {
   bindFailure,
   decide,
@@ -115,8 +116,9 @@ const observeLocally = 'observe-as-local-activity';
 /**
  * A lifecycle that costs Temporal less: the steps of `localStepNames` are local activities (the
  * look too, without asking `observeLocally`: every patch is a marker plus a search-attribute upsert
- * of its own), and the first look upserts only the search attributes its start did not already
- * set. Histories recorded before it replay as they were.
+ * of its own); the first look upserts only the search attributes its start did not already set;
+ * and reports are not judged where none can be new (before the first look at a reservation that
+ * has not started, and right after activating it). Histories recorded before it replay as they were.
  */
 const leanLifecycle = 'lean-lifecycle';
 
@@ -237,12 +239,18 @@ export async function reservationLifecycle(input: ReservationWorkflowInput): Pro
   const continueWithCarried = () =>
     continueAsNew<typeof reservationLifecycle>({ ...input, carried: holder.carried() });
 
+  // The last step activated the reservation: the state last seen, `binding`, is already past.
+  let activated = false;
   for (;;) {
     holder.dirty = false;
     const lean = patched(leanLifecycle);
     const acts = lean ? localStepActs : regularActs;
-    // A stored report counts only once the worker has verified it: judge before looking.
-    if (holder.reportsPending || holder.state === 'binding') {
+    // A stored report counts only once the worker has verified it: judge before looking. A lean
+    // run looks first, and judges before a second look only if nodes may have reported.
+    const firstLeanLook = lean && holder.snapshot === null;
+    const binding = holder.state === 'binding' && !(lean && activated);
+    activated = false;
+    if (!firstLeanLook && (holder.reportsPending || binding)) {
       holder.reportsPending = false;
       await acts.judgeReports({ reservationId });
     }
@@ -253,6 +261,10 @@ export async function reservationLifecycle(input: ReservationWorkflowInput): Pro
       return { state: 'missing' };
     }
     publish(holder, snapshot, lean);
+    if (firstLeanLook && holder.reportsPending) {
+      if (isUnstarted(snapshot.state)) holder.reportsPending = false;
+      else continue;
+    }
     // A dedicated-root lease: its deploys and wipes started, its deploys judged (binding: 'node').
     if (snapshot.machineWorkflowIds && (await tendMachineLease(acts, snapshot, machineWorkflowsStarted)))
       continue;
@@ -274,6 +286,7 @@ export async function reservationLifecycle(input: ReservationWorkflowInput): Pro
     }
     try {
       await act(acts, reservationId, snapshot, action, holder);
+      activated = action.kind === 'activate';
     } catch (error) {
       if (!(error instanceof ActivityFailure)) throw error;
       // A step refused (a race, or a code the table says not to retry): look again after a pause.
