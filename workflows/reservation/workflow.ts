@@ -31,13 +31,13 @@ import type { SweeperActivities } from '../../activities/sweeper.ts';
 import type { UsageActivities } from '../../activities/usage.ts';
 import { bookingRepairWorkflowId, type RepairMoment } from '../../domain/booking-repair.ts';
 import { assertNever } from '../../domain/errors.ts';
-import { isUnstarted } from '../../domain/reservation-states.ts';
 import {
   bindFailure,
   decide,
   type LifecycleAction,
   type ReservationSnapshot,
 } from '../../domain/reservation-lifecycle.ts';
+import { isUnstarted } from '../../domain/reservation-states.ts';
 import { type BookingRepairInput, bookingRepairWorkflowType } from '../booking-repair/messages.ts';
 import type { bookingRepair } from '../booking-repair/workflow.ts';
 import { searchAttributes } from '../search-attributes.ts';
