@@ -115,7 +115,7 @@ const describeOpenLoop = (r: OpenLoopResult) =>
   `${r.issued} issued at ${r.ratePerSecond}/s, ${r.committed} placed, ${r.refused} not placed, ` +
   `errors ${JSON.stringify(r.errors)}, ${r.unanswered} unanswered; p50 ${r.p50Ms} ms, p99 ${r.p99Ms} ms; ` +
   `this process's event-loop delay p99 ${r.loopDelayP99Ms} ms, max ${r.loopDelayMaxMs} ms; ` +
-  `worst second ${JSON.stringify(r.worstSecond)}`;
+  `worst second ${JSON.stringify(r.worstSecond)}; p99 by second ${r.p99BySecond.join(', ')} ms`;
 const pickOpenLoop = (r: OpenLoopResult) => ({
   ratePerSecond: r.ratePerSecond,
   p50Ms: r.p50Ms,
@@ -123,6 +123,7 @@ const pickOpenLoop = (r: OpenLoopResult) => ({
   loopDelayP99Ms: r.loopDelayP99Ms,
   loopDelayMaxMs: r.loopDelayMaxMs,
   worstSecond: r.worstSecond,
+  p99BySecond: r.p99BySecond,
   issued: r.issued,
   placed: r.committed,
   errors: r.errors,

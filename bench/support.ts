@@ -567,6 +567,8 @@ export interface OpenLoopResult {
   loopDelayMaxMs: number;
   /** The one-second window (by scheduled time, from the start) whose creates had the highest p99. */
   worstSecond: { second: number; calls: number; p99Ms: number } | null;
+  /** The p99 of each one-second window in order (a stall that recurs shows as a period here). */
+  p99BySecond: number[];
 }
 
 /**
@@ -596,7 +598,9 @@ export async function runOpenLoop(
     const latency = performance.now() - scheduled;
     latencies.push(latency);
     const second = Math.floor((scheduled - t0) / 1000);
-    bySecond.set(second, [...(bySecond.get(second) ?? []), latency]);
+    const window = bySecond.get(second);
+    if (window) window.push(latency);
+    else bySecond.set(second, [latency]);
   };
   let issued = 0;
   while (issued < total) {
@@ -636,13 +640,15 @@ export async function runOpenLoop(
   loopDelay.disable();
   const sorted = [...latencies].sort((a, b) => a - b);
   let worstSecond: OpenLoopResult['worstSecond'] = null;
-  for (const [second, values] of bySecond) {
+  const p99BySecond: number[] = [];
+  for (const [second, values] of [...bySecond].sort(([a], [b]) => a - b)) {
     const p99Ms = Number(
       percentile(
         [...values].sort((a, b) => a - b),
         99,
       ).toFixed(2),
     );
+    p99BySecond.push(Math.round(p99Ms));
     if (!worstSecond || p99Ms > worstSecond.p99Ms) worstSecond = { second, calls: values.length, p99Ms };
   }
   return {
@@ -657,6 +663,7 @@ export async function runOpenLoop(
     loopDelayP99Ms: Number((loopDelay.percentile(99) / 1e6).toFixed(2)),
     loopDelayMaxMs: Number((loopDelay.max / 1e6).toFixed(2)),
     worstSecond,
+    p99BySecond,
   };
 }
 
