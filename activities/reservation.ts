@@ -34,6 +34,18 @@ export interface ReservationActivityDeps {
 export interface StepResult {
   applied: boolean;
   state: string | null;
+  /**
+   * The reservation as the step left it, read in the step's own transaction, when the caller asked
+   * for it (`look`) and the step applied: the lifecycle's next look, without a transaction of its own.
+   */
+  snapshot?: ReservationSnapshot | null;
+}
+
+/** A step's guard, and whether the caller wants the reservation read after it (its timers then). */
+interface StepGuard {
+  reservationId: string;
+  expectedVersion: number;
+  look?: { timers?: Partial<LifecycleTimers> | undefined };
 }
 
 /**
@@ -48,7 +60,7 @@ export function createReservationActivities({ db, log }: ReservationActivityDeps
    * runs only when it is still there and `applies` to it, otherwise nothing changes.
    */
   function guardedStep(
-    input: { reservationId: string; expectedVersion: number },
+    input: StepGuard,
     applies: (row: LockedReservation) => boolean,
     step: (trx: Trx, row: LockedReservation) => Promise<StepResult>,
   ): Promise<StepResult> {
@@ -56,7 +68,9 @@ export function createReservationActivities({ db, log }: ReservationActivityDeps
       db.transaction().execute(async (trx) => {
         const row = await lockReservationAtVersion(trx, input.reservationId, input.expectedVersion);
         if (!row || !applies(row)) return { applied: false, state: row?.state ?? null };
-        return step(trx, row);
+        const result = await step(trx, row);
+        if (!input.look || !result.applied) return result;
+        return { ...result, snapshot: await readReservationSnapshot(trx, row.id, input.look.timers) };
       }),
     );
   }
@@ -85,11 +99,7 @@ export function createReservationActivities({ db, log }: ReservationActivityDeps
      * At the start: `placed` → `binding`, each allocation gains its NodeSpec `devices` assignment
      * (a new generation of its node's spec) and the bind deadline is recorded.
      */
-    async beginBinding(input: {
-      reservationId: string;
-      expectedVersion: number;
-      bindDeadline: number;
-    }): Promise<StepResult> {
+    async beginBinding(input: StepGuard & { bindDeadline: number }): Promise<StepResult> {
       return guardedStep(
         input,
         (row) => row.state === 'placed',
@@ -131,10 +141,7 @@ export function createReservationActivities({ db, log }: ReservationActivityDeps
     },
 
     /** Every allocation reported bound: `binding` → `active` (billing runs from each `bound_at`). */
-    async activateReservation(input: {
-      reservationId: string;
-      expectedVersion: number;
-    }): Promise<StepResult> {
+    async activateReservation(input: StepGuard): Promise<StepResult> {
       return guardedStep(
         input,
         (row) => row.state === 'binding',

@@ -35,6 +35,7 @@ import {
   bindFailure,
   decide,
   type LifecycleAction,
+  type LifecycleTimers,
   type ReservationSnapshot,
 } from '../../domain/reservation-lifecycle.ts';
 import { isUnstarted } from '../../domain/reservation-states.ts';
@@ -117,8 +118,10 @@ const observeLocally = 'observe-as-local-activity';
  * A lifecycle that costs Temporal less: the steps of `localStepNames` are local activities (the
  * look too, without asking `observeLocally`: every patch is a marker plus a search-attribute upsert
  * of its own); the first look upserts only the search attributes its start did not already set;
- * and reports are not judged where none can be new (before the first look at a reservation that
- * has not started, and right after activating it). Histories recorded before it replay as they were.
+ * reports are not judged where none can be new (before the first look at a reservation that has
+ * not started, and right after activating it); and binding and activating read the reservation in
+ * their own transaction, which is the next look unless a signal came meanwhile. Histories recorded
+ * before it replay as they were.
  */
 const leanLifecycle = 'lean-lifecycle';
 
@@ -241,7 +244,11 @@ export async function reservationLifecycle(input: ReservationWorkflowInput): Pro
 
   // The last step activated the reservation: the state last seen, `binding`, is already past.
   let activated = false;
+  // The look the last step took in its own transaction (lean): the next look, unless woken since.
+  let stepLook: ReservationSnapshot | null = null;
   for (;;) {
+    const tookLook = stepLook;
+    stepLook = null;
     holder.dirty = false;
     const lean = patched(leanLifecycle);
     const acts = lean ? localStepActs : regularActs;
@@ -250,12 +257,12 @@ export async function reservationLifecycle(input: ReservationWorkflowInput): Pro
     const firstLeanLook = lean && holder.snapshot === null;
     const binding = holder.state === 'binding' && !(lean && activated);
     activated = false;
-    if (!firstLeanLook && (holder.reportsPending || binding)) {
+    if (!tookLook && !firstLeanLook && (holder.reportsPending || binding)) {
       holder.reportsPending = false;
       await acts.judgeReports({ reservationId });
     }
     const observe = lean || patched(observeLocally) ? localActs.observeReservation : acts.observeReservation;
-    const snapshot = await observe({ reservationId, timers: input.timers });
+    const snapshot = tookLook ?? (await observe({ reservationId, timers: input.timers }));
     if (!snapshot) {
       log.warn('no such reservation; the lifecycle ends', { reservationId });
       return { state: 'missing' };
@@ -285,8 +292,11 @@ export async function reservationLifecycle(input: ReservationWorkflowInput): Pro
       continue;
     }
     try {
-      await act(acts, reservationId, snapshot, action, holder);
+      const look = lean ? { timers: input.timers } : null;
+      const after = await act(acts, reservationId, snapshot, action, holder, look);
       activated = action.kind === 'activate';
+      // A signal during the step may tell of a change after its transaction: then look afresh.
+      if (after && !holder.dirty && !holder.reportsPending) stepLook = after;
     } catch (error) {
       if (!(error instanceof ActivityFailure)) throw error;
       // A step refused (a race, or a code the table says not to retry): look again after a pause.
@@ -329,13 +339,18 @@ async function settleUsage(
   await acts.sendUsage({ reservationId, windowMs: snapshot.timers.usageWindowMs });
 }
 
+/**
+ * Takes the step `action` names. With `look`, the steps that lead to a wait (binding, activating)
+ * also read the reservation in their own transaction and answer it: the loop's next look.
+ */
 async function act(
   acts: Activities,
   reservationId: string,
   s: ReservationSnapshot,
   action: Exclude<LifecycleAction, { kind: 'finish' | 'wait' }>,
   holder: LifecycleHolder,
-): Promise<void> {
+  look: { timers?: Partial<LifecycleTimers> | undefined } | null = null,
+): Promise<ReservationSnapshot | null | undefined> {
   const guard = { reservationId, expectedVersion: s.version };
   switch (action.kind) {
     case 'place':
@@ -344,12 +359,12 @@ async function act(
       await acts.placeReservationAgain(guard);
       return;
     case 'beginBinding':
-      await acts.beginBinding({ ...guard, bindDeadline: action.bindDeadline });
-      return;
+      return (
+        await acts.beginBinding({ ...guard, bindDeadline: action.bindDeadline, ...(look ? { look } : {}) })
+      ).snapshot;
     case 'activate':
       holder.memory.meteredThrough = s.now;
-      await acts.activateReservation(guard);
-      return;
+      return (await acts.activateReservation({ ...guard, ...(look ? { look } : {}) })).snapshot;
     case 'rebind': {
       holder.memory.lastPlaceAttemptAt = null;
       const result = await acts.rebindReservation({
