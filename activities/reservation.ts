@@ -210,13 +210,9 @@ export function createReservationActivities({ db, log }: ReservationActivityDeps
      * `cancelled`, `failed` (with its condition), `expired` or `denied`. Bookings are truncated at
      * compute_now(), quota refunded once, NodeSpec assignments withdrawn, the event written.
      */
-    async endReservation(input: {
-      reservationId: string;
-      expectedVersion: number;
-      state: TerminalState;
-      reason: string;
-      condition?: Condition;
-    }): Promise<StepResult> {
+    async endReservation(
+      input: StepGuard & { state: TerminalState; reason: string; condition?: Condition },
+    ): Promise<StepResult> {
       return guardedStep(
         input,
         (row) => !isTerminal(row.state),

@@ -120,7 +120,7 @@ const observeLocally = 'observe-as-local-activity';
  * of its own); the first look upserts only the search attributes its start did not already set;
  * reports are not judged where none can be new (before the first look at a reservation that has
  * not started, and right after activating it); and binding and activating read the reservation in
- * their own transaction, which is the next look unless a signal came meanwhile. Histories recorded
+ * their own transaction (ending too), which is the next look unless a signal came meanwhile. Histories recorded
  * before it replay as they were.
  */
 const leanLifecycle = 'lean-lifecycle';
@@ -340,8 +340,8 @@ async function settleUsage(
 }
 
 /**
- * Takes the step `action` names. With `look`, the steps that lead to a wait (binding, activating)
- * also read the reservation in their own transaction and answer it: the loop's next look.
+ * Takes the step `action` names. With `look`, binding, activating and ending also read the
+ * reservation in their own transaction and answer it: the loop's next look.
  */
 async function act(
   acts: Activities,
@@ -381,10 +381,11 @@ async function act(
         state: action.state,
         reason: action.reason,
         ...(action.condition ? { condition: action.condition } : {}),
+        ...(look ? { look } : {}),
       });
       // Freed capacity wakes the pool's pending reservations at once, not at their next retry.
       if (result.applied && s.allocations.length > 0) await acts.wakePoolPending({ poolId: s.poolId });
-      return;
+      return result.snapshot;
     }
     case 'syncAssignments':
       await acts.syncAssignments(guard);
