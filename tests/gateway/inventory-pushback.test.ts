@@ -12,15 +12,16 @@ describe('inventory changes and retry pushback', () => {
     const refused = fx.fleet.nodes.find((n) => n.agent.status.lastPushbackMs !== null)!;
     expect(refused.agent.status.lastPushbackMs).toBeGreaterThanOrEqual(500);
     expect(refused.agent.status.connected).toBe(false);
-    // Room appears: the refused node gets in after its pushback.
-    const connected = fx.fleet.nodes.find((n) => n.agent.status.connected)!;
+    // Room appears: the refused node gets in after its pushback. The gateway counts a session before
+    // its agent has read the welcome, so wait for an agent that knows it is connected.
+    const connected = await eventually(async () => fx.fleet.nodes.find((n) => n.agent.status.connected));
     await connected.agent.stop();
     await eventually(async () => refused.agent.status.connected, 35_000);
   }, 60_000);
 
   it('a GPU the driver no longer sees raises GpuCountMismatch and removes the device', async () => {
     const db = fx.database.db;
-    const node = fx.fleet.nodes.find((n) => n.agent.status.connected)!;
+    const node = await eventually(async () => fx.fleet.nodes.find((n) => n.agent.status.connected));
     const domains = await eventually(async () => {
       const rows = await db
         .selectFrom('devices')
