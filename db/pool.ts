@@ -60,6 +60,15 @@ function prepareMarkedStatements(client: pg.PoolClient) {
   };
 }
 
+/**
+ * How long a pooled connection may sit idle before the pool closes it. A connection opened again
+ * costs its first statements more than the round trip: PostgreSQL starts a backend, loads its
+ * catalog caches and plans every prepared hot statement afresh. With pg's default of 10 s, the
+ * connections a burst opened closed in the lull after it and were opened again at the next, in
+ * the open loop's slowest seconds (bench/README.md, 2026-12-07). Bounded by `max` either way.
+ */
+export const idleConnectionMs = 5 * 60_000;
+
 /** Opens a pool and a typed Kysely instance over it. `max` defaults to 10 connections. */
 export function createDb(
   databaseUrl: string,
@@ -68,6 +77,7 @@ export function createDb(
   const pool = new pg.Pool({
     connectionString: databaseUrl,
     max: options.max ?? 10,
+    idleTimeoutMillis: idleConnectionMs,
     application_name: options.applicationName ?? 'better-compute',
   });
   // An idle client that errors (the server restarted) must not crash the process; nor may one
