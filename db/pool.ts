@@ -67,7 +67,7 @@ function prepareMarkedStatements(client: pg.PoolClient) {
  * connections a burst opened closed in the lull after it and were opened again at the next, in
  * the open loop's slowest seconds (bench/README.md, 2026-12-07). Bounded by `max` either way.
  */
-export const idleConnectionMs = 5 * 60_000;
+const idleConnectionMs = 5 * 60_000;
 
 /** Opens a pool and a typed Kysely instance over it. `max` defaults to 10 connections. */
 export function createDb(
