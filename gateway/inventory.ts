@@ -1,6 +1,5 @@
 import type { Db } from '../core/database.ts';
 import { applyNodeInventory, type NodeInventorySections } from '../db/nodes/inventory.ts';
-import { lockNodeAtEpoch } from '../db/nodes/sessions.ts';
 import { ComputeError } from '../domain/errors.ts';
 import { inventorySections, isInventorySectionName, sectionHash } from '../domain/inventory-sections.ts';
 import type { InventorySection } from '../proto/gen/agent/v1/agent.ts';
@@ -35,15 +34,15 @@ export function parseInventory(sections: readonly InventorySection[]): NodeInven
 }
 
 /**
- * Turns inventory into devices, host resource rows, labels and conditions, in one transaction
- * fenced by the session's epoch (a fenced session changes nothing: INVALID_STATE).
+ * Turns inventory into devices, host resource rows, labels and conditions, and makes a joined node
+ * that converged its spec `ready`, in one transaction fenced by the session's epoch (a fenced
+ * session changes nothing: INVALID_STATE).
  */
 export async function applyInventory(
   db: Db,
   input: { nodeId: string; epoch: number; sections: NodeInventorySections },
 ): Promise<void> {
   await db.transaction().execute(async (trx) => {
-    if (!(await lockNodeAtEpoch(trx, input, 'update'))) throw sessionFenced();
-    await applyNodeInventory(trx, input.nodeId, input.sections);
+    if (!(await applyNodeInventory(trx, input, input.sections))) throw sessionFenced();
   });
 }

@@ -1,4 +1,3 @@
-import { latestSectionHashes } from '../db/nodes/inventory.ts';
 import { type OpenedNodeSession, openNodeSession } from '../db/nodes/sessions.ts';
 import { ComputeError } from '../domain/errors.ts';
 import type { CommandLane } from '../domain/fleet.ts';
@@ -16,7 +15,7 @@ export interface OpenedSession extends OpenedNodeSession {
 }
 
 /**
- * Opens a session for a Hello: checks the Hello, opens it in one transaction (`openNodeSession`:
+ * Opens a session for a Hello: checks the Hello, opens it in one statement (`openNodeSession`:
  * a new epoch fences any older session; a lost journal's in-flight commands fail) and answers
  * which inventory sections the node should send.
  */
@@ -30,17 +29,15 @@ export async function openSession(ctx: GatewayContext, nodeId: string, hello: He
   const capabilities = [...new Set(hello.capabilities)].filter((c) => capabilityPattern.test(c)).sort();
   // N-2: a bcd newer than this control plane, or older than two protocols back, never opens.
   const protocolVersion = acceptProtocolVersion(hello.protocolVersion);
-  const opened = await ctx.db.transaction().execute((trx) =>
-    openNodeSession(trx, {
-      nodeId,
-      gatewayId: ctx.options.gatewayId,
-      agentVersion: hello.agentVersion || null,
-      protocolVersion,
-      capabilities,
-      journalId: hello.journalId,
-    }),
-  );
-  const held = await latestSectionHashes(ctx.db, nodeId);
+  const opened = await openNodeSession(ctx.db, {
+    nodeId,
+    gatewayId: ctx.options.gatewayId,
+    agentVersion: hello.agentVersion || null,
+    protocolVersion,
+    capabilities,
+    journalId: hello.journalId,
+  });
+  const held = opened.heldSectionHashes;
   const offered = new Map(hello.inventory.map((s) => [s.name, s.hash]));
   const wantSections = Object.keys(inventorySections).filter(
     (name) => !offered.has(name) || held.get(name) !== offered.get(name),

@@ -2,7 +2,7 @@ import { type Metadata, type ServerDuplexStream, status } from '@grpc/grpc-js';
 import type { Logger } from '../core/logger.ts';
 import type { PeerCertificateRow } from '../db/nodes/certificates.ts';
 import type { QueuedCommandRow } from '../db/nodes/commands.ts';
-import { markNodeReadyIfConverged, releaseSessionGateway } from '../db/nodes/sessions.ts';
+import { releaseSessionGateway } from '../db/nodes/sessions.ts';
 import { assertNever, ComputeError, errorCodeTraits, isComputeError } from '../domain/errors.ts';
 import type { CommandLane } from '../domain/fleet.ts';
 import type {
@@ -265,7 +265,6 @@ export class NodeSession implements RegisteredSession {
         if (sections.gpus || sections.host) {
           void wakeReservationsOnNodes(this.ctx, [this.nodeId], 'node-inventory-changed');
         }
-        await markNodeReadyIfConverged(this.ctx.db, this);
         return;
       }
       case 'specStatus':

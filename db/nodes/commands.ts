@@ -5,7 +5,7 @@ import { ComputeError } from '../../domain/errors.ts';
 import { type CommandLane, type CommandState, inFlightCommandStates } from '../../domain/fleet.ts';
 import { newId } from '../../domain/ids.ts';
 import { commandMetalWorkflow } from '../metal/workflows.ts';
-import { executePrepared, preparedMarker } from '../pool.ts';
+import { preparedMarker } from '../pool.ts';
 import { literalList } from '../sql-literals.ts';
 import { notifyNodeWork } from './command-notify.ts';
 
@@ -146,20 +146,6 @@ export async function listNodeCommands(db: Db, nodeId: string, limit: number): P
   return rows.map(commandView);
 }
 
-/**
- * Fails every command a lost journal had in flight (delivered or running), instead of replaying
- * it: the daemon can no longer tell whether it ran. Answers how many failed.
- */
-export async function failInFlightCommands(trx: Trx, nodeId: string, reason: string): Promise<number> {
-  const result = await trx
-    .updateTable('node_commands')
-    .set({ state: 'failed', error: reason, completed_at: sql<Date>`compute_now()` })
-    .where('node_id', '=', nodeId)
-    .where('state', 'in', inFlightCommandStates)
-    .executeTakeFirst();
-  return Number(result.numUpdatedRows);
-}
-
 /** Expires queued commands whose not_after has passed (they are never delivered). */
 export async function expireOverdueCommands(db: Db): Promise<number> {
   const result = await db
@@ -216,39 +202,23 @@ const queuedColumns = [
 
 type QueuedRow = Pick<Selectable<NodeCommandsTable>, (typeof queuedColumns)[number]>;
 
-function queuedCommand(row: QueuedRow): QueuedCommandRow {
+/** A command row as a session delivers it; its times may come as JSON strings (a row built in SQL). */
+export function queuedCommand(
+  row: Omit<QueuedRow, 'not_before' | 'not_after'> & {
+    not_before: Date | string | null;
+    not_after: Date | string | null;
+  },
+): QueuedCommandRow {
   return {
     id: row.id,
     seq: Number(row.seq),
     kind: row.kind,
     lane: row.lane,
     payload: row.payload,
-    notBefore: row.not_before,
-    notAfter: row.not_after,
+    notBefore: row.not_before === null ? null : new Date(row.not_before),
+    notAfter: row.not_after === null ? null : new Date(row.not_after),
     minGeneration: row.min_generation === null ? null : Number(row.min_generation),
   };
-}
-
-/**
- * The commands a node's journal `journalId` took and never answered (delivered or running), in
- * seq order: a reconnecting session sends them again and the journal dedupes.
- */
-export async function findCommandsToRedeliver(
-  db: Db | Trx,
-  nodeId: string,
-  journalId: string,
-): Promise<QueuedCommandRow[]> {
-  const rows = await executePrepared(
-    db,
-    db
-      .selectFrom('node_commands')
-      .where('node_id', '=', nodeId)
-      .where('state', 'in', inFlightCommandStates)
-      .where('journal_id', '=', journalId)
-      .select(queuedColumns)
-      .orderBy('seq'),
-  );
-  return rows.map(queuedCommand);
 }
 
 /**

@@ -1,16 +1,12 @@
 import { sql, type Transaction } from 'kysely';
-import type { Database, Db } from '../../core/database.ts';
+import type { Database } from '../../core/database.ts';
 import { hostReserveVcpu } from '../../domain/host-limits.ts';
 import { newId } from '../../domain/ids.ts';
-import {
-  type GpusSection,
-  type HostSection,
-  hostSectionSchema,
-  sectionHash,
-} from '../../domain/inventory-sections.ts';
+import { type GpusSection, type HostSection, sectionHash } from '../../domain/inventory-sections.ts';
 import { poolReplicas } from '../../domain/sharing.ts';
-import { executePrepared, preparedMarker } from '../pool.ts';
-import { setNodeCondition } from './nodes.ts';
+import { preparedMarker } from '../pool.ts';
+import { type NodeConditionChanges, type NodeConditionInput, nodeConditionWrites } from './nodes.ts';
+import { readyOnceObserved, type SessionFence } from './sessions.ts';
 
 type Trx = Transaction<Database>;
 
@@ -20,163 +16,233 @@ export interface NodeInventorySections {
   host?: HostSection;
 }
 
-/** The latest hash the control plane holds for each inventory section of a node. */
-export async function latestSectionHashes(db: Db, nodeId: string): Promise<Map<string, string>> {
-  const rows = await sql<{ section: string; hash: string }>`${sql.raw(preparedMarker)}
-    SELECT DISTINCT ON (section) section, hash FROM inventory_snapshots
-    WHERE node_id = ${nodeId} ORDER BY section, id DESC`.execute(db);
-  return new Map(rows.rows.map((r) => [r.section, r.hash]));
-}
-
 /**
  * Turns validated inventory into snapshots, devices (GPUs gone from the inventory are marked
- * removed, never deleted), host resource rows, inventory labels and the `GpuCountMismatch`
- * condition, in the caller's transaction (which holds the node's row lock at the session's
- * epoch). Idempotent: the same inventory again leaves the same rows (plus one more snapshot).
- * Every kind of row is written in one statement (a node's first inventory is about a dozen round
- * trips, not one per device, label and resource: a fleet of 10,000 arrives at once).
+ * removed, never deleted), host resource rows, inventory labels and the `GpuCountMismatch` and
+ * `ForeignGpuExposure` conditions, and makes a joined node that converged a spec `ready`, in the
+ * caller's transaction, while the session holds the node's epoch. Answers false (nothing written)
+ * when a newer session fenced it. Idempotent: the same inventory again leaves the same rows (plus
+ * one more snapshot).
+ *
+ * Two statements whatever the node reports (a fleet of 10,000 arrives at once): one locks the
+ * node's row and reads what the rows depend on (the pool's sharing mode and policy, the node's
+ * NodeSpec generation, and for a section not sent the stored GPU count or PCI count), the other
+ * writes every kind of row.
  */
 export async function applyNodeInventory(
   trx: Trx,
-  nodeId: string,
+  fence: SessionFence,
   sections: NodeInventorySections,
-): Promise<void> {
+): Promise<boolean> {
+  const { nodeId } = fence;
+  const node = await lockNodeForInventory(trx, fence);
+  if (!node) return false;
+  const { gpus, host } = sections;
+  const devices = gpus ? deviceRows(gpus, node) : { gpus: [], atoms: [] };
+  const labels: Array<[string, string]> = [];
+  if (gpus) {
+    labels.push(['bc.dev/gpu.count', String(gpus.gpus.length)]);
+    const model = gpus.gpus[0]?.model;
+    if (model) labels.push(['bc.dev/gpu.model', model.toLowerCase().replace(/[^a-z0-9.-]+/g, '-')]);
+  }
+  const resources = host ? hostResources(host, node) : [];
   const snapshots = Object.entries(sections).map(([name, data]) => ({
-    node_id: nodeId,
     section: name,
     hash: sectionHash(data),
     data: JSON.stringify(data),
   }));
-  if (snapshots.length > 0) await trx.insertInto('inventory_snapshots').values(snapshots).execute();
-  const pool =
-    sections.gpus || sections.host
-      ? (
-          await executePrepared(
-            trx,
-            trx
-              .selectFrom('nodes as n')
-              .leftJoin('pools as p', 'p.id', 'n.pool_id')
-              .where('n.id', '=', nodeId)
-              .select(['p.sharing_mode', 'p.policy', 'n.spec_generation']),
-          )
-        )[0]
-      : undefined;
-  const nodePool: NodePool = {
-    mode: pool?.sharing_mode ?? 'exclusive',
-    policy: (pool?.policy ?? {}) as Record<string, unknown>,
-    generation: Number(pool?.spec_generation ?? 0),
-  };
-  if (sections.gpus) await applyGpus(trx, nodeId, sections.gpus, nodePool);
-  if (sections.host) await applyHost(trx, nodeId, sections.host, nodePool);
-  if (sections.host) await checkForeignGpuExposure(trx, nodeId, sections.host);
-  await checkGpuCount(trx, nodeId, sections.host);
+  const conditions = inventoryConditions(node, sections);
+  const device = (rows: readonly DeviceRow[]) => ({
+    ids: rows.map(() => newId('dev')),
+    classes: rows.map((d) => d.class),
+    stableIds: rows.map((d) => d.stableId),
+    health: rows.map((d) => d.health),
+    attributes: rows.map((d) => JSON.stringify(d.attributes)),
+    bookable: rows.map((d) => d.bookable),
+    fromGeneration: rows.map((d) => d.fromGeneration),
+    parents: rows.map((d) => d.parentUuid ?? ''),
+  });
+  const g = device(devices.gpus);
+  const a = device(devices.atoms);
+  const present = [...g.stableIds, ...a.stableIds];
+  // Every CTE sees the rows as they were before the statement: the atoms find their GPU's id in
+  // what the GPUs' upsert returned, the removal and the label delete touch only rows not written
+  // here, and readiness counts this statement's snapshots as stored.
+  await sql`${sql.raw(preparedMarker)}
+    WITH snapshots AS (
+      INSERT INTO inventory_snapshots (node_id, section, hash, data)
+      SELECT ${nodeId}, s.section, s.hash, s.data::jsonb
+      FROM unnest(${snapshots.map((x) => x.section)}::text[], ${snapshots.map((x) => x.hash)}::text[],
+                  ${snapshots.map((x) => x.data)}::text[]) AS s(section, hash, data)
+    ), gpus AS (
+      INSERT INTO devices (id, node_id, class, stable_id, health, attributes, bookable, parent_id, bookable_from_generation)
+      SELECT d.id, ${nodeId}, d.class, d.stable_id, d.health, d.attributes::jsonb, d.bookable, NULL, d.from_generation
+      FROM unnest(${g.ids}::text[], ${g.classes}::text[], ${g.stableIds}::text[], ${g.health}::text[],
+                  ${g.attributes}::text[], ${g.bookable}::boolean[], ${g.fromGeneration}::bigint[])
+        AS d(id, class, stable_id, health, attributes, bookable, from_generation)
+      ON CONFLICT (node_id, stable_id) DO UPDATE SET ${deviceUpdate}
+      RETURNING id, stable_id
+    ), atoms AS (
+      INSERT INTO devices (id, node_id, class, stable_id, health, attributes, bookable, parent_id, bookable_from_generation)
+      SELECT d.id, ${nodeId}, d.class, d.stable_id, d.health, d.attributes::jsonb, d.bookable, gpus.id, d.from_generation
+      FROM unnest(${a.ids}::text[], ${a.classes}::text[], ${a.stableIds}::text[], ${a.health}::text[],
+                  ${a.attributes}::text[], ${a.bookable}::boolean[], ${a.fromGeneration}::bigint[], ${a.parents}::text[])
+        AS d(id, class, stable_id, health, attributes, bookable, from_generation, parent_uuid)
+      JOIN gpus ON gpus.stable_id = d.parent_uuid
+      ON CONFLICT (node_id, stable_id) DO UPDATE SET ${deviceUpdate}
+    ), removed AS (
+      UPDATE devices SET removed_at = compute_now()
+      WHERE ${gpus !== undefined}::boolean AND node_id = ${nodeId} AND class IN ('gpu', 'gpu.mig', 'gpu.slot')
+        AND removed_at IS NULL AND NOT (stable_id = ANY(${present}::text[]))
+    ), old_labels AS (
+      DELETE FROM node_labels
+      WHERE ${gpus !== undefined}::boolean AND node_id = ${nodeId} AND source = 'inventory'
+        AND NOT (key = ANY(${labels.map(([key]) => key)}::text[]))
+    ), new_labels AS (
+      INSERT INTO node_labels (node_id, key, value, source)
+      SELECT ${nodeId}, l.key, l.value, 'inventory'
+      FROM unnest(${labels.map(([key]) => key)}::text[], ${labels.map(([, value]) => value)}::text[]) AS l(key, value)
+      ON CONFLICT (node_id, source, key) DO UPDATE SET value = EXCLUDED.value
+    ), host AS (
+      INSERT INTO host_resources (node_id, resource, capacity, allocatable)
+      SELECT ${nodeId}, r.resource, r.capacity, r.allocatable
+      FROM unnest(${resources.map((r) => r.resource)}::text[], ${resources.map((r) => r.capacity)}::numeric[],
+                  ${resources.map((r) => r.allocatable)}::numeric[]) AS r(resource, capacity, allocatable)
+      ON CONFLICT (node_id, resource) DO UPDATE SET capacity = EXCLUDED.capacity, allocatable = EXCLUDED.allocatable
+    ), ${nodeConditionWrites(nodeId, conditions)}
+    UPDATE nodes SET provision_state = 'ready', updated_at = compute_now()
+    WHERE id = ${nodeId} AND ${readyOnceObserved(sql`nodes.observed_generation`, sql`${snapshots.length > 0}::boolean`)}`.execute(
+    trx,
+  );
+  return true;
 }
 
-/** What the inventory reads of a node's pool: its sharing mode, policy, and the node's NodeSpec generation. */
-interface NodePool {
+/** The update of a device row that an inventory reports again (its id and node stay). */
+const deviceUpdate = sql`
+  health = EXCLUDED.health, attributes = EXCLUDED.attributes, bookable = EXCLUDED.bookable,
+  parent_id = EXCLUDED.parent_id, class = EXCLUDED.class,
+  bookable_from_generation = CASE WHEN devices.removed_at IS NULL AND devices.bookable = EXCLUDED.bookable
+    THEN devices.bookable_from_generation ELSE EXCLUDED.bookable_from_generation END,
+  removed_at = NULL`;
+
+/** What the inventory reads of a node, under its row lock at the session's epoch. */
+interface InventoryNode {
+  /** The pool's sharing mode and policy. */
   mode: string;
   policy: Record<string, unknown>;
+  /** The node's NodeSpec generation. */
   generation: number;
+  /** GPUs the driver showed in the stored inventory (not removed). */
+  visibleGpus: number;
+  /** The PCI bus's GPU count in the latest stored host section, if any. */
+  storedPciGpuCount: number | null;
+}
+
+async function lockNodeForInventory(trx: Trx, fence: SessionFence): Promise<InventoryNode | null> {
+  const { rows } = await sql<{
+    sharing_mode: string | null;
+    policy: Record<string, unknown> | null;
+    spec_generation: string;
+    visible: string;
+    stored_pci: number | null;
+  }>`${sql.raw(preparedMarker)}
+    SELECT p.sharing_mode, p.policy, n.spec_generation,
+      (SELECT count(*) FROM devices d WHERE d.node_id = n.id AND d.class = 'gpu' AND d.removed_at IS NULL) AS visible,
+      (SELECT CASE WHEN jsonb_typeof(s.data->'pciGpuCount') = 'number' THEN (s.data->>'pciGpuCount')::int END
+       FROM inventory_snapshots s WHERE s.node_id = n.id AND s.section = 'host' ORDER BY s.id DESC LIMIT 1) AS stored_pci
+    FROM nodes n LEFT JOIN pools p ON p.id = n.pool_id
+    WHERE n.id = ${fence.nodeId} AND n.epoch = ${fence.epoch}
+    FOR NO KEY UPDATE OF n`.execute(trx);
+  const row = rows[0];
+  if (!row) return null;
+  return {
+    mode: row.sharing_mode ?? 'exclusive',
+    policy: row.policy ?? {},
+    generation: Number(row.spec_generation),
+    visibleGpus: Number(row.visible),
+    storedPciGpuCount: row.stored_pci,
+  };
 }
 
 /**
- * ForeignGpuExposure: the node's bcd reports that something besides it (another device plugin)
- * can hand the node's GPUs to pods. Active reservations on the node show `Degraded` for it; the
- * node stays schedulable and nothing is released.
+ * The inventory's conditions, set or cleared:
+ * - GpuCountMismatch: the driver sees fewer (or more) GPUs than the PCI bus has (each count from
+ *   this inventory when it carries that section, else as stored);
+ * - ForeignGpuExposure (only when the host section is sent): the node's bcd reports that something
+ *   besides it (another device plugin) can hand the node's GPUs to pods. Active reservations on
+ *   the node show `Degraded` for it; the node stays schedulable and nothing is released.
  */
-async function checkForeignGpuExposure(trx: Trx, nodeId: string, host: HostSection): Promise<void> {
-  const foreign = host.foreignGpuResources ?? [];
+function inventoryConditions(node: InventoryNode, sections: NodeInventorySections): NodeConditionChanges {
+  const changes = { set: [] as NodeConditionInput[], clear: [] as string[] };
+  const visible = sections.gpus ? sections.gpus.gpus.length : node.visibleGpus;
+  const pciCount = sections.host ? sections.host.pciGpuCount : node.storedPciGpuCount;
+  if (pciCount !== null && pciCount !== visible) {
+    changes.set.push({
+      type: 'GpuCountMismatch',
+      reason: 'DriverCountDiffers',
+      message: `the PCI bus has ${pciCount} GPUs, the driver sees ${visible}`,
+      effect: 'NoSchedule',
+    });
+  } else {
+    changes.clear.push('GpuCountMismatch');
+  }
+  const foreign = sections.host?.foreignGpuResources ?? [];
   if (foreign.length > 0) {
-    await setNodeCondition(trx, nodeId, {
+    changes.set.push({
       type: 'ForeignGpuExposure',
       reason: 'ForeignDevicePlugin',
       message: `the kubelet can hand this node's GPUs to pods through ${foreign.join(', ')}, not only through bcd`,
       effect: null,
     });
-  } else {
-    await setNodeCondition(trx, nodeId, null, 'ForeignGpuExposure');
+  } else if (sections.host) {
+    changes.clear.push('ForeignGpuExposure');
   }
+  return changes;
 }
 
-/** One device row as `upsertDevices` writes it. */
+/** One device row as the inventory writes it. */
 interface DeviceRow {
   class: 'gpu' | 'gpu.mig' | 'gpu.slot';
   stableId: string;
   health: string;
   bookable: boolean;
-  parentId: string | null;
+  /** An atom's GPU (its `parent_id` is that GPU's row). */
+  parentUuid?: string;
   attributes: Record<string, unknown>;
   fromGeneration: number;
 }
 
 /**
- * Device rows inserted or brought up to date, in one statement; answers their ids by stable id. A
- * new atom is bookable only from `fromGeneration` (the node's NodeSpec generation now: the node
- * must converge it first). Stable ids are unique within one call (they are within a node).
+ * The device rows of the node's GPUs for its pool's sharing mode (domain/sharing.ts): a whole GPU
+ * in an exclusive pool; in MIG mode an unbookable parent plus one `gpu.mig` atom per instance, with
+ * its profile; in a time-slice or MPS pool an unbookable parent plus `policy.sharing.replicas`
+ * `gpu.slot` atoms (`<uuid>-slot-<n>`). A new MIG atom is bookable only from the node's NodeSpec
+ * generation now (the node must converge it first). Stable ids are unique within one inventory
+ * (they are within a node).
  */
-async function upsertDevices(
-  trx: Trx,
-  nodeId: string,
-  devices: readonly DeviceRow[],
-): Promise<Map<string, string>> {
-  if (devices.length === 0) return new Map();
-  const rows = devices.map(
-    (d) => sql`(${newId('dev')}, ${nodeId}, ${d.class}, ${d.stableId}, ${d.health},
-      ${JSON.stringify(d.attributes)}::jsonb, ${d.bookable}::boolean, ${d.parentId}::text, ${d.fromGeneration}::bigint)`,
-  );
-  const { rows: stored } = await sql<{ id: string; stable_id: string }>`
-    INSERT INTO devices (id, node_id, class, stable_id, health, attributes, bookable, parent_id, bookable_from_generation)
-    VALUES ${sql.join(rows)}
-    ON CONFLICT (node_id, stable_id) DO UPDATE SET
-      health = EXCLUDED.health, attributes = EXCLUDED.attributes, bookable = EXCLUDED.bookable,
-      parent_id = EXCLUDED.parent_id, class = EXCLUDED.class,
-      bookable_from_generation = CASE WHEN devices.removed_at IS NULL AND devices.bookable = EXCLUDED.bookable
-        THEN devices.bookable_from_generation ELSE EXCLUDED.bookable_from_generation END,
-      removed_at = NULL
-    RETURNING id, stable_id`.execute(trx);
-  return new Map(stored.map((r) => [r.stable_id, r.id]));
-}
-
-/**
- * The atoms of the node's GPUs for its pool's sharing mode (domain/sharing.ts): a whole GPU in an
- * exclusive pool; in MIG mode an unbookable parent plus one `gpu.mig` atom per instance, with its
- * profile; in a time-slice or MPS pool an unbookable parent plus `policy.sharing.replicas`
- * `gpu.slot` atoms (`<uuid>-slot-<n>`). Atoms gone from the inventory are marked removed. The
- * GPUs are written in one statement, then their atoms in another.
- */
-async function applyGpus(trx: Trx, nodeId: string, section: GpusSection, pool: NodePool): Promise<void> {
-  const gpus = section.gpus;
-  const { mode, policy } = pool;
-  const fromGeneration = pool.generation;
+function deviceRows(section: GpusSection, node: InventoryNode): { gpus: DeviceRow[]; atoms: DeviceRow[] } {
+  const { mode, policy } = node;
   const slotted = mode === 'time-slice' || mode === 'mps';
-  const parentIds = await upsertDevices(
-    trx,
-    nodeId,
-    gpus.map((gpu) => {
-      const migOn = gpu.mig?.mode === 'enabled';
-      return {
-        class: 'gpu',
-        stableId: gpu.uuid,
-        health: gpu.health,
-        bookable: !migOn && !slotted,
-        parentId: null,
-        attributes: {
-          model: gpu.model,
-          memoryMiB: gpu.memoryMiB,
-          nvlinkDomain: gpu.nvlinkDomain,
-          numaNode: gpu.numaNode,
-          index: gpu.index,
-          ...(gpu.pciBusId ? { pciBusId: gpu.pciBusId } : {}),
-          ...(migOn ? { migMode: 'enabled' } : {}),
-        },
-        fromGeneration: 0,
-      };
-    }),
-  );
-  const present: string[] = gpus.map((gpu) => gpu.uuid);
+  const gpus: DeviceRow[] = [];
   const atoms: DeviceRow[] = [];
-  for (const gpu of gpus) {
-    const parentId = parentIds.get(gpu.uuid)!;
+  for (const gpu of section.gpus) {
+    const migOn = gpu.mig?.mode === 'enabled';
+    gpus.push({
+      class: 'gpu',
+      stableId: gpu.uuid,
+      health: gpu.health,
+      bookable: !migOn && !slotted,
+      attributes: {
+        model: gpu.model,
+        memoryMiB: gpu.memoryMiB,
+        nvlinkDomain: gpu.nvlinkDomain,
+        numaNode: gpu.numaNode,
+        index: gpu.index,
+        ...(gpu.pciBusId ? { pciBusId: gpu.pciBusId } : {}),
+        ...(migOn ? { migMode: 'enabled' } : {}),
+      },
+      fromGeneration: 0,
+    });
     if (gpu.mig?.mode === 'enabled') {
       for (const instance of gpu.mig.instances) {
         atoms.push({
@@ -184,7 +250,7 @@ async function applyGpus(trx: Trx, nodeId: string, section: GpusSection, pool: N
           stableId: instance.uuid,
           health: gpu.health,
           bookable: true,
-          parentId,
+          parentUuid: gpu.uuid,
           attributes: {
             model: gpu.model,
             profile: instance.profile,
@@ -196,7 +262,7 @@ async function applyGpus(trx: Trx, nodeId: string, section: GpusSection, pool: N
             numaNode: gpu.numaNode,
             index: gpu.index * 8 + instance.gpuInstanceId,
           },
-          fromGeneration,
+          fromGeneration: node.generation,
         });
       }
     } else if (slotted) {
@@ -207,7 +273,7 @@ async function applyGpus(trx: Trx, nodeId: string, section: GpusSection, pool: N
           stableId: `${gpu.uuid}-slot-${slot}`,
           health: gpu.health,
           bookable: true,
-          parentId,
+          parentUuid: gpu.uuid,
           attributes: {
             model: gpu.model,
             sharing: mode,
@@ -223,67 +289,21 @@ async function applyGpus(trx: Trx, nodeId: string, section: GpusSection, pool: N
       }
     }
   }
-  await upsertDevices(trx, nodeId, atoms);
-  present.push(...atoms.map((a) => a.stableId));
-  await sql`${sql.raw(preparedMarker)}
-    UPDATE devices SET removed_at = compute_now()
-    WHERE node_id = ${nodeId} AND class IN ('gpu', 'gpu.mig', 'gpu.slot') AND removed_at IS NULL
-      AND NOT (stable_id = ANY(${present}::text[]))`.execute(trx);
-  await executePrepared(
-    trx,
-    trx.deleteFrom('node_labels').where('node_id', '=', nodeId).where('source', '=', 'inventory'),
-  );
-  const labels: Array<[string, string]> = [['bc.dev/gpu.count', String(gpus.length)]];
-  const model = gpus[0]?.model;
-  if (model) labels.push(['bc.dev/gpu.model', model.toLowerCase().replace(/[^a-z0-9.-]+/g, '-')]);
-  await trx
-    .insertInto('node_labels')
-    .values(labels.map(([key, value]) => ({ node_id: nodeId, key, value, source: 'inventory' as const })))
-    .execute();
+  return { gpus, atoms };
 }
 
 /**
  * The host's resource rows: capacity as reported, allocatable vCPU without the host's reserved
- * CPUs (the pool's `policy.hostReserve.vcpu`, default 2), which never go into a cpuset. One statement.
+ * CPUs (the pool's `policy.hostReserve.vcpu`, default 2), which never go into a cpuset.
  */
-async function applyHost(trx: Trx, nodeId: string, host: HostSection, pool: NodePool): Promise<void> {
-  const reserve = host.vcpu > 0 ? hostReserveVcpu(pool.policy) : 0;
-  const resources: Array<['vcpu' | 'memoryGiB' | 'hugepages1Gi', number, number]> = [
-    ['vcpu', host.vcpu, Math.max(0, host.vcpu - reserve)],
-    ['memoryGiB', host.memoryGiB, host.memoryGiB],
-    ['hugepages1Gi', host.hugepages1Gi, host.hugepages1Gi],
+function hostResources(
+  host: HostSection,
+  node: InventoryNode,
+): Array<{ resource: 'vcpu' | 'memoryGiB' | 'hugepages1Gi'; capacity: number; allocatable: number }> {
+  const reserve = host.vcpu > 0 ? hostReserveVcpu(node.policy) : 0;
+  return [
+    { resource: 'vcpu', capacity: host.vcpu, allocatable: Math.max(0, host.vcpu - reserve) },
+    { resource: 'memoryGiB', capacity: host.memoryGiB, allocatable: host.memoryGiB },
+    { resource: 'hugepages1Gi', capacity: host.hugepages1Gi, allocatable: host.hugepages1Gi },
   ];
-  await sql`
-    INSERT INTO host_resources (node_id, resource, capacity, allocatable)
-    VALUES ${sql.join(resources.map(([resource, amount, allocatable]) => sql`(${nodeId}, ${resource}, ${amount}::numeric, ${allocatable}::numeric)`))}
-    ON CONFLICT (node_id, resource) DO UPDATE SET capacity = EXCLUDED.capacity, allocatable = EXCLUDED.allocatable`.execute(
-    trx,
-  );
-}
-
-/**
- * GpuCountMismatch: the driver sees fewer (or more) GPUs than the PCI bus has. `host` is the host
- * section of this inventory when it carries one (else the latest stored one is read, in the same
- * statement as the count of visible GPUs).
- */
-async function checkGpuCount(trx: Trx, nodeId: string, host: HostSection | undefined): Promise<void> {
-  const { rows } = await sql<{ host: unknown; visible: string }>`${sql.raw(preparedMarker)}
-    SELECT (SELECT data FROM inventory_snapshots WHERE node_id = ${nodeId} AND section = 'host'
-            AND ${host === undefined} ORDER BY id DESC LIMIT 1) AS host,
-           (SELECT count(*) FROM devices WHERE node_id = ${nodeId} AND class = 'gpu' AND removed_at IS NULL) AS visible`.execute(
-    trx,
-  );
-  const stored = host ? null : rows[0]?.host ? hostSectionSchema.safeParse(rows[0].host) : null;
-  const pciCount = host ? host.pciGpuCount : stored?.success ? stored.data.pciGpuCount : undefined;
-  const visible = Number(rows[0]?.visible ?? 0);
-  if (pciCount !== undefined && pciCount !== visible) {
-    await setNodeCondition(trx, nodeId, {
-      type: 'GpuCountMismatch',
-      reason: 'DriverCountDiffers',
-      message: `the PCI bus has ${pciCount} GPUs, the driver sees ${visible}`,
-      effect: 'NoSchedule',
-    });
-  } else {
-    await setNodeCondition(trx, nodeId, null, 'GpuCountMismatch');
-  }
 }

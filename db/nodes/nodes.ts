@@ -1,4 +1,4 @@
-import { sql, type Transaction } from 'kysely';
+import { type RawBuilder, sql, type Transaction } from 'kysely';
 import type { Database, Db } from '../../core/database.ts';
 import { ComputeError } from '../../domain/errors.ts';
 import {
@@ -9,7 +9,7 @@ import {
 } from '../../domain/fleet.ts';
 import { newId } from '../../domain/ids.ts';
 import { canonicalJson, type DeviceAssignment, normalizeAssignments } from '../../domain/node-spec.ts';
-import { executePrepared, preparedMarker } from '../pool.ts';
+import { preparedMarker } from '../pool.ts';
 import { revokeNodeCertificates } from './certificates.ts';
 
 type Trx = Transaction<Database>;
@@ -49,30 +49,49 @@ export async function setNodeDevicesAssignment(
   return { generation: Number(row.spec_generation), changed: true };
 }
 
-/** Sets or clears a node condition (idempotent; `since` is kept while the reason stays). */
-export async function setNodeCondition(
+/** A node condition to set. */
+export interface NodeConditionInput {
+  type: string;
+  reason: string;
+  message: string;
+  effect: 'NoSchedule' | null;
+}
+
+/** Conditions of one node to set, and condition types to clear. */
+export interface NodeConditionChanges {
+  set: readonly NodeConditionInput[];
+  clear: readonly string[];
+}
+
+/**
+ * The parts of a WITH list (`conditions_cleared`, `conditions_set`) that set and clear a node's
+ * conditions, for a statement that writes them beside other rows. Idempotent; `since` is kept
+ * while the reason stays. A type must not be both set and cleared.
+ */
+export function nodeConditionWrites(nodeId: string, changes: NodeConditionChanges): RawBuilder<unknown> {
+  const { set } = changes;
+  return sql`conditions_cleared AS (
+      DELETE FROM node_conditions WHERE node_id = ${nodeId} AND type = ANY(${[...changes.clear]}::text[])
+    ), conditions_set AS (
+      INSERT INTO node_conditions (node_id, type, reason, message, effect)
+      SELECT ${nodeId}, c.type, c.reason, c.message, c.effect
+      FROM unnest(${set.map((c) => c.type)}::text[], ${set.map((c) => c.reason)}::text[],
+                  ${set.map((c) => c.message)}::text[], ${set.map((c) => c.effect)}::text[])
+        AS c(type, reason, message, effect)
+      ON CONFLICT (node_id, type) DO UPDATE SET
+        reason = EXCLUDED.reason, message = EXCLUDED.message, effect = EXCLUDED.effect,
+        since = CASE WHEN node_conditions.reason = EXCLUDED.reason THEN node_conditions.since ELSE compute_now() END,
+        updated_at = compute_now()
+    )`;
+}
+
+/** Sets and clears conditions of a node in one statement (nodeConditionWrites). */
+export async function setNodeConditions(
   db: Db | Trx,
   nodeId: string,
-  condition: { type: string; reason: string; message: string; effect: 'NoSchedule' | null } | null,
-  type?: string,
+  changes: NodeConditionChanges,
 ): Promise<void> {
-  if (!condition) {
-    await executePrepared(
-      db,
-      db
-        .deleteFrom('node_conditions')
-        .where('node_id', '=', nodeId)
-        .where('type', '=', type ?? ''),
-    );
-    return;
-  }
-  await sql`
-    INSERT INTO node_conditions (node_id, type, reason, message, effect)
-    VALUES (${nodeId}, ${condition.type}, ${condition.reason}, ${condition.message}, ${condition.effect})
-    ON CONFLICT (node_id, type) DO UPDATE SET
-      reason = EXCLUDED.reason, message = EXCLUDED.message, effect = EXCLUDED.effect,
-      since = CASE WHEN node_conditions.reason = EXCLUDED.reason THEN node_conditions.since ELSE compute_now() END,
-      updated_at = compute_now()`.execute(db);
+  await sql`${sql.raw(preparedMarker)} WITH ${nodeConditionWrites(nodeId, changes)} SELECT 1`.execute(db);
 }
 
 /** Creates a node in a pool (JoinService) with generation 1 of an empty NodeSpec. */
@@ -178,14 +197,19 @@ export async function setNodeSchedulingFlags(
     .where('id', '=', nodeId)
     .execute();
   if (draining) {
-    await setNodeCondition(trx, nodeId, {
-      type: 'Draining',
-      reason: 'DrainRequested',
-      message: input.reason ?? 'nodes.drain',
-      effect: 'NoSchedule',
+    await setNodeConditions(trx, nodeId, {
+      set: [
+        {
+          type: 'Draining',
+          reason: 'DrainRequested',
+          message: input.reason ?? 'nodes.drain',
+          effect: 'NoSchedule',
+        },
+      ],
+      clear: [],
     });
   } else if (!cordoned) {
-    await setNodeCondition(trx, nodeId, null, 'Draining');
+    await setNodeConditions(trx, nodeId, { set: [], clear: ['Draining'] });
   }
   const changed =
     before.cordoned !== cordoned || (draining && !before.draining) || (!cordoned && before.draining);
@@ -372,11 +396,16 @@ export async function markHardwareKeyConflict(
   nodeId: string,
   other: { id: string; name: string },
 ): Promise<void> {
-  await setNodeCondition(trx, nodeId, {
-    type: hardwareKeyConflictType,
-    reason: 'HardwareKeyInUse',
-    message: `${conflictPrefix(other.id)}(${other.name}): retire one of them, or approve a reclaim (nodes.approveReclaim) and join again`,
-    effect: 'NoSchedule',
+  await setNodeConditions(trx, nodeId, {
+    set: [
+      {
+        type: hardwareKeyConflictType,
+        reason: 'HardwareKeyInUse',
+        message: `${conflictPrefix(other.id)}(${other.name}): retire one of them, or approve a reclaim (nodes.approveReclaim) and join again`,
+        effect: 'NoSchedule',
+      },
+    ],
+    clear: [],
   });
 }
 

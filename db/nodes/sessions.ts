@@ -1,9 +1,11 @@
 import { type RawBuilder, sql, type Transaction } from 'kysely';
 import type { Database, Db } from '../../core/database.ts';
 import { ComputeError } from '../../domain/errors.ts';
+import { inFlightCommandStates } from '../../domain/fleet.ts';
 import { runningMetalWorkflowOf } from '../metal/workflows.ts';
 import { executePrepared, preparedMarker } from '../pool.ts';
-import { failInFlightCommands, findCommandsToRedeliver, type QueuedCommandRow } from './commands.ts';
+import { literalList } from '../sql-literals.ts';
+import { type QueuedCommandRow, queuedCommand } from './commands.ts';
 
 /**
  * A node's session on a gateway, as the database keeps it: the node's `epoch` (each new session
@@ -31,18 +33,21 @@ export interface OpenedNodeSession {
   redeliver: QueuedCommandRow[];
   /** The provisioning workflow running on this machine (it may be waiting for this very join). */
   metalWorkflowId: string | null;
+  /** The latest hash the control plane holds for each inventory section of the node. */
+  heldSectionHashes: Map<string, string>;
 }
 
 /**
- * Opens a session in the caller's transaction, under the node's row lock: increments the node's
- * epoch (fencing any older session), marks it connected on `gatewayId`, records its agent,
- * protocol version, capabilities (as system labels `bc.dev/cap.<capability>`) and
- * journal, and clears `NodeUnreachable`. A journal id other than the stored one means the old
- * journal is lost: its in-flight commands fail instead of being replayed. NOT_FOUND when the node
- * no longer exists. Four statements whatever the node reports (a herd of nodes opens at once).
+ * Opens a session in one statement, under the node's row lock: increments the node's epoch
+ * (fencing any older session), marks it connected on `gatewayId`, records its agent, protocol
+ * version, capabilities (as system labels `bc.dev/cap.<capability>`) and journal, and clears
+ * `NodeUnreachable`. A journal id other than the stored one means the old journal is lost: its
+ * in-flight commands fail instead of being replayed. Answers, from the same statement, the
+ * commands to send again and the inventory hashes held. NOT_FOUND when the node no longer exists.
+ * One round trip whatever the node reports: a herd of nodes opens at once.
  */
 export async function openNodeSession(
-  trx: Trx,
+  db: Db | Trx,
   input: {
     nodeId: string;
     gatewayId: string;
@@ -54,59 +59,81 @@ export async function openNodeSession(
   },
 ): Promise<OpenedNodeSession> {
   const { nodeId } = input;
-  // The row is locked and read as it was (the sub-select) and updated in one statement.
+  const keys = input.capabilities.map((c) => `bc.dev/cap.${c}`);
+  // Every CTE sees the rows as they were before the statement: `before` is the node as locked, the
+  // commands to send again are read as they were (none when the journal was lost, whose in-flight
+  // commands `lost` fails), and the label writes touch disjoint keys.
   const { rows } = await sql<{
     epoch: string;
     spec: Record<string, unknown>;
     spec_generation: string;
-    before_journal_id: string | null;
     before_connectivity: string;
+    failed_in_flight: string;
     metal_workflow_id: string | null;
+    redeliver: Array<Parameters<typeof queuedCommand>[0]>;
+    held: Record<string, string>;
   }>`${sql.raw(preparedMarker)}
-    UPDATE nodes SET
-      epoch = nodes.epoch + 1,
-      connectivity = 'connected',
-      session_gateway = ${input.gatewayId},
-      last_heartbeat_at = compute_now(),
-      agent_version = ${input.agentVersion},
-      capabilities = ${[...input.capabilities]}::text[],
-      journal_id = ${input.journalId},
-      power_state = 'on',
-      protocol_version = ${input.protocolVersion}::int,
-      updated_at = compute_now()
-    FROM (SELECT id, journal_id, connectivity FROM nodes WHERE id = ${nodeId} FOR NO KEY UPDATE) AS before
-    WHERE nodes.id = before.id
-    RETURNING nodes.epoch, nodes.spec, nodes.spec_generation,
-              before.journal_id AS before_journal_id, before.connectivity AS before_connectivity,
-              ${runningMetalWorkflowOf(sql`nodes.id`)} AS metal_workflow_id`.execute(trx);
-  const row = rows[0];
-  if (!row) throw new ComputeError('NOT_FOUND', 'the node no longer exists');
-  let failedInFlight = 0;
-  if (row.before_journal_id && row.before_journal_id !== input.journalId) {
-    failedInFlight = await failInFlightCommands(trx, nodeId, 'the node lost its journal');
-  }
-  // The capability labels replaced in one statement: the old ones not reported any more go, the
-  // reported ones are (re)written; and the node, heard again, loses `NodeUnreachable`.
-  const keys = input.capabilities.map((c) => `bc.dev/cap.${c}`);
-  await sql`${sql.raw(preparedMarker)}
-    WITH gone AS (
+    WITH before AS (
+      SELECT id, connectivity, (journal_id IS NOT NULL AND journal_id <> ${input.journalId}) AS journal_lost
+      FROM nodes WHERE id = ${nodeId} FOR NO KEY UPDATE
+    ), opened AS (
+      UPDATE nodes SET
+        epoch = nodes.epoch + 1,
+        connectivity = 'connected',
+        session_gateway = ${input.gatewayId},
+        last_heartbeat_at = compute_now(),
+        agent_version = ${input.agentVersion},
+        capabilities = ${[...input.capabilities]}::text[],
+        journal_id = ${input.journalId},
+        power_state = 'on',
+        protocol_version = ${input.protocolVersion}::int,
+        updated_at = compute_now()
+      FROM before WHERE nodes.id = before.id
+      RETURNING nodes.id, nodes.epoch, nodes.spec, nodes.spec_generation, before.journal_lost,
+                before.connectivity AS before_connectivity
+    ), lost AS (
+      UPDATE node_commands SET state = 'failed', error = 'the node lost its journal', completed_at = compute_now()
+      WHERE node_id = ${nodeId} AND state IN (${literalList(inFlightCommandStates)})
+        AND (SELECT journal_lost FROM before)
+      RETURNING 1
+    ), gone AS (
       DELETE FROM node_labels
       WHERE node_id = ${nodeId} AND source = 'system' AND key LIKE 'bc.dev/cap.%' AND NOT (key = ANY(${keys}::text[]))
     ), reachable AS (
       DELETE FROM node_conditions WHERE node_id = ${nodeId} AND type = 'NodeUnreachable'
+    ), capability_labels AS (
+      INSERT INTO node_labels (node_id, key, value, source)
+      SELECT ${nodeId}, key, 'true', 'system' FROM unnest(${keys}::text[]) AS key
+      WHERE EXISTS (SELECT 1 FROM before)
+      ON CONFLICT (node_id, source, key) DO UPDATE SET value = EXCLUDED.value
     )
-    INSERT INTO node_labels (node_id, key, value, source)
-    SELECT ${nodeId}, key, 'true', 'system' FROM unnest(${keys}::text[]) AS key
-    ON CONFLICT (node_id, source, key) DO UPDATE SET value = EXCLUDED.value`.execute(trx);
-  const redeliver = await findCommandsToRedeliver(trx, nodeId, input.journalId);
+    SELECT opened.epoch, opened.spec, opened.spec_generation, opened.before_connectivity,
+      (SELECT count(*) FROM lost) AS failed_in_flight,
+      ${runningMetalWorkflowOf(sql`opened.id`)} AS metal_workflow_id,
+      CASE WHEN opened.journal_lost THEN '[]'::json ELSE (
+        SELECT COALESCE(json_agg(json_build_object('id', c.id, 'seq', c.seq, 'kind', c.kind, 'lane', c.lane,
+            'payload', c.payload, 'not_before', c.not_before, 'not_after', c.not_after,
+            'min_generation', c.min_generation) ORDER BY c.seq), '[]'::json)
+        FROM node_commands c
+        WHERE c.node_id = opened.id AND c.state IN (${literalList(inFlightCommandStates)})
+          AND c.journal_id = ${input.journalId}
+      ) END AS redeliver,
+      (SELECT COALESCE(json_object_agg(s.section, s.hash), '{}'::json) FROM (
+        SELECT DISTINCT ON (section) section, hash FROM inventory_snapshots
+        WHERE node_id = opened.id ORDER BY section, id DESC
+      ) s) AS held
+    FROM opened`.execute(db);
+  const row = rows[0];
+  if (!row) throw new ComputeError('NOT_FOUND', 'the node no longer exists');
   return {
     epoch: Number(row.epoch),
     generation: Number(row.spec_generation),
     spec: row.spec,
-    failedInFlight,
+    failedInFlight: Number(row.failed_in_flight),
     wasUnreachable: row.before_connectivity === 'unreachable',
-    redeliver,
+    redeliver: row.redeliver.map(queuedCommand),
     metalWorkflowId: row.metal_workflow_id,
+    heldSectionHashes: new Map(Object.entries(row.held)),
   };
 }
 
@@ -141,11 +168,12 @@ export async function findNodeEpoch(db: Db, nodeId: string): Promise<number | nu
 
 /**
  * Whether a joined (`enrolling`) node is ready once its converged generation is `observed`: a spec
- * converged and an inventory sent. An SQL condition over the `nodes` row being updated.
+ * converged and an inventory sent (stored, or `inventoryWritten` by the statement itself, whose
+ * own snapshots it cannot read). An SQL condition over the `nodes` row being updated.
  */
-const readyOnceObserved = (observed: RawBuilder<unknown>) =>
+export const readyOnceObserved = (observed: RawBuilder<unknown>, inventoryWritten = sql`false`) =>
   sql<boolean>`(nodes.provision_state = 'enrolling' AND ${observed} >= 1
-    AND EXISTS (SELECT 1 FROM inventory_snapshots s WHERE s.node_id = nodes.id))`;
+    AND (${inventoryWritten} OR EXISTS (SELECT 1 FROM inventory_snapshots s WHERE s.node_id = nodes.id)))`;
 
 /**
  * Records the spec generation the node converged, and makes a joined node `ready` when that was
@@ -165,14 +193,6 @@ export async function setObservedGeneration(
     WHERE id = ${fence.nodeId} AND epoch = ${fence.epoch}
     RETURNING id`.execute(db);
   return rows.length > 0;
-}
-
-/** A joined (`enrolling`) node becomes `ready` once it converged a spec and sent its inventory. */
-export async function markNodeReadyIfConverged(db: Db, fence: SessionFence): Promise<void> {
-  await sql`${sql.raw(preparedMarker)}
-    UPDATE nodes SET provision_state = 'ready', updated_at = compute_now()
-    WHERE id = ${fence.nodeId} AND epoch = ${fence.epoch}
-      AND ${readyOnceObserved(sql`nodes.observed_generation`)}`.execute(db);
 }
 
 /** A closed session lets go of its node, unless a newer session or another gateway holds it. */

@@ -137,9 +137,13 @@ describe('a booking beside the node inventory', () => {
       expect(await lockNodeAtEpoch(trx, { nodeId: node.id, epoch: Number(epoch) }, 'update')).toBe(true);
       nodeLocked();
       await booked;
-      await applyNodeInventory(trx, node.id, {
-        host: { hostname: node.name, vcpu: 192, memoryGiB: 2048, hugepages1Gi: 512, pciGpuCount: 8 },
-      });
+      await applyNodeInventory(
+        trx,
+        { nodeId: node.id, epoch: Number(epoch) },
+        {
+          host: { hostname: node.name, vcpu: 192, memoryGiB: 2048, hugepages1Gi: 512, pciGpuCount: 8 },
+        },
+      );
     });
     await locked;
     const booking = await t.db
