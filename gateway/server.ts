@@ -119,10 +119,9 @@ export async function startGateway(
     'grpc.keepalive_time_ms': 120_000,
     'grpc.keepalive_permit_without_calls': 1,
     'grpc.http2.min_ping_interval_without_data_ms': 5_000,
-    // Channelz (gRPC's introspection service, which this gateway never serves) would keep a
-    // registry entry, a call tracker and trace lines for every connection and a timestamp per
-    // message: CPU on every node's arrival and message for nothing anyone reads.
-    'grpc.enable_channelz': 0,
+    // Channelz stays on although nothing reads it: grpc-js (1.14) tracks a server's sessions for
+    // forceShutdown only in its channelz handler, so without it a stopping gateway would leave the
+    // calls in flight uncut (tests/gateway/join-retry.test.ts).
   });
   const joinThrottle = new JoinThrottle(options);
   server.addService(
