@@ -1,5 +1,9 @@
 import type { Db } from '../core/database.ts';
-import { applyNodeInventory, type NodeInventorySections } from '../db/nodes/inventory.ts';
+import {
+  type AppliedInventory,
+  applyNodeInventory,
+  type NodeInventorySections,
+} from '../db/nodes/inventory.ts';
 import { ComputeError } from '../domain/errors.ts';
 import { inventorySections, isInventorySectionName, sectionHash } from '../domain/inventory-sections.ts';
 import type { InventorySection } from '../proto/gen/agent/v1/agent.ts';
@@ -36,13 +40,15 @@ export function parseInventory(sections: readonly InventorySection[]): NodeInven
 /**
  * Turns inventory into devices, host resource rows, labels and conditions, and makes a joined node
  * that converged its spec `ready`, in one transaction fenced by the session's epoch (a fenced
- * session changes nothing: INVALID_STATE).
+ * session changes nothing: INVALID_STATE). Answers the live reservations on the node.
  */
 export async function applyInventory(
   db: Db,
   input: { nodeId: string; epoch: number; sections: NodeInventorySections },
-): Promise<void> {
-  await db.transaction().execute(async (trx) => {
-    if (!(await applyNodeInventory(trx, input, input.sections))) throw sessionFenced();
+): Promise<AppliedInventory> {
+  return db.transaction().execute(async (trx) => {
+    const applied = await applyNodeInventory(trx, input, input.sections);
+    if (!applied) throw sessionFenced();
+    return applied;
   });
 }

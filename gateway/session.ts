@@ -25,7 +25,7 @@ import { commandPayloadForWire } from './site-agents.ts';
 import { SpecSender } from './spec-sender.ts';
 import { TokenBucket } from './token-bucket.ts';
 import { recordUpdateStatus } from './update-status.ts';
-import { wakeMetalWorkflow, wakeReservationsOnNodes } from './wake.ts';
+import { wakeMetalWorkflow, wakeReservations, wakeReservationsOnNodes } from './wake.ts';
 
 type Stream = ServerDuplexStream<AgentMessage, ControlMessage>;
 
@@ -260,10 +260,14 @@ export class NodeSession implements RegisteredSession {
           );
         }
         const sections = parseInventory(body.value.sections);
-        await applyInventory(this.ctx.db, { nodeId: this.nodeId, epoch: this.epoch, sections });
+        const applied = await applyInventory(this.ctx.db, {
+          nodeId: this.nodeId,
+          epoch: this.epoch,
+          sections,
+        });
         // GPUs' health and the host's ForeignGpuExposure both change what active reservations show.
         if (sections.gpus || sections.host) {
-          void wakeReservationsOnNodes(this.ctx, [this.nodeId], 'node-inventory-changed');
+          void wakeReservations(this.ctx, applied.liveReservationIds, 'node-inventory-changed');
         }
         return;
       }

@@ -1,19 +1,20 @@
 import { findLiveReservationsOnNodes } from '../db/nodes/workloads.ts';
 import type { GatewayContext } from './context.ts';
 
+type WakeContext = Pick<GatewayContext, 'db' | 'log' | 'lifecycle' | 'outage'>;
+
 /**
- * Wakes the lifecycle of every live reservation holding an allocation on these nodes (their
- * connectivity or health changed). A wake-up is only a hint: the workflow re-reads PostgreSQL and
- * acts on the difference, so a lost one costs at most the workflow's own recheck interval.
+ * Wakes these reservations' lifecycles. A wake-up is only a hint: the workflow re-reads
+ * PostgreSQL and acts on the difference, so a lost one costs at most the workflow's own recheck
+ * interval. Never rejects: a failed wake-up is logged.
  */
-async function wake(
-  ctx: Pick<GatewayContext, 'db' | 'log' | 'lifecycle' | 'outage'>,
-  nodeIds: readonly string[],
+export async function wakeReservations(
+  ctx: WakeContext,
+  reservationIds: readonly string[],
   reason: string,
 ): Promise<void> {
   const lifecycle = ctx.lifecycle;
-  if (!lifecycle || nodeIds.length === 0) return;
-  const reservationIds = await findLiveReservationsOnNodes(ctx.db, nodeIds);
+  if (!lifecycle) return;
   await Promise.all(
     reservationIds.map((reservationId) =>
       lifecycle.signal(reservationId, { type: 'wake', reason }).then(
@@ -28,17 +29,24 @@ async function wake(
   );
 }
 
-/** Never rejects: a failed wake-up is logged (the workflow's own recheck covers it). */
+/**
+ * Wakes the lifecycle of every live reservation holding an allocation on these nodes (their
+ * connectivity or health changed). Never rejects: a failed read or wake-up is logged (the
+ * workflow's own recheck covers it).
+ */
 export async function wakeReservationsOnNodes(
-  ctx: Pick<GatewayContext, 'db' | 'log' | 'lifecycle' | 'outage'>,
+  ctx: WakeContext,
   nodeIds: readonly string[],
   reason: string,
 ): Promise<void> {
-  await wake(ctx, nodeIds, reason).catch((err: unknown) => {
-    if (!ctx.outage.failed(err, 'lifecycle wake')) {
-      ctx.log.warn({ err, nodeIds: nodeIds.slice(0, 20), reason }, 'lifecycle wake-ups failed');
-    }
-  });
+  if (!ctx.lifecycle || nodeIds.length === 0) return;
+  await findLiveReservationsOnNodes(ctx.db, nodeIds)
+    .then((reservationIds) => wakeReservations(ctx, reservationIds, reason))
+    .catch((err: unknown) => {
+      if (!ctx.outage.failed(err, 'lifecycle wake')) {
+        ctx.log.warn({ err, nodeIds: nodeIds.slice(0, 20), reason }, 'lifecycle wake-ups failed');
+      }
+    });
 }
 
 /**

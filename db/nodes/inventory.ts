@@ -7,6 +7,7 @@ import { poolReplicas } from '../../domain/sharing.ts';
 import { preparedMarker } from '../pool.ts';
 import { type NodeConditionChanges, type NodeConditionInput, nodeConditionWrites } from './nodes.ts';
 import { readyOnceObserved, type SessionFence } from './sessions.ts';
+import { liveReservationIdsOn } from './workloads.ts';
 
 type Trx = Transaction<Database>;
 
@@ -20,23 +21,25 @@ export interface NodeInventorySections {
  * Turns validated inventory into snapshots, devices (GPUs gone from the inventory are marked
  * removed, never deleted), host resource rows, inventory labels and the `GpuCountMismatch` and
  * `ForeignGpuExposure` conditions, and makes a joined node that converged a spec `ready`, in the
- * caller's transaction, while the session holds the node's epoch. Answers false (nothing written)
- * when a newer session fenced it. Idempotent: the same inventory again leaves the same rows (plus
+ * caller's transaction, while the session holds the node's epoch. Answers the live reservations on
+ * the node (whose lifecycles should look again), or null (nothing written) when a newer session
+ * fenced it. Idempotent: the same inventory again leaves the same rows (plus
  * one more snapshot).
  *
  * Two statements whatever the node reports (a fleet of 10,000 arrives at once): one locks the
  * node's row and reads what the rows depend on (the pool's sharing mode and policy, the node's
- * NodeSpec generation, and for a section not sent the stored GPU count or PCI count), the other
+ * NodeSpec generation, and for a section not sent the stored GPU count or PCI count) and the live
+ * reservations on it, the other
  * writes every kind of row.
  */
 export async function applyNodeInventory(
   trx: Trx,
   fence: SessionFence,
   sections: NodeInventorySections,
-): Promise<boolean> {
+): Promise<AppliedInventory | null> {
   const { nodeId } = fence;
   const node = await lockNodeForInventory(trx, fence);
-  if (!node) return false;
+  if (!node) return null;
   const { gpus, host } = sections;
   const devices = gpus ? deviceRows(gpus, node) : { gpus: [], atoms: [] };
   const labels: Array<[string, string]> = [];
@@ -114,7 +117,13 @@ export async function applyNodeInventory(
     WHERE id = ${nodeId} AND ${readyOnceObserved(sql`nodes.observed_generation`, sql`${snapshots.length > 0}::boolean`)}`.execute(
     trx,
   );
-  return true;
+  return { liveReservationIds: node.liveReservationIds };
+}
+
+/** What an applied inventory answers. */
+export interface AppliedInventory {
+  /** The live reservations on the node (liveReservationIdsOn), read under its lock. */
+  liveReservationIds: string[];
 }
 
 /** The update of a device row that an inventory reports again (its id and node stay). */
@@ -136,6 +145,8 @@ interface InventoryNode {
   visibleGpus: number;
   /** The PCI bus's GPU count in the latest stored host section, if any. */
   storedPciGpuCount: number | null;
+  /** The live reservations on the node (their lifecycles are woken when its health changes). */
+  liveReservationIds: string[];
 }
 
 async function lockNodeForInventory(trx: Trx, fence: SessionFence): Promise<InventoryNode | null> {
@@ -145,11 +156,13 @@ async function lockNodeForInventory(trx: Trx, fence: SessionFence): Promise<Inve
     spec_generation: string;
     visible: string;
     stored_pci: number | null;
+    live_reservations: string[];
   }>`${sql.raw(preparedMarker)}
     SELECT p.sharing_mode, p.policy, n.spec_generation,
       (SELECT count(*) FROM devices d WHERE d.node_id = n.id AND d.class = 'gpu' AND d.removed_at IS NULL) AS visible,
       (SELECT CASE WHEN jsonb_typeof(s.data->'pciGpuCount') = 'number' THEN (s.data->>'pciGpuCount')::int END
-       FROM inventory_snapshots s WHERE s.node_id = n.id AND s.section = 'host' ORDER BY s.id DESC LIMIT 1) AS stored_pci
+       FROM inventory_snapshots s WHERE s.node_id = n.id AND s.section = 'host' ORDER BY s.id DESC LIMIT 1) AS stored_pci,
+      ${liveReservationIdsOn(sql`ARRAY[n.id]`)} AS live_reservations
     FROM nodes n LEFT JOIN pools p ON p.id = n.pool_id
     WHERE n.id = ${fence.nodeId} AND n.epoch = ${fence.epoch}
     FOR NO KEY UPDATE OF n`.execute(trx);
@@ -161,6 +174,7 @@ async function lockNodeForInventory(trx: Trx, fence: SessionFence): Promise<Inve
     generation: Number(row.spec_generation),
     visibleGpus: Number(row.visible),
     storedPciGpuCount: row.stored_pci,
+    liveReservationIds: row.live_reservations,
   };
 }
 

@@ -1,6 +1,8 @@
+import { type RawBuilder, sql } from 'kysely';
 import type { Db } from '../../core/database.ts';
 import { endedAllocationStates, holdingAllocationStates } from '../../domain/fleet.ts';
 import { holdingStates } from '../../domain/reservation-states.ts';
+import { literalList } from '../sql-literals.ts';
 
 /** What runs on nodes: their allocations and the reservations that hold them. */
 
@@ -16,19 +18,21 @@ export async function countLiveAllocations(db: Db, nodeId: string): Promise<numb
 }
 
 /**
- * The live reservations (`holdingStates`) holding a live allocation on any of these
- * nodes: the lifecycles to wake when a node's connectivity or health changes.
+ * The live reservations (`holdingStates`) holding a live allocation on any of the nodes `nodeIds`
+ * (an SQL `text[]`), as an SQL array of their ids: the lifecycles to wake when a node's
+ * connectivity or health changes. A part of a larger statement (the inventory's read) or its own.
  */
+export function liveReservationIdsOn(nodeIds: RawBuilder<unknown>): RawBuilder<string[]> {
+  return sql<string[]>`(SELECT COALESCE(array_agg(DISTINCT r.id), '{}') FROM allocations a
+    JOIN reservations r ON r.id = a.reservation_id
+    WHERE a.node_id = ANY(${nodeIds}) AND a.state IN (${literalList(holdingAllocationStates)})
+      AND r.state IN (${literalList(holdingStates)}))`;
+}
+
+/** liveReservationIdsOn these nodes, read on their own. */
 export async function findLiveReservationsOnNodes(db: Db, nodeIds: readonly string[]): Promise<string[]> {
   if (nodeIds.length === 0) return [];
-  const rows = await db
-    .selectFrom('allocations as a')
-    .innerJoin('reservations as r', 'r.id', 'a.reservation_id')
-    .select('r.id')
-    .distinct()
-    .where('a.node_id', 'in', nodeIds)
-    .where('a.state', 'in', holdingAllocationStates)
-    .where('r.state', 'in', holdingStates)
-    .execute();
-  return rows.map((r) => r.id);
+  const { rows } = await sql<{ ids: string[] }>`
+    SELECT ${liveReservationIdsOn(sql`${[...nodeIds]}::text[]`)} AS ids`.execute(db);
+  return rows[0]?.ids ?? [];
 }

@@ -2,6 +2,7 @@ import { beforeAll, describe, expect, it } from 'vitest';
 import type { RegisteredNode } from '../../db/nodes/fleet.ts';
 import { applyNodeInventory, type NodeInventorySections } from '../../db/nodes/inventory.ts';
 import type { GpuInventory, HostSection } from '../../domain/inventory-sections.ts';
+import { insertBareAllocation } from '../support/allocations.ts';
 import { useTestDatabase } from '../support/database.ts';
 import { seedPool } from '../support/fleet.ts';
 
@@ -80,7 +81,7 @@ describe('one inventory statement', () => {
       .set({ provision_state: 'enrolling', observed_generation: 1 })
       .where('id', '=', node.id)
       .execute();
-    expect(await apply({ host: host(), gpus: { gpus: [gpu(0), gpu(1)] } })).toBe(true);
+    expect(await apply({ host: host(), gpus: { gpus: [gpu(0), gpu(1)] } })).not.toBeNull();
     const row = await t.db
       .selectFrom('nodes')
       .select('provision_state')
@@ -103,7 +104,7 @@ describe('one inventory statement', () => {
   });
 
   it('raises GpuCountMismatch against the stored PCI count when only the GPUs are sent, and clears it', async () => {
-    expect(await apply({ gpus: { gpus: [gpu(0)] } })).toBe(true);
+    expect(await apply({ gpus: { gpus: [gpu(0)] } })).not.toBeNull();
     expect(await conditions()).toEqual(['GpuCountMismatch: the PCI bus has 2 GPUs, the driver sees 1']);
     const rows = await devices();
     expect(rows.map((d) => [d.stable_id, d.removed_at !== null])).toEqual([
@@ -112,13 +113,13 @@ describe('one inventory statement', () => {
     ]);
     expect(await labels()).toEqual(['bc.dev/gpu.count=1', 'bc.dev/gpu.model=nvidia-h100-80gb-hbm3']);
     // Only the host, now counting one on the bus: the stored GPUs agree.
-    expect(await apply({ host: host({ pciGpuCount: 1, foreignGpuResources: ['nvidia.com/gpu'] }) })).toBe(
-      true,
-    );
+    expect(
+      await apply({ host: host({ pciGpuCount: 1, foreignGpuResources: ['nvidia.com/gpu'] }) }),
+    ).not.toBeNull();
     expect(await conditions()).toEqual([
       "ForeignGpuExposure: the kubelet can hand this node's GPUs to pods through nvidia.com/gpu, not only through bcd",
     ]);
-    expect(await apply({ host: host({ pciGpuCount: 1 }) })).toBe(true);
+    expect(await apply({ host: host({ pciGpuCount: 1 }) })).not.toBeNull();
     expect(await conditions()).toEqual([]);
   });
 
@@ -135,7 +136,9 @@ describe('one inventory statement', () => {
           memoryMiB: 40_000,
         })),
       });
-      expect(await apply({ gpus: { gpus: [gpu(0, { mig: mig(0) }), gpu(1, { mig: mig(1) })] } })).toBe(true);
+      expect(
+        await apply({ gpus: { gpus: [gpu(0, { mig: mig(0) }), gpu(1, { mig: mig(1) })] } }),
+      ).not.toBeNull();
       const rows = await devices();
       const byStable = new Map(rows.map((d) => [d.stable_id, d]));
       for (const index of [0, 1]) {
@@ -151,14 +154,35 @@ describe('one inventory statement', () => {
         }
       }
       // MIG turned off on GPU 1: its atoms are removed, the GPU itself stays.
-      expect(await apply({ gpus: { gpus: [gpu(0, { mig: mig(0) }), gpu(1)] } })).toBe(true);
+      expect(await apply({ gpus: { gpus: [gpu(0, { mig: mig(0) }), gpu(1)] } })).not.toBeNull();
       const after = new Map((await devices()).map((d) => [d.stable_id, d.removed_at !== null]));
       expect(after.get('GPU-test-1')).toBe(false);
-      expect(after.get('MIG-test-1-0')).toBe(true);
+      expect(after.get('MIG-test-1-0')).not.toBeNull();
       expect(after.get('MIG-test-0-0')).toBe(false);
     } finally {
       await t.db.updateTable('pools').set({ sharing_mode: 'exclusive' }).where('id', '=', poolId).execute();
     }
+  });
+
+  it('answers the live reservations on the node, read under its lock, for their lifecycles to look again', async () => {
+    expect(await apply({ host: host({ pciGpuCount: 1 }) })).toEqual({ liveReservationIds: [] });
+    const start = new Date('2031-01-01T00:00:00Z');
+    const allocationId = await t.db.transaction().execute((trx) =>
+      insertBareAllocation(trx, {
+        poolId,
+        nodeId: node.id,
+        start,
+        end: new Date(start.getTime() + 3_600_000),
+      }),
+    );
+    const { reservation_id } = await t.db
+      .selectFrom('allocations')
+      .select('reservation_id')
+      .where('id', '=', allocationId)
+      .executeTakeFirstOrThrow();
+    expect(await apply({ host: host({ pciGpuCount: 1 }) })).toEqual({ liveReservationIds: [reservation_id] });
+    await t.db.updateTable('allocations').set({ state: 'released' }).where('id', '=', allocationId).execute();
+    expect(await apply({ host: host({ pciGpuCount: 1 }) })).toEqual({ liveReservationIds: [] });
   });
 
   it('writes nothing for a session a newer one fenced', async () => {
@@ -167,7 +191,7 @@ describe('one inventory statement', () => {
       .select((eb) => eb.fn.countAll<string>().as('n'))
       .where('node_id', '=', node.id)
       .executeTakeFirstOrThrow();
-    expect(await apply({ gpus: { gpus: [] } }, (await epoch()) - 1)).toBe(false);
+    expect(await apply({ gpus: { gpus: [] } }, (await epoch()) - 1)).toBeNull();
     const after = await t.db
       .selectFrom('inventory_snapshots')
       .select((eb) => eb.fn.countAll<string>().as('n'))
