@@ -58,23 +58,27 @@ export async function openNodeSession(
     journalId: string;
   },
 ): Promise<OpenedNodeSession> {
-  const { nodeId } = input;
+  const { nodeId, journalId } = input;
   const keys = input.capabilities.map((c) => `bc.dev/cap.${c}`);
-  // Every CTE sees the rows as they were before the statement: `before` is the node as locked, the
-  // commands to send again are read as they were (none when the journal was lost, whose in-flight
-  // commands `lost` fails), and the label writes touch disjoint keys.
-  const { rows } = await sql<{
-    epoch: string;
-    spec: Record<string, unknown>;
-    spec_generation: string;
-    before_connectivity: string;
-    failed_in_flight: string;
-    metal_workflow_id: string | null;
-    redeliver: Array<Parameters<typeof queuedCommand>[0]>;
-    held: Record<string, string>;
-  }>`${sql.raw(preparedMarker)}
+  // Every CTE sees the rows as of the statement's snapshot: the commands to send again are read
+  // as they were (none when the journal was lost, whose in-flight commands `lost` fails), and the
+  // label writes touch disjoint keys. `before` is the node as locked, its latest version: when a
+  // transaction changed the node after the snapshot (a liveness sweep that marked it unreachable
+  // and raised NodeUnreachable while this waited for the row), the snapshot is `stale`.
+  const { rows } = await sql<
+    {
+      epoch: string;
+      spec: Record<string, unknown>;
+      spec_generation: string;
+      before_connectivity: string;
+      journal_lost: boolean;
+      stale: boolean;
+      metal_workflow_id: string | null;
+    } & SessionOpenReads
+  >`${sql.raw(preparedMarker)}
     WITH before AS (
-      SELECT id, connectivity, (journal_id IS NOT NULL AND journal_id <> ${input.journalId}) AS journal_lost
+      SELECT id, connectivity, xmin::text AS locked_version,
+        (journal_id IS NOT NULL AND journal_id <> ${journalId}) AS journal_lost
       FROM nodes WHERE id = ${nodeId} FOR NO KEY UPDATE
     ), opened AS (
       UPDATE nodes SET
@@ -84,57 +88,97 @@ export async function openNodeSession(
         last_heartbeat_at = compute_now(),
         agent_version = ${input.agentVersion},
         capabilities = ${[...input.capabilities]}::text[],
-        journal_id = ${input.journalId},
+        journal_id = ${journalId},
         power_state = 'on',
         protocol_version = ${input.protocolVersion}::int,
         updated_at = compute_now()
       FROM before WHERE nodes.id = before.id
       RETURNING nodes.id, nodes.epoch, nodes.spec, nodes.spec_generation, before.journal_lost,
-                before.connectivity AS before_connectivity
-    ), lost AS (
-      UPDATE node_commands SET state = 'failed', error = 'the node lost its journal', completed_at = compute_now()
-      WHERE node_id = ${nodeId} AND state IN (${literalList(inFlightCommandStates)})
-        AND (SELECT journal_lost FROM before)
-      RETURNING 1
-    ), gone AS (
+                before.connectivity AS before_connectivity, before.locked_version
+    ), ${sessionOpenWrites(nodeId, sql`(SELECT journal_lost FROM before)`)}, gone AS (
       DELETE FROM node_labels
       WHERE node_id = ${nodeId} AND source = 'system' AND key LIKE 'bc.dev/cap.%' AND NOT (key = ANY(${keys}::text[]))
-    ), reachable AS (
-      DELETE FROM node_conditions WHERE node_id = ${nodeId} AND type = 'NodeUnreachable'
     ), capability_labels AS (
       INSERT INTO node_labels (node_id, key, value, source)
       SELECT ${nodeId}, key, 'true', 'system' FROM unnest(${keys}::text[]) AS key
       WHERE EXISTS (SELECT 1 FROM before)
       ON CONFLICT (node_id, source, key) DO UPDATE SET value = EXCLUDED.value
     )
-    SELECT opened.epoch, opened.spec, opened.spec_generation, opened.before_connectivity,
-      (SELECT count(*) FROM lost) AS failed_in_flight,
+    SELECT opened.epoch, opened.spec, opened.spec_generation, opened.before_connectivity, opened.journal_lost,
+      opened.locked_version <> (SELECT xmin::text FROM nodes WHERE id = ${nodeId}) AS stale,
       ${runningMetalWorkflowOf(sql`opened.id`)} AS metal_workflow_id,
-      CASE WHEN opened.journal_lost THEN '[]'::json ELSE (
-        SELECT COALESCE(json_agg(json_build_object('id', c.id, 'seq', c.seq, 'kind', c.kind, 'lane', c.lane,
-            'payload', c.payload, 'not_before', c.not_before, 'not_after', c.not_after,
-            'min_generation', c.min_generation) ORDER BY c.seq), '[]'::json)
-        FROM node_commands c
-        WHERE c.node_id = opened.id AND c.state IN (${literalList(inFlightCommandStates)})
-          AND c.journal_id = ${input.journalId}
-      ) END AS redeliver,
-      (SELECT COALESCE(json_object_agg(s.section, s.hash), '{}'::json) FROM (
-        SELECT DISTINCT ON (section) section, hash FROM inventory_snapshots
-        WHERE node_id = opened.id ORDER BY section, id DESC
-      ) s) AS held
+      ${sessionOpenReads(nodeId, journalId, sql`opened.journal_lost`)}
     FROM opened`.execute(db);
   const row = rows[0];
   if (!row) throw new ComputeError('NOT_FOUND', 'the node no longer exists');
+  let reads: SessionOpenReads = row;
+  if (row.stale) {
+    // Done again with a snapshot taken after the lock: what the snapshot could not see (a
+    // NodeUnreachable raised, a command delivered meanwhile) is cleared, failed or sent again.
+    // Should this statement fail, the node's next session clears it (the row now says connected).
+    const { rows: again } = await sql<SessionOpenReads>`${sql.raw(preparedMarker)}
+      WITH ${sessionOpenWrites(nodeId, sql`${row.journal_lost}::boolean`)}
+      SELECT ${sessionOpenReads(nodeId, journalId, sql`${row.journal_lost}::boolean`)}`.execute(db);
+    reads = {
+      ...again[0]!,
+      failed_in_flight: String(Number(row.failed_in_flight) + Number(again[0]!.failed_in_flight)),
+    };
+  }
   return {
     epoch: Number(row.epoch),
     generation: Number(row.spec_generation),
     spec: row.spec,
-    failedInFlight: Number(row.failed_in_flight),
+    failedInFlight: Number(reads.failed_in_flight),
     wasUnreachable: row.before_connectivity === 'unreachable',
-    redeliver: row.redeliver.map(queuedCommand),
+    redeliver: reads.redeliver.map(queuedCommand),
     metalWorkflowId: row.metal_workflow_id,
-    heldSectionHashes: new Map(Object.entries(row.held)),
+    heldSectionHashes: new Map(Object.entries(reads.held)),
   };
+}
+
+/** What opening a session reads besides the node: see sessionOpenReads. */
+interface SessionOpenReads {
+  failed_in_flight: string;
+  redeliver: Array<Parameters<typeof queuedCommand>[0]>;
+  held: Record<string, string>;
+}
+
+/**
+ * The WITH-list parts (`lost`, `reachable`) of opening a session that write besides the node: a
+ * lost journal's in-flight commands fail, and `NodeUnreachable` is cleared.
+ */
+function sessionOpenWrites(nodeId: string, journalLost: RawBuilder<unknown>): RawBuilder<unknown> {
+  return sql`lost AS (
+      UPDATE node_commands SET state = 'failed', error = 'the node lost its journal', completed_at = compute_now()
+      WHERE node_id = ${nodeId} AND state IN (${literalList(inFlightCommandStates)}) AND ${journalLost}
+      RETURNING 1
+    ), reachable AS (
+      DELETE FROM node_conditions WHERE node_id = ${nodeId} AND type = 'NodeUnreachable'
+    )`;
+}
+
+/**
+ * The select-list part of opening a session that reads: how many commands `lost` failed, the
+ * commands to send again (those the journal took and never answered; none when it was lost) and
+ * the latest inventory hash held for each section.
+ */
+function sessionOpenReads(
+  nodeId: string,
+  journalId: string,
+  journalLost: RawBuilder<unknown>,
+): RawBuilder<unknown> {
+  return sql`(SELECT count(*) FROM lost) AS failed_in_flight,
+      CASE WHEN ${journalLost} THEN '[]'::json ELSE (
+        SELECT COALESCE(json_agg(json_build_object('id', c.id, 'seq', c.seq, 'kind', c.kind, 'lane', c.lane,
+            'payload', c.payload, 'not_before', c.not_before, 'not_after', c.not_after,
+            'min_generation', c.min_generation) ORDER BY c.seq), '[]'::json)
+        FROM node_commands c
+        WHERE c.node_id = ${nodeId} AND c.state IN (${literalList(inFlightCommandStates)}) AND c.journal_id = ${journalId}
+      ) END AS redeliver,
+      (SELECT COALESCE(json_object_agg(s.section, s.hash), '{}'::json) FROM (
+        SELECT DISTINCT ON (section) section, hash FROM inventory_snapshots
+        WHERE node_id = ${nodeId} ORDER BY section, id DESC
+      ) s) AS held`;
 }
 
 /**

@@ -1,3 +1,4 @@
+import { sql } from 'kysely';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { enqueueNodeCommand, findNodeCommand, markCommandsDelivered } from '../../db/nodes/commands.ts';
 import type { RegisteredNode } from '../../db/nodes/fleet.ts';
@@ -106,6 +107,50 @@ describe('opening a session in one statement', () => {
     expect(await labels(node.id)).toEqual([]);
     // The same journal again is not a loss.
     expect((await open('journal-bbbb')).failedInFlight).toBe(0);
+  });
+
+  it('clears a NodeUnreachable that a liveness sweep raised while the opening waited for the node', async () => {
+    // A sweep's transaction (markSessionsUnreachable) holds the node's row with the condition
+    // written; the opening's statement began before it committed, so its snapshot cannot see it.
+    let release!: () => void;
+    const released = new Promise<void>((resolve) => {
+      release = resolve;
+    });
+    let held!: () => void;
+    const holding = new Promise<void>((resolve) => {
+      held = resolve;
+    });
+    const sweep = t.db.transaction().execute(async (trx) => {
+      await trx.updateTable('nodes').set({ connectivity: 'unreachable' }).where('id', '=', node.id).execute();
+      await setNodeConditions(trx, node.id, {
+        set: [{ type: 'NodeUnreachable', reason: 'Unreachable', message: 'sweep', effect: 'NoSchedule' }],
+        clear: [],
+      });
+      held();
+      await released;
+    });
+    await holding;
+    const opening = open('journal-bbbb');
+    await expect
+      .poll(async () => {
+        const { rows } = await sql<{ n: number }>`
+          SELECT count(*)::int AS n FROM pg_stat_activity
+          WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%WITH before AS%'`.execute(
+          t.db,
+        );
+        return rows[0]!.n;
+      })
+      .toBe(1);
+    release();
+    await sweep;
+    const opened = await opening;
+    expect(opened.wasUnreachable).toBe(true);
+    const conditions = await t.db
+      .selectFrom('node_conditions')
+      .select('type')
+      .where('node_id', '=', node.id)
+      .execute();
+    expect(conditions).toEqual([]);
   });
 
   it('answers NOT_FOUND for a node that no longer exists and writes nothing', async () => {
