@@ -23,14 +23,12 @@ export interface NodeInventorySections {
  * `ForeignGpuExposure` conditions, and makes a joined node that converged a spec `ready`, in the
  * caller's transaction, while the session holds the node's epoch. Answers the live reservations on
  * the node (whose lifecycles should look again), or null (nothing written) when a newer session
- * fenced it. Idempotent: the same inventory again leaves the same rows (plus
- * one more snapshot).
+ * fenced it. Idempotent: the same inventory again leaves the same rows (plus one more snapshot).
  *
  * Two statements whatever the node reports (a fleet of 10,000 arrives at once): one locks the
  * node's row and reads what the rows depend on (the pool's sharing mode and policy, the node's
  * NodeSpec generation, and for a section not sent the stored GPU count or PCI count) and the live
- * reservations on it, the other
- * writes every kind of row.
+ * reservations on it; the other writes every kind of row.
  */
 export async function applyNodeInventory(
   trx: Trx,
@@ -55,7 +53,7 @@ export async function applyNodeInventory(
     data: JSON.stringify(data),
   }));
   const conditions = inventoryConditions(node, sections);
-  const device = (rows: readonly DeviceRow[]) => ({
+  const columns = (rows: readonly DeviceRow[]) => ({
     ids: rows.map(() => newId('dev')),
     classes: rows.map((d) => d.class),
     stableIds: rows.map((d) => d.stableId),
@@ -65,8 +63,8 @@ export async function applyNodeInventory(
     fromGeneration: rows.map((d) => d.fromGeneration),
     parents: rows.map((d) => d.parentUuid ?? ''),
   });
-  const g = device(devices.gpus);
-  const a = device(devices.atoms);
+  const g = columns(devices.gpus);
+  const a = columns(devices.atoms);
   const present = [...g.stableIds, ...a.stableIds];
   // Every CTE sees the rows as they were before the statement: the atoms find their GPU's id in
   // what the GPUs' upsert returned, the removal and the label delete touch only rows not written

@@ -37,6 +37,11 @@ const labels = async (nodeId: string) =>
       .execute()
   ).map((l) => l.key);
 
+const conditionTypes = async (nodeId: string) =>
+  (await t.db.selectFrom('node_conditions').select('type').where('node_id', '=', nodeId).execute()).map(
+    (c) => c.type,
+  );
+
 describe('opening a session in one statement', () => {
   it('answers the commands its journal took, with their times, and the inventory hashes held', async () => {
     const first = await open('journal-aaaa', ['mig', 'cgroups']);
@@ -83,12 +88,7 @@ describe('opening a session in one statement', () => {
     ]);
     expect(again.heldSectionHashes).toEqual(new Map([['host', 'h-new']]));
     expect(await labels(node.id)).toEqual(['bc.dev/cap.mig']);
-    const conditions = await t.db
-      .selectFrom('node_conditions')
-      .select('type')
-      .where('node_id', '=', node.id)
-      .execute();
-    expect(conditions).toEqual([]);
+    expect(await conditionTypes(node.id)).toEqual([]);
   });
 
   it('fails what a lost journal had in flight and sends nothing again', async () => {
@@ -145,12 +145,7 @@ describe('opening a session in one statement', () => {
     await sweep;
     const opened = await opening;
     expect(opened.wasUnreachable).toBe(true);
-    const conditions = await t.db
-      .selectFrom('node_conditions')
-      .select('type')
-      .where('node_id', '=', node.id)
-      .execute();
-    expect(conditions).toEqual([]);
+    expect(await conditionTypes(node.id)).toEqual([]);
   });
 
   it('answers NOT_FOUND for a node that no longer exists and writes nothing', async () => {
