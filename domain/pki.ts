@@ -387,12 +387,17 @@ export function normalizeSerial(serial: string): string {
   return serial.toLowerCase().replace(/^0+(?=.)/, '');
 }
 
-/** The SPIFFE URI and serial of a certificate (DER or PEM), as the gateway reads a peer. */
-export function readCertificateIdentity(cert: Buffer | string): { serial: string; spiffeId: string | null } {
-  // Node's own X.509 parser (native, fast): read on every session the gateway opens.
-  const parsed = new NodeX509Certificate(cert);
-  const uri = /(?:^|,\s*)URI:(spiffe:\/\/[^,\s]+)/.exec(parsed.subjectAltName ?? '')?.[1] ?? null;
-  return { serial: normalizeSerial(parsed.serialNumber), spiffeId: uri };
+/**
+ * The SPIFFE URI and serial of a certificate, from the fields Node's X.509 parser gives it
+ * (`serialNumber`, and `subjectAltName` as `URI:…, DNS:…`): the gateway reads them from the peer
+ * certificate its TLS socket already parsed, on every session it opens.
+ */
+export function certificateIdentity(fields: { serialNumber: string; subjectAltName?: string | undefined }): {
+  serial: string;
+  spiffeId: string | null;
+} {
+  const uri = /(?:^|,\s*)URI:(spiffe:\/\/[^,\s]+)/.exec(fields.subjectAltName ?? '')?.[1] ?? null;
+  return { serial: normalizeSerial(fields.serialNumber), spiffeId: uri };
 }
 
 /** The expiry of a PEM certificate. */

@@ -1,5 +1,5 @@
 import { ServerCredentials, type ServerDuplexStream, type ServerUnaryCall } from '@grpc/grpc-js';
-import { readCertificateIdentity } from '../domain/pki.ts';
+import { certificateIdentity } from '../domain/pki.ts';
 
 /**
  * The gateway's TLS: its server certificate from the control plane's CA, and client certificates
@@ -37,11 +37,7 @@ export function verifiedPeer(
   call: ServerUnaryCall<unknown, unknown> | ServerDuplexStream<unknown, unknown>,
 ): { serial: string; spiffeId: string | null } | null {
   const auth = call.getAuthContext();
-  const raw = auth.sslPeerCertificate?.raw;
-  if (auth.transportSecurityType !== 'ssl' || !raw) return null;
-  try {
-    return readCertificateIdentity(raw);
-  } catch {
-    return null;
-  }
+  const peer = auth.sslPeerCertificate;
+  if (auth.transportSecurityType !== 'ssl' || !peer?.raw || !peer.serialNumber) return null;
+  return certificateIdentity({ serialNumber: peer.serialNumber, subjectAltName: peer.subjectaltname });
 }
