@@ -85,16 +85,25 @@ export function findPostgresBinDir(): string {
   );
 }
 
-/** A free TCP port on 127.0.0.1. */
-export function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const server = net.createServer();
-    server.once('error', reject);
-    server.listen(0, '127.0.0.1', () => {
-      const address = server.address();
-      server.close(() => resolve(typeof address === 'object' && address ? address.port : 0));
-    });
-  });
+/** Ports this process handed out, never handed out again. */
+const handedOut = new Set<number>();
+
+/**
+ * A free TCP port on 127.0.0.1 for a server that binds it later, from 20000 to 32767: below the
+ * kernel's ephemeral range (32768 and up), whose ports any process's outgoing connection may take
+ * as its own between this check and the bind (a dev stack's gateway, bound seconds after its port
+ * was chosen, once failed so with EADDRINUSE while other tests connected a lot). Random, so
+ * parallel processes rarely pick the same one; never one this process handed out before.
+ * Temporal needs its ports below 32768 too (it keeps them in a smallint column).
+ */
+export async function freePort(): Promise<number> {
+  for (;;) {
+    const candidate = 20_000 + Math.floor(Math.random() * 12_768);
+    if (!handedOut.has(candidate) && (await isPortFree(candidate))) {
+      handedOut.add(candidate);
+      return candidate;
+    }
+  }
 }
 
 function everyAncestorTraversable(dir: string): boolean {

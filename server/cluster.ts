@@ -3,7 +3,7 @@ import { mkdirSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import type { Logger } from '../core/logger.ts';
-import { freePort, isPortFree, startLocalPostgres } from '../db/local-postgres.ts';
+import { freePort, startLocalPostgres } from '../db/local-postgres.ts';
 import { createCertificateAuthority, issueServerCertificate } from '../domain/pki.ts';
 import { connectTemporal, temporalTls } from '../temporal/client.ts';
 import { ensureTemporalCli } from '../temporal/dev-server.ts';
@@ -173,8 +173,8 @@ export async function startCluster(options: ClusterOptions): Promise<Cluster> {
 
     // Temporal's ports, and its frontend's certificate from a CA of the cluster's own.
     const port = async () => freePort();
-    // Temporal keeps its services' ports in a smallint column: they must be below 32768.
-    const temporalPort = async () => freePortBelow32768();
+    // Temporal keeps its services' ports in a smallint column: they must be below 32768 (freePort's are).
+    const temporalPort = port;
     const temporalPorts = {
       TEMPORAL_FRONTEND_PORT: await temporalPort(),
       TEMPORAL_FRONTEND_MEMBERSHIP_PORT: await temporalPort(),
@@ -403,19 +403,6 @@ export async function startCluster(options: ClusterOptions): Promise<Cluster> {
   } catch (error) {
     await stopAll();
     throw error;
-  }
-}
-
-const taken = new Set<number>();
-
-/** A free loopback port from 20000 to 32767 (random, so parallel clusters rarely collide), never one handed out before. */
-async function freePortBelow32768(): Promise<number> {
-  for (;;) {
-    const candidate = 20_000 + Math.floor(Math.random() * 12_768);
-    if (!taken.has(candidate) && (await isPortFree(candidate))) {
-      taken.add(candidate);
-      return candidate;
-    }
   }
 }
 
